@@ -1,0 +1,43 @@
+"""Device backends behind one interface; the neuron SDK is imported only when chosen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from neuron_app.backends.base import DeviceBackend, DeviceUnavailable
+
+__all__ = ["DeviceBackend", "DeviceUnavailable", "get_backend", "resolve_backend"]
+
+
+def get_backend(name: str) -> DeviceBackend:
+    """The backend class for `name` (neuron, cuda, cpu); nothing is imported from its SDK yet."""
+    if name == "neuron":
+        from neuron_app.backends.neuron import NeuronBackend
+
+        return NeuronBackend()
+    if name == "cuda":
+        from neuron_app.backends.cuda import CudaBackend
+
+        return CudaBackend()
+    if name == "cpu":
+        from neuron_app.backends.cpu import CpuBackend
+
+        return CpuBackend()
+    raise DeviceUnavailable(f"unknown device {name!r}: choose auto, neuron, cuda or cpu")
+
+
+def resolve_backend(name: str, cache_dir: Path) -> DeviceBackend:
+    """`auto` picks neuron, then cuda, then cpu; an explicit choice must be available.
+
+    The cache folder is prepared before the backend's SDK is imported: Neuron reads its
+    cache location once, when torch autoloads it.
+    """
+    candidates = ("neuron", "cuda", "cpu") if name == "auto" else (name,)
+    for candidate in candidates:
+        backend = get_backend(candidate)
+        if name == "auto" and not backend.is_available():
+            continue
+        backend.prepare_cache(cache_dir)
+        backend.require()
+        return backend
+    raise DeviceUnavailable("no device available")  # unreachable: cpu is always available

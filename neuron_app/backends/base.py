@@ -1,0 +1,102 @@
+"""What every device backend provides, and how a compile's cache result is judged."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+CacheVerdict = Literal["disk", "miss"]
+
+
+class DeviceUnavailable(RuntimeError):
+    """The chosen device cannot be used here; the message says what to do."""
+
+
+class CacheProbe:
+    """Evidence of a persistent-cache hit, read before and after a compile.
+
+    The base probe knows no disk cache (aot_eager, eager): every compile is a miss.
+    """
+
+    def snapshot(self) -> Any:
+        return None
+
+    def judge(self, before: Any, after: Any) -> CacheVerdict:
+        return "miss"
+
+
+class InductorCacheProbe(CacheProbe):
+    """Inductor's own counters: FX-graph and AOT-autograd cache hits vs misses."""
+
+    def snapshot(self) -> tuple[int, int, int, int]:
+        from torch._dynamo.utils import counters
+
+        return (
+            counters["inductor"]["fxgraph_cache_hit"],
+            counters["inductor"]["fxgraph_cache_miss"],
+            counters["aot_autograd"]["autograd_cache_hit"],
+            counters["aot_autograd"]["autograd_cache_miss"],
+        )
+
+    def judge(self, before: tuple[int, ...], after: tuple[int, ...]) -> CacheVerdict:
+        fx_hit, fx_miss, ag_hit, ag_miss = (a - b for a, b in zip(after, before, strict=True))
+        hits, misses = fx_hit + ag_hit, fx_miss + ag_miss
+        return "disk" if hits > 0 and misses == 0 else "miss"
+
+
+class FolderCacheProbe(CacheProbe):
+    """A compiler that writes one artifact per graph (Neuron's NEFF files): no new file means a hit."""
+
+    def __init__(self, folder: Path, pattern: str = "*.neff") -> None:
+        self.folder, self.pattern = folder, pattern
+
+    def snapshot(self) -> frozenset[str]:
+        if not self.folder.is_dir():
+            return frozenset()
+        return frozenset(str(p.relative_to(self.folder)) for p in self.folder.rglob(self.pattern))
+
+    def judge(self, before: frozenset[str], after: frozenset[str]) -> CacheVerdict:
+        return "disk" if after and not (after - before) else "miss"
+
+
+class DeviceBackend(ABC):
+    name: ClassVar[str]
+    default_dtype: ClassVar[str]
+    default_compile_backend: ClassVar[str] = "inductor"
+    #: torch.distributed backend for tensor-parallel ranks.
+    dist_backend: ClassVar[str]
+
+    @abstractmethod
+    def is_available(self) -> bool: ...
+
+    def require(self) -> None:
+        """Raise `DeviceUnavailable` with a fix when the device cannot be used."""
+        if not self.is_available():
+            raise DeviceUnavailable(f"device {self.name!r} is not available on this machine")
+
+    def torch_device(self) -> str:
+        return self.name
+
+    def prepare_cache(self, cache_dir: Path) -> None:
+        """Point the compiler's persistent cache into `cache_dir`; runs before torch is imported."""
+        folder = cache_dir / "inductor"
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+
+    def compiled_artifacts_dirs(self, cache_dir: Path) -> list[Path]:
+        return [cache_dir / "inductor"]
+
+    def cache_probe(self, compile_backend: str, cache_dir: Path) -> CacheProbe:
+        return InductorCacheProbe() if compile_backend == "inductor" else CacheProbe()
+
+    def versions(self) -> dict[str, str]:
+        """Versions that change compiled graphs; part of the manifest fingerprint."""
+        import diffusers
+        import torch
+
+        return {"torch": torch.__version__, "diffusers": diffusers.__version__}
+
+    def memory_stats(self) -> dict[str, float]:
+        return {}

@@ -1,0 +1,147 @@
+"""The persistent compile cache folder and its manifest of compiled shapes.
+
+The compilers keep their own artifacts (NEFF files, inductor's FX-graph cache) in
+sub-folders; the manifest records which shapes were compiled under which fingerprint, so
+that "precompiled" is a checked fact and not a hope. Writes are atomic and under a file lock:
+several processes may precompile into one folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from filelock import FileLock
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+#: Compiler artifact folders inside the cache folder (per device backend).
+ARTIFACT_DIRS = ("inductor", "neff")
+
+Validity = Literal["precompiled", "stale", "absent"]
+
+
+def fingerprint_of(fields: dict[str, Any]) -> str:
+    """A short stable hash of everything that changes the compiled graph."""
+    blob = json.dumps(fields, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass
+class ManifestEntry:
+    resolution: str
+    fingerprint: str
+    fields: dict[str, Any]
+    compile_s: float
+    graphs: int
+    cache: str
+    compiled_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+
+class Manifest:
+    """`manifest.json` in the cache folder: resolution -> entry."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = cache_dir
+        self.path = cache_dir / MANIFEST_NAME
+        self._lock = FileLock(str(cache_dir / (MANIFEST_NAME + ".lock")), timeout=120)
+
+    def entries(self) -> dict[str, ManifestEntry]:
+        """Read the manifest; a corrupt one is set aside with a warning and treated as empty."""
+        try:
+            raw = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        try:
+            data = json.loads(raw)
+            if data.get("version") != MANIFEST_VERSION:
+                raise ValueError(f"unknown manifest version {data.get('version')!r}")
+            return {k: ManifestEntry(**v) for k, v in data["entries"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._set_aside(exc)
+            return {}
+
+    def _set_aside(self, exc: Exception) -> None:
+        with self._lock:
+            if not self.path.exists():
+                return
+            target = self.path.with_name(f"{MANIFEST_NAME}.corrupt-{int(time.time())}")
+            try:
+                os.replace(self.path, target)
+            except OSError:
+                return
+        log.warning("manifest %s was unreadable (%s); moved to %s and starting a new one", self.path, exc, target)
+
+    def _write(self, entries: dict[str, ManifestEntry]) -> None:
+        payload = {"version": MANIFEST_VERSION, "entries": {k: asdict(v) for k, v in sorted(entries.items())}}
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=self.cache_dir)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(payload, fh, indent=2)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def record(self, entry: ManifestEntry) -> None:
+        """Add or replace one shape's entry (read-merge-write under the lock)."""
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            entries = self.entries()
+            entries[entry.resolution] = entry
+            self._write(entries)
+
+    def remove(self, resolutions: list[str]) -> int:
+        with self._lock:
+            entries = self.entries()
+            removed = [r for r in resolutions if entries.pop(r, None) is not None]
+            if removed:
+                self._write(entries)
+        return len(removed)
+
+    def validity(self, resolution: str, fingerprint: str, entries: dict[str, ManifestEntry]) -> Validity:
+        entry = entries.get(resolution)
+        if entry is None:
+            return "absent"
+        return "precompiled" if entry.fingerprint == fingerprint else "stale"
+
+
+def folder_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def clear_artifacts(cache_dir: Path) -> list[Path]:
+    """Remove the compilers' artifact folders and the manifest, and nothing outside `cache_dir`."""
+    root = cache_dir.resolve()
+    removed = []
+    for name in (*ARTIFACT_DIRS, MANIFEST_NAME):
+        target = (root / name).resolve()
+        if target.parent != root or not target.exists() or target.is_symlink():
+            continue  # never follow a link out of the cache folder
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+        removed.append(target)
+    return removed

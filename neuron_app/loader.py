@@ -1,0 +1,113 @@
+"""Model loading: one `from_pretrained` path for the Hub model, a local folder and the tiny model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_app.settings import Settings
+from neuron_app.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message says why and what to try."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from, and a stable identity for the compile fingerprint."""
+
+    location: str  # a Hub id or an absolute folder
+    revision: str | None
+    identity: str  # Hub id@revision, or a hash of a local folder's configs
+    tiny: str | None = None  # the tiny variant to build into `location` on first load
+
+    @property
+    def is_local(self) -> bool:
+        return self.tiny is not None or Path(self.location).is_dir()
+
+
+def _config_hash(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.json")):
+        digest.update(str(path.relative_to(folder)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def resolve_source(settings: Settings) -> ModelSource:
+    """Turn the `model` setting into a source, cheaply: nothing is downloaded or built here."""
+    if settings.model in VARIANTS:
+        folder = settings.cache_dir / "models" / VARIANTS[settings.model].folder_name
+        return ModelSource(str(folder), None, f"{settings.model}:v{RECIPE_VERSION}", tiny=settings.model)
+    path = Path(settings.model).expanduser()
+    looks_local = path.is_absolute() or settings.model.startswith(".") or path.exists()
+    if looks_local:
+        if not (path / "model_index.json").is_file():
+            raise ModelLoadError(
+                f"model folder {path} has no model_index.json: it is not a saved diffusers pipeline "
+                "(set NEURON_APP_MODEL to a Hub id, a pipeline folder, or 'tiny')"
+            )
+        try:
+            json.loads((path / "model_index.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"model folder {path}: model_index.json is unreadable ({exc})") from exc
+        return ModelSource(str(path.resolve()), None, f"local:{_config_hash(path)}")
+    return ModelSource(settings.model, settings.revision, f"{settings.model}@{settings.revision or 'main'}")
+
+
+def load_pipeline(settings: Settings, source: ModelSource, device: str, dtype: Any, tp_mesh: Any = None) -> Any:
+    """Load `Flux2KleinPipeline` and move it to `device`.
+
+    With `tp_mesh` (tensor parallelism on Neuron), the transformer is loaded sharded with
+    `TensorParallelConfig(mesh=...)` and the other components are moved to this rank's device.
+    """
+    from diffusers import Flux2KleinPipeline
+
+    if source.tiny:
+        ensure_tiny(settings.cache_dir / "models", source.tiny)
+    token = settings.hf_token.get_secret_value() if settings.hf_token else None
+    kwargs: dict[str, Any] = {"dtype": dtype, "revision": source.revision, "token": token}
+    try:
+        if tp_mesh is not None:
+            kwargs["transformer"] = _load_sharded_transformer(source, dtype, tp_mesh, token)
+        pipe = Flux2KleinPipeline.from_pretrained(source.location, **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(_explain_load_error(source, exc)) from exc
+    pipe.set_progress_bar_config(disable=True)
+    if tp_mesh is None:
+        pipe.to(device)
+    else:
+        for name in ("text_encoder", "vae"):
+            getattr(pipe, name).to(device)
+    return pipe
+
+
+def _load_sharded_transformer(source: ModelSource, dtype: Any, mesh: Any, token: str | None) -> Any:
+    from diffusers import Flux2Transformer2DModel, TensorParallelConfig
+
+    return Flux2Transformer2DModel.from_pretrained(
+        source.location,
+        subfolder="transformer",
+        dtype=dtype,
+        revision=source.revision,
+        token=token,
+        parallel_config=TensorParallelConfig(mesh=mesh),
+    )
+
+
+def _explain_load_error(source: ModelSource, exc: Exception) -> str:
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    if source.is_local:
+        return f"could not load the pipeline from {source.location}: {first_line}"
+    return (
+        f"could not load {source.location!r} from the Hugging Face Hub ({type(exc).__name__}: {first_line}). "
+        "Without network access use NEURON_APP_MODEL=tiny (an offline random model for trying the app) "
+        "or a local folder holding the downloaded pipeline"
+    )

@@ -1,0 +1,616 @@
+"""The pipeline manager: one per process, loads once, compiles lazily per shape, reports.
+
+Neuron compiles static shapes: each new transformer graph costs minutes. The manager keys
+its compile state on what really changes the graph (`GraphKey`), serializes device work
+behind one lock, refuses unlisted shapes before any model work, and tells the UI what
+happened (compile states, cache results) as data.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+import unicodedata
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Protocol
+
+from neuron_app.backends import DeviceBackend, resolve_backend
+from neuron_app.cache import Manifest, ManifestEntry, Validity, fingerprint_of, folder_size
+from neuron_app.compiler import CountingBackend, apply_compile
+from neuron_app.loader import ModelSource, load_pipeline, resolve_source
+from neuron_app.runner import PipelineCall, run_call
+from neuron_app.settings import Settings, get_settings
+from neuron_app.shapes import GraphKey, Resolution, ShapeError
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 1
+MAX_SEED = 2**32 - 1
+WARMUP_PROMPT = "warm-up"
+_CACHE_SIZE_TTL_S = 10.0
+
+
+class ShapeState(StrEnum):
+    NOT_COMPILED = "not_compiled"
+    COMPILING = "compiling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class CacheResult(StrEnum):
+    MISS = "miss"  # compiled now, from scratch
+    MEMORY = "memory"  # the graph was already compiled in this process
+    DISK = "disk"  # compiled now, served from the persistent cache (by the compiler's evidence)
+
+
+class RequestError(ValueError):
+    """A request the UI would not offer; refused before any model work."""
+
+
+class CompileFailed(RuntimeError):
+    """Compiling a shape failed; the shape is marked failed and may be retried."""
+
+
+class GenerationFailed(RuntimeError):
+    """Generation failed after compiling (e.g. out of memory); only this request is lost."""
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    phase: str  # loading | compiling | denoising | decoding
+    resolution: str | None = None
+    step: int = 0
+    total: int = 0
+    message: str = ""
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str
+    resolution: Resolution
+    steps: int
+    seed: int
+
+
+@dataclass
+class CompileOutcome:
+    resolution: str
+    cache: CacheResult
+    compiled: bool
+    compile_s: float
+    graphs: int
+
+
+@dataclass
+class GenerationRecord:
+    resolution: str
+    steps: int
+    seed: int
+    prompt: str
+    cache: CacheResult
+    compiled: bool
+    compile_s: float
+    inference_s: float
+    total_s: float
+    graphs_compiled: int
+    model: str
+    image: Any = field(default=None, repr=False)
+
+    def info(self) -> dict[str, Any]:
+        """The JSON-able record the API returns next to the image."""
+        data = asdict(self)
+        data.pop("image")
+        data["cache"] = str(self.cache)
+        return data
+
+
+@dataclass
+class _GraphState:
+    state: ShapeState = ShapeState.NOT_COMPILED
+    compile_s: float | None = None
+    graphs: int = 0
+    cache: CacheResult | None = None
+    error: str | None = None
+    compiled_as: str | None = None  # the resolution whose compile produced this graph
+
+
+@dataclass(frozen=True)
+class ShapeStatus:
+    resolution: str
+    state: ShapeState
+    hits: int
+    compile_s: float | None
+    graphs: int
+    cache: str | None
+    last_error: str | None
+    manifest: Validity
+    shared_with: str | None  # ready because this other shape compiled the same graph
+    offered: bool
+
+
+@dataclass(frozen=True)
+class ManagerStatus:
+    model: str
+    device: str
+    dtype: str
+    compile_mode: str
+    compile_backend: str
+    tp_degree: int
+    cache_dir: str
+    cache_size_bytes: int
+    loaded: bool
+    loading: bool
+    load_s: float | None
+    load_error: str | None
+    compiles: int
+    compile_failures: int
+    fingerprint: str
+    warmup: dict[str, Any]
+    shapes: dict[str, ShapeStatus]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for shape in data["shapes"].values():
+            shape["state"] = str(shape["state"])
+        return data
+
+    @property
+    def ready(self) -> list[str]:
+        return [r for r, s in self.shapes.items() if s.state is ShapeState.READY]
+
+
+class Lockstep(Protocol):
+    """Tensor-parallel coordination: followers replay every pipeline call of rank 0."""
+
+    def before(self, call: PipelineCall) -> None: ...
+
+    def after(self, error: BaseException | None) -> BaseException | None: ...
+
+
+Listener = Callable[[Any], None]
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {(text[0] if text else '')[:limit]}"
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
+class PipelineManager:
+    def __init__(self, settings: Settings, *, lockstep: Lockstep | None = None) -> None:
+        self.settings = settings
+        self.lockstep = lockstep
+        self.resolutions = settings.parsed_resolutions
+        self.backend: DeviceBackend = resolve_backend(settings.device, settings.cache_dir)
+        self.compile_backend = settings.compile_backend or self.backend.default_compile_backend
+        self.dtype_name = self.backend.default_dtype if settings.dtype == "auto" else settings.dtype
+        self.source: ModelSource = resolve_source(settings)
+        self.manifest = Manifest(settings.cache_dir)
+        self.fingerprint_fields = self._fingerprint_fields()
+        self.fingerprint = fingerprint_of(self.fingerprint_fields)
+        self.counter = CountingBackend(self.compile_backend)
+        self.probe = self.backend.cache_probe(self.compile_backend, settings.cache_dir)
+
+        self._state_lock = threading.RLock()
+        self._device_lock = threading.Lock()
+        self._load_lock = threading.Lock()
+        self._pipe: Any = None
+        self._loading = False
+        self._load_s: float | None = None
+        self._load_error: str | None = None
+        self._graphs: dict[GraphKey, _GraphState] = {}
+        self._hits: dict[str, int] = {str(r): 0 for r in self.resolutions}
+        self._listeners: list[Listener] = []
+        self._cache_size_memo: tuple[float, int] = (0.0, 0)
+        self._warmup: dict[str, Any] = {"mode": settings.warmup, "running": False, "pending": [], "done": []}
+        self._warmup_thread: threading.Thread | None = None
+
+    # --- identity --------------------------------------------------------------------------
+    def _fingerprint_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "model": self.source.identity,
+            "dtype": self.dtype_name,
+            "device": self.backend.name,
+            "compile_mode": self.settings.compile_mode,
+            "compile_backend": self.compile_backend,
+            "max_sequence_length": self.settings.max_sequence_length,
+            "batch_size": BATCH_SIZE,
+            "tp_degree": self.settings.tp_degree,
+            "torch": _dist_version("torch"),
+            "diffusers": _dist_version("diffusers"),
+        }
+        if self.backend.name == "neuron":
+            for dist in ("torch-neuronx", "neuronx-cc"):
+                fields[dist] = _dist_version(dist)
+        return fields
+
+    def graph_key(self, res: Resolution) -> GraphKey:
+        return GraphKey.for_shape(res, batch_size=BATCH_SIZE, max_sequence_length=self.settings.max_sequence_length)
+
+    # --- observers ---------------------------------------------------------------------------
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` with every `GenerationRecord` and `CompileOutcome`; returns unsubscribe."""
+        with self._state_lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._state_lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _emit(self, event: Any) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("listener failed")
+
+    # --- validation ------------------------------------------------------------------------------
+    def offered_resolutions(self) -> list[str]:
+        """Shapes the UI offers: all configured, or with `only_precompiled` those known to be compiled."""
+        names = [str(r) for r in self.resolutions]
+        if not self.settings.only_precompiled:
+            return names
+        status = self.status()
+        return [n for n in names if status.shapes[n].offered]
+
+    def validate(self, prompt: Any, resolution: Any, steps: Any, seed: Any) -> Request:
+        """Check a request against what the UI offers; raises `RequestError` with a clear message."""
+        return Request(
+            prompt=self._check_prompt(prompt),
+            resolution=self._check_resolution(resolution),
+            steps=_check_int("steps", steps, 1, self.settings.max_steps),
+            seed=_check_int("seed", seed, 0, MAX_SEED),
+        )
+
+    def _check_prompt(self, prompt: Any) -> str:
+        if not isinstance(prompt, str):
+            raise RequestError("prompt must be text")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError("prompt contains invalid characters (unpaired surrogates)") from None
+        # Control characters (other than newline and tab) are replaced by spaces.
+        cleaned = "".join(
+            " " if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in prompt
+        ).strip()
+        if not cleaned:
+            raise RequestError("prompt is empty: describe the image you want")
+        if len(cleaned) > self.settings.max_prompt_chars:
+            raise RequestError(
+                f"prompt is {len(cleaned)} characters long; the limit is {self.settings.max_prompt_chars}"
+            )
+        return cleaned
+
+    def _check_resolution(self, resolution: Any) -> Resolution:
+        try:
+            res = Resolution.parse(resolution)
+        except ShapeError as exc:
+            raise RequestError(str(exc)) from None
+        offered = self.offered_resolutions()
+        if str(res) not in offered:
+            raise RequestError(f"resolution {res} is not offered; choose one of {', '.join(offered)}")
+        return res
+
+    # --- loading -------------------------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        return self._pipe is not None
+
+    @property
+    def pipe(self) -> Any:
+        return self._pipe
+
+    def ensure_loaded(self, progress: ProgressCallback | None = None) -> Any:
+        if self._pipe is not None:
+            return self._pipe
+        with self._load_lock:
+            if self._pipe is not None:
+                return self._pipe
+            if progress:
+                progress(ProgressEvent("loading", message=f"Loading {self.settings.model}"))
+            with self._state_lock:
+                self._loading = True
+            start = time.perf_counter()
+            try:
+                import torch
+
+                pipe = load_pipeline(
+                    self.settings,
+                    self.source,
+                    self.backend.torch_device(),
+                    getattr(torch, self.dtype_name),
+                    tp_mesh=getattr(self.lockstep, "mesh", None),
+                )
+                apply_compile(pipe.transformer, self.settings.compile_mode, self.counter, len(self.resolutions))
+            except Exception as exc:
+                with self._state_lock:
+                    self._load_error = _first_line(exc)
+                raise
+            finally:
+                with self._state_lock:
+                    self._loading = False
+            with self._state_lock:
+                self._pipe = pipe
+                self._load_s = time.perf_counter() - start
+                self._load_error = None
+            log.info(
+                "loaded %s on %s (%s, compile %s/%s) in %.1fs",
+                self.settings.model, self.backend.name, self.dtype_name,
+                self.settings.compile_mode, self.compile_backend, self._load_s,
+            )
+            return pipe
+
+    # --- device work -------------------------------------------------------------------------------
+    def _execute(self, call: PipelineCall, on_step: Callable[[int, int], None] | None = None) -> Any:
+        """Run one pipeline call; in tensor-parallel mode every rank runs it in lockstep."""
+        if self.lockstep is not None:
+            self.lockstep.before(call)
+        error: BaseException | None = None
+        result = None
+        try:
+            result = run_call(
+                self._pipe,
+                call,
+                guidance_scale=self.settings.guidance_scale,
+                max_sequence_length=self.settings.max_sequence_length,
+                on_step=on_step,
+            )
+        except Exception as exc:
+            error = exc
+        if self.lockstep is not None:
+            error = self.lockstep.after(error)
+        if error is not None:
+            raise error
+        return result
+
+    def compile_shape(self, resolution: str | Resolution, progress: ProgressCallback | None = None) -> CompileOutcome:
+        """Make `resolution` ready (compiling it if needed): what precompile and warm-up call."""
+        res = resolution if isinstance(resolution, Resolution) else self._check_resolution_configured(resolution)
+        self.ensure_loaded(progress)
+        with self._device_lock:
+            return self._compile_locked(res, progress)
+
+    def _check_resolution_configured(self, resolution: str) -> Resolution:
+        try:
+            res = Resolution.parse(resolution)
+        except ShapeError as exc:
+            raise RequestError(str(exc)) from None
+        if res not in self.resolutions:
+            raise RequestError(f"resolution {res} is not configured; configured: {', '.join(self.settings.resolutions)}")
+        return res
+
+    def _compile_locked(self, res: Resolution, progress: ProgressCallback | None) -> CompileOutcome:
+        key = self.graph_key(res)
+        with self._state_lock:
+            graph = self._graphs.setdefault(key, _GraphState())
+            if graph.state is ShapeState.READY:
+                return CompileOutcome(str(res), CacheResult.MEMORY, False, 0.0, 0)
+            graph.state, graph.error = ShapeState.COMPILING, None
+        if progress:
+            progress(
+                ProgressEvent(
+                    "compiling",
+                    str(res),
+                    message=f"Compiling {res} for the first time - this takes minutes on Neuron; "
+                    "later requests reuse it",
+                )
+            )
+        log.info("compile start %s (%s)", res, key)
+        before, graphs_before = self.probe.snapshot(), self.counter.graphs
+        start = time.perf_counter()
+        needs_run = self.settings.compile_mode != "eager" or self.backend.name == "neuron"
+        try:
+            if needs_run:
+                # One step at the target shape compiles the transformer (and, on Neuron, every op).
+                self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, 1, 0))
+        except Exception as exc:
+            with self._state_lock:
+                graph.state, graph.error = ShapeState.FAILED, _first_line(exc)
+            log.error("compile failed %s after %.1fs: %s", res, time.perf_counter() - start, graph.error)
+            self._emit(CompileOutcome(str(res), CacheResult.MISS, False, time.perf_counter() - start, 0))
+            raise CompileFailed(f"compiling {res} failed: {graph.error}") from exc
+        elapsed = time.perf_counter() - start
+        graphs = self.counter.graphs - graphs_before
+        if graphs > 0 or not needs_run or self.settings.compile_mode == "eager":
+            cache = CacheResult(self.probe.judge(before, self.probe.snapshot()))
+        else:
+            cache = CacheResult.MEMORY  # nothing new was compiled: dynamo already had this graph
+        outcome = CompileOutcome(str(res), cache, graphs > 0, elapsed, graphs)
+        with self._state_lock:
+            graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
+            graph.compiled_as = str(res)
+        log.info("compile done %s in %.2fs: %d graph(s), cache=%s", res, elapsed, graphs, cache)
+        if needs_run:
+            self.manifest.record(
+                ManifestEntry(str(res), self.fingerprint, self.fingerprint_fields, round(elapsed, 3), graphs, str(cache))
+            )
+        self._emit(outcome)
+        return outcome
+
+    def generate(
+        self,
+        prompt: Any,
+        resolution: Any,
+        steps: Any,
+        seed: Any,
+        progress: ProgressCallback | None = None,
+    ) -> GenerationRecord:
+        """Validate, compile the shape if needed, generate. Same inputs give the same image."""
+        req = self.validate(prompt, resolution, steps, seed)
+        start = time.perf_counter()
+        self.ensure_loaded(progress)
+        with self._device_lock:
+            outcome = self._compile_locked(req.resolution, progress)
+
+            def on_step(step: int, total: int) -> None:
+                if progress:
+                    progress(ProgressEvent("denoising", str(req.resolution), step, total, f"Step {step}/{total}"))
+                    if step == total:
+                        progress(ProgressEvent("decoding", str(req.resolution), step, total, "Decoding"))
+
+            t0 = time.perf_counter()
+            try:
+                image = self._execute(
+                    PipelineCall(req.prompt, req.resolution.width, req.resolution.height, req.steps, req.seed),
+                    on_step,
+                )
+            except Exception as exc:
+                log.error("generation failed %s steps=%d: %s", req.resolution, req.steps, _first_line(exc))
+                raise GenerationFailed(f"generation failed: {_first_line(exc)}") from exc
+            inference_s = time.perf_counter() - t0
+        with self._state_lock:
+            self._hits[str(req.resolution)] += 1
+        record = GenerationRecord(
+            resolution=str(req.resolution),
+            steps=req.steps,
+            seed=req.seed,
+            prompt=req.prompt,
+            cache=outcome.cache,
+            compiled=outcome.compiled,
+            compile_s=round(outcome.compile_s, 4),
+            inference_s=round(inference_s, 4),
+            total_s=round(time.perf_counter() - start, 4),
+            graphs_compiled=outcome.graphs,
+            model=self.settings.model,
+            image=image,
+        )
+        log.info(
+            "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f",
+            record.resolution, record.steps, record.cache, record.compile_s, record.inference_s,
+        )
+        self._emit(record)
+        return record
+
+    # --- warm-up ---------------------------------------------------------------------------------
+    def warmup_order(self) -> list[str]:
+        """The shapes `warmup` compiles: none, those valid in the manifest, or all (configured order)."""
+        mode = self.settings.warmup
+        if mode == "none":
+            return []
+        names = [str(r) for r in self.resolutions]
+        if mode == "all":
+            return names
+        entries = self.manifest.entries()
+        return [n for n in names if self.manifest.validity(n, self.fingerprint, entries) == "precompiled"]
+
+    def start_warmup(self) -> threading.Thread | None:
+        """Compile the warm-up shapes in a background thread; pages answer meanwhile."""
+        order = self.warmup_order()
+        if not order and not self.settings.load_on_start:
+            return None
+        with self._state_lock:
+            self._warmup.update(running=True, pending=list(order), done=[])
+
+        def work() -> None:
+            try:
+                self.ensure_loaded()
+                for name in order:
+                    try:
+                        self.compile_shape(name)
+                    except CompileFailed as exc:
+                        log.warning("warm-up: %s", exc)
+                    with self._state_lock:
+                        self._warmup["pending"].remove(name)
+                        self._warmup["done"].append(name)
+            except Exception:
+                log.exception("warm-up stopped")
+            finally:
+                with self._state_lock:
+                    self._warmup["running"] = False
+
+        self._warmup_thread = threading.Thread(target=work, name="warmup", daemon=True)
+        self._warmup_thread.start()
+        return self._warmup_thread
+
+    # --- status --------------------------------------------------------------------------------
+    def _cache_size(self) -> int:
+        now = time.monotonic()
+        stamp, size = self._cache_size_memo
+        if now - stamp > _CACHE_SIZE_TTL_S or stamp == 0.0:
+            size = folder_size(self.settings.cache_dir) if self.settings.cache_dir.exists() else 0
+            self._cache_size_memo = (now, size)
+        return size
+
+    def status(self) -> ManagerStatus:
+        """A snapshot for the UI and the API; never waits for the device."""
+        entries = self.manifest.entries()
+        with self._state_lock:
+            shapes = {}
+            for res in self.resolutions:
+                name = str(res)
+                graph = self._graphs.get(self.graph_key(res), _GraphState())
+                validity = self.manifest.validity(name, self.fingerprint, entries)
+                shapes[name] = ShapeStatus(
+                    resolution=name,
+                    state=graph.state,
+                    hits=self._hits[name],
+                    compile_s=None if graph.compile_s is None else round(graph.compile_s, 3),
+                    graphs=graph.graphs,
+                    cache=None if graph.cache is None else str(graph.cache),
+                    last_error=graph.error,
+                    manifest=validity,
+                    shared_with=graph.compiled_as if graph.compiled_as not in (None, name) else None,
+                    offered=(not self.settings.only_precompiled)
+                    or graph.state is ShapeState.READY
+                    or validity == "precompiled",
+                )
+            return ManagerStatus(
+                model=self.settings.model,
+                device=self.backend.name,
+                dtype=self.dtype_name,
+                compile_mode=self.settings.compile_mode,
+                compile_backend=self.compile_backend,
+                tp_degree=self.settings.tp_degree,
+                cache_dir=str(self.settings.cache_dir),
+                cache_size_bytes=self._cache_size(),
+                loaded=self._pipe is not None,
+                loading=self._loading,
+                load_s=None if self._load_s is None else round(self._load_s, 3),
+                load_error=self._load_error,
+                compiles=self.counter.graphs,
+                compile_failures=self.counter.failures,
+                fingerprint=self.fingerprint,
+                warmup={k: (list(v) if isinstance(v, list) else v) for k, v in self._warmup.items()},
+                shapes=shapes,
+            )
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    """Integers only (an integral float such as 4.0 is accepted: JSON clients send those)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a whole number between {low} and {high}, got {type(value).__name__}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise RequestError(f"{name} must be a whole number between {low} and {high}, got {value}")
+        value = int(value)
+    if not low <= value <= high:
+        raise RequestError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+@functools.cache
+def get_manager() -> PipelineManager:
+    """The process-wide manager; tests call `get_manager.cache_clear()` to reset it."""
+    return PipelineManager(get_settings())
+
+
+def describe(outcomes: Iterable[CompileOutcome]) -> list[dict[str, Any]]:
+    return [asdict(o) | {"cache": str(o.cache)} for o in outcomes]

@@ -1,0 +1,53 @@
+"""One pipeline call, described as data so that tensor-parallel followers can replay it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+StepCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class PipelineCall:
+    prompt: str
+    width: int
+    height: int
+    steps: int
+    seed: int
+    output_type: str = "pil"
+
+
+def run_call(
+    pipe: Any,
+    call: PipelineCall,
+    *,
+    guidance_scale: float,
+    max_sequence_length: int,
+    on_step: StepCallback | None = None,
+) -> Any:
+    """Run the pipeline once; returns the first image (or latents).
+
+    The generator lives on the CPU so that a seed gives the same image on every device.
+    """
+    import torch
+
+    def step_end(_pipe: Any, step: int, _t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if on_step is not None:
+            on_step(step + 1, call.steps)
+        return kwargs
+
+    with torch.inference_mode():
+        out = pipe(
+            prompt=call.prompt,
+            width=call.width,
+            height=call.height,
+            num_inference_steps=call.steps,
+            guidance_scale=guidance_scale,
+            max_sequence_length=max_sequence_length,
+            generator=torch.Generator(device="cpu").manual_seed(call.seed),
+            output_type=call.output_type,
+            callback_on_step_end=step_end,
+        )
+    return out.images[0]

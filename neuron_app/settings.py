@@ -1,0 +1,215 @@
+"""Application settings: `settings.toml` defaults, overridden by `NEURON_APP_*` variables.
+
+Priority (highest first): arguments passed in code, environment, the TOML file.
+Secrets (auth password, Hub token) come from the environment only and are `SecretStr`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from neuron_app.shapes import Resolution, ShapeError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENV_PREFIX = "NEURON_APP_"
+SETTINGS_FILE_ENV = "NEURON_APP_SETTINGS"
+SECRET_FIELDS = ("auth_username", "auth_password", "hf_token")
+TINY = "tiny"
+
+
+def settings_file() -> Path:
+    """The TOML file in force: `$NEURON_APP_SETTINGS`, else `settings.toml` at the project root."""
+    override = os.environ.get(SETTINGS_FILE_ENV)
+    return Path(override).expanduser().resolve() if override else PROJECT_ROOT / "settings.toml"
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "neuron-app"
+
+
+class SettingsError(RuntimeError):
+    """Settings that cannot work; the message names the field and where it came from."""
+
+
+class _TomlWithoutSecrets(TomlConfigSettingsSource):
+    """The TOML source, refusing secrets: a committed file must never hold a password."""
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        leaked = sorted(set(data) & set(SECRET_FIELDS))
+        if leaked:
+            raise SettingsError(
+                f"{settings_file()}: {', '.join(leaked)} must not be set in the settings file; "
+                f"use the environment ({', '.join(ENV_PREFIX + k.upper() for k in leaked)})"
+            )
+        return data
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    # --- model -------------------------------------------------------------------------
+    model: str = Field(
+        "black-forest-labs/FLUX.2-klein-4B",
+        description="Hub id or local folder of a Flux2KleinPipeline, or 'tiny' for the offline random test model.",
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) of `model`.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Weights dtype; auto = bfloat16 on neuron/cuda, float32 on cpu."
+    )
+    hf_token: SecretStr | None = Field(
+        None, description="Hub token for gated models (environment only: NEURON_APP_HF_TOKEN)."
+    )
+
+    # --- device and compilation ----------------------------------------------------------
+    device: Literal["auto", "neuron", "cuda", "cpu"] = Field(
+        "auto", description="Where to run; auto picks neuron, then cuda, then cpu."
+    )
+    compile_mode: Literal["eager", "full", "regional"] = Field(
+        "full",
+        description="eager: no torch.compile; full: the whole transformer, fullgraph, static shapes; "
+        "regional: compile_repeated_blocks (one graph per block class, shorter compile).",
+    )
+    compile_backend: str | None = Field(
+        None,
+        description="torch.compile backend; default neuron on neuron, inductor on cuda/cpu. "
+        "aot_eager compiles in seconds and is used by the tests.",
+    )
+    tp_degree: int = Field(
+        1, ge=1, description="Tensor-parallel degree (NeuronCores per model); set by torchrun's WORLD_SIZE."
+    )
+
+    # --- requests --------------------------------------------------------------------------
+    resolutions: list[str] = Field(
+        ["1024x1024", "1152x896", "896x1152", "1216x832", "832x1216", "1344x768", "768x1344"],
+        description="The only shapes served, as WIDTHxHEIGHT, multiples of 16 (each is a compile on Neuron).",
+    )
+    default_resolution: str = Field("1024x1024", description="Shape preselected in the UI; must be listed.")
+    default_steps: int = Field(4, ge=1, description="Steps preselected in the UI (klein is step-distilled: 4).")
+    max_steps: int = Field(16, ge=1, le=200, description="Largest step count a request may ask for.")
+    max_sequence_length: int = Field(
+        512, ge=8, le=2048, description="Prompt tokens; prompts are padded to it, changing it recompiles."
+    )
+    guidance_scale: float = Field(
+        1.0, ge=0.0, le=30.0, description="Guidance scale; ignored by the distilled klein models."
+    )
+    max_prompt_chars: int = Field(
+        2000, ge=1, description="Longer prompts are refused before any model work."
+    )
+
+    # --- cache and start-up ----------------------------------------------------------------
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Persistent folder for compiled artifacts (NEFF / inductor), the manifest, "
+        "the tiny model and outputs. Never /tmp: it is wiped on reboot.",
+    )
+    load_on_start: bool = Field(False, description="Load the pipeline at start instead of on the first request.")
+    warmup: Literal["none", "precompiled", "all"] = Field(
+        "none", description="Compile shapes in the background at start: none, those in the manifest, or all."
+    )
+    only_precompiled: bool = Field(
+        False, description="Offer only shapes that are precompiled or compiled in this process."
+    )
+
+    # --- server ------------------------------------------------------------------------------
+    server_name: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 to serve the network.")
+    server_port: int = Field(7860, ge=1, le=65535, description="HTTP port.")
+    share: bool = Field(False, description="Open a public gradio.live link.")
+    queue_max_size: int = Field(16, ge=1, description="Requests waiting beyond this get 'busy, try again'.")
+    concurrency_limit: int = Field(1, ge=1, description="Generations run at once on the device.")
+    auth_username: str | None = Field(None, description="Basic-auth user (environment only).")
+    auth_password: SecretStr | None = Field(None, description="Basic-auth password (environment only).")
+    allow_public_without_auth: bool = Field(
+        False, description="Permit share=true with no auth (a loud warning is printed)."
+    )
+    log_level: str = Field("INFO", description="Python logging level.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlWithoutSecrets(settings_cls, toml_file=settings_file()))
+
+    @field_validator("resolutions")
+    @classmethod
+    def _check_resolutions(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one resolution is needed")
+        for text in value:
+            try:
+                Resolution.parse(text)
+            except ShapeError as exc:
+                raise ValueError(str(exc)) from None
+        if len(set(value)) != len(value):
+            raise ValueError("resolutions are listed more than once")
+        return value
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _check_cache_dir(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Settings:
+        if self.default_resolution not in self.resolutions:
+            raise ValueError(f"default_resolution {self.default_resolution!r} is not in resolutions {self.resolutions}")
+        if self.default_steps > self.max_steps:
+            raise ValueError(f"default_steps {self.default_steps} is above max_steps {self.max_steps}")
+        if bool(self.auth_username) != bool(self.auth_password):
+            raise ValueError("auth needs both NEURON_APP_AUTH_USERNAME and NEURON_APP_AUTH_PASSWORD")
+        return self
+
+    # --- derived -----------------------------------------------------------------------------
+    @property
+    def parsed_resolutions(self) -> list[Resolution]:
+        return [Resolution.parse(r) for r in self.resolutions]
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model == TINY
+
+    @property
+    def auth(self) -> tuple[str, str] | None:
+        if self.auth_username and self.auth_password:
+            return (self.auth_username, self.auth_password.get_secret_value())
+        return None
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings, turning validation errors into one readable `SettingsError`."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "(settings)"
+            env = f"{ENV_PREFIX}{field.split('.')[0].upper()}" if err["loc"] else "NEURON_APP_*"
+            lines.append(f"{field}: {err['msg']} (from {settings_file()} or ${env})")
+        raise SettingsError("invalid settings - " + "; ".join(lines)) from None
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The process-wide settings; tests call `get_settings.cache_clear()` after changing the environment."""
+    return load_settings()

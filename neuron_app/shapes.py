@@ -1,0 +1,71 @@
+"""Image shapes: parsing, validation and the key that decides whether a graph is reused.
+
+Kept free of torch so that settings and request validation cost nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: FLUX.2 packs 2x2 latent patches over a VAE of scale factor 8.
+MULTIPLE = 16
+#: Largest side accepted anywhere; FLUX.2-klein has been served up to 2048x2048.
+MAX_SIDE = 4096
+
+_SHAPE_RE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
+
+
+class ShapeError(ValueError):
+    """A shape string that is not a valid "WIDTHxHEIGHT"."""
+
+
+@dataclass(frozen=True, order=True)
+class Resolution:
+    width: int
+    height: int
+
+    @classmethod
+    def parse(cls, text: str) -> Resolution:
+        """Parse a strict "WIDTHxHEIGHT" (lower-case x, no spaces): the one form the UI sends."""
+        if not isinstance(text, str):
+            raise ShapeError(f"resolution must be a string like '1024x1024', got {type(text).__name__}")
+        match = _SHAPE_RE.match(text)
+        if not match:
+            shown = text if len(text) <= 40 else text[:40] + "..."
+            raise ShapeError(f"resolution {shown!r} is not of the form WIDTHxHEIGHT, e.g. '1024x1024'")
+        width, height = int(match.group(1)), int(match.group(2))
+        for side, value in (("width", width), ("height", height)):
+            if value <= 0 or value % MULTIPLE:
+                raise ShapeError(f"{side} {value} in {text!r} must be a positive multiple of {MULTIPLE}")
+            if value > MAX_SIDE:
+                raise ShapeError(f"{side} {value} in {text!r} is above the maximum of {MAX_SIDE}")
+        return cls(width, height)
+
+    def __str__(self) -> str:
+        return f"{self.width}x{self.height}"
+
+    @property
+    def image_tokens(self) -> int:
+        """Tokens the transformer sees; its compiled graph depends on this, not on orientation."""
+        return (self.width // MULTIPLE) * (self.height // MULTIPLE)
+
+
+@dataclass(frozen=True, order=True)
+class GraphKey:
+    """Everything about a request that changes the transformer's compiled graph.
+
+    Two resolutions with the same token count (e.g. 1344x768 and 768x1344) share a graph:
+    measured on CPU, the second one's first call compiles nothing.
+    """
+
+    image_tokens: int
+    batch_size: int
+    max_sequence_length: int
+
+    @classmethod
+    def for_shape(cls, res: Resolution, *, batch_size: int, max_sequence_length: int) -> GraphKey:
+        return cls(res.image_tokens, batch_size, max_sequence_length)
+
+    def __str__(self) -> str:
+        return f"tokens={self.image_tokens},batch={self.batch_size},seq={self.max_sequence_length}"

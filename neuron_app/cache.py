@@ -8,6 +8,7 @@ several processes may precompile into one folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -124,10 +125,8 @@ def folder_size(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
     return total
 
 

@@ -47,9 +47,7 @@ def apply_compile(transformer: Any, mode: str, backend: CountingBackend, shapes:
     # dynamo's limit (8 by default) into a hard error, so leave room for every shape and retries.
     limit = max(torch._dynamo.config.recompile_limit, 2 * shapes + 8)
     torch._dynamo.config.recompile_limit = limit
-    torch._dynamo.config.accumulated_recompile_limit = max(
-        torch._dynamo.config.accumulated_recompile_limit, 8 * limit
-    )
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 8 * limit)
     if mode == "eager":
         return
     if mode == "full":

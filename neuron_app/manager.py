@@ -288,9 +288,7 @@ class PipelineManager:
         except UnicodeEncodeError:
             raise RequestError("prompt contains invalid characters (unpaired surrogates)") from None
         # Control characters (other than newline and tab) are replaced by spaces.
-        cleaned = "".join(
-            " " if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in prompt
-        ).strip()
+        cleaned = "".join(" " if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in prompt).strip()
         if not cleaned:
             raise RequestError("prompt is empty: describe the image you want")
         if len(cleaned) > self.settings.max_prompt_chars:
@@ -353,8 +351,12 @@ class PipelineManager:
                 self._load_error = None
             log.info(
                 "loaded %s on %s (%s, compile %s/%s) in %.1fs",
-                self.settings.model, self.backend.name, self.dtype_name,
-                self.settings.compile_mode, self.compile_backend, self._load_s,
+                self.settings.model,
+                self.backend.name,
+                self.dtype_name,
+                self.settings.compile_mode,
+                self.compile_backend,
+                self._load_s,
             )
             return pipe
 
@@ -394,7 +396,9 @@ class PipelineManager:
         except ShapeError as exc:
             raise RequestError(str(exc)) from None
         if res not in self.resolutions:
-            raise RequestError(f"resolution {res} is not configured; configured: {', '.join(self.settings.resolutions)}")
+            raise RequestError(
+                f"resolution {res} is not configured; configured: {', '.join(self.settings.resolutions)}"
+            )
         return res
 
     def _compile_locked(self, res: Resolution, progress: ProgressCallback | None) -> CompileOutcome:
@@ -440,7 +444,9 @@ class PipelineManager:
         log.info("compile done %s in %.2fs: %d graph(s), cache=%s", res, elapsed, graphs, cache)
         if needs_run:
             self.manifest.record(
-                ManifestEntry(str(res), self.fingerprint, self.fingerprint_fields, round(elapsed, 3), graphs, str(cache))
+                ManifestEntry(
+                    str(res), self.fingerprint, self.fingerprint_fields, round(elapsed, 3), graphs, str(cache)
+                )
             )
         self._emit(outcome)
         return outcome
@@ -494,7 +500,11 @@ class PipelineManager:
         )
         log.info(
             "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f",
-            record.resolution, record.steps, record.cache, record.compile_s, record.inference_s,
+            record.resolution,
+            record.steps,
+            record.cache,
+            record.compile_s,
+            record.inference_s,
         )
         self._emit(record)
         return record

@@ -109,9 +109,7 @@ class Settings(BaseSettings):
     guidance_scale: float = Field(
         1.0, ge=0.0, le=30.0, description="Guidance scale; ignored by the distilled klein models."
     )
-    max_prompt_chars: int = Field(
-        2000, ge=1, description="Longer prompts are refused before any model work."
-    )
+    max_prompt_chars: int = Field(2000, ge=1, description="Longer prompts are refused before any model work.")
 
     # --- cache and start-up ----------------------------------------------------------------
     cache_dir: Path = Field(

@@ -6,6 +6,7 @@ set before `import torch`, because torch autoloads torch_neuronx as a device bac
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -57,8 +58,6 @@ class NeuronBackend(DeviceBackend):
 
         found = super().versions()
         for dist in ("torch-neuronx", "neuronx-cc", "libneuronxla"):
-            try:
+            with contextlib.suppress(PackageNotFoundError):
                 found[dist] = version(dist)
-            except PackageNotFoundError:
-                pass
         return found

@@ -1,0 +1,45 @@
+"""Generated images on disk: PNG with how-it-was-made metadata, bounded in number."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from neuron_app import __version__
+
+
+class ImageStore:
+    """Writes PNGs into one folder and keeps only the newest `keep`, so a demo cannot fill the disk."""
+
+    def __init__(self, folder: Path, keep: int = 200) -> None:
+        self.folder = folder
+        self.keep = keep
+        self._lock = threading.Lock()
+
+    def save(self, record: Any) -> Path:
+        from PIL.PngImagePlugin import PngInfo
+
+        meta = PngInfo()
+        fields = {
+            "prompt": record.prompt,
+            "seed": record.seed,
+            "steps": record.steps,
+            "size": record.resolution,
+            "model": record.model,
+            "software": f"neuron-app {__version__}",
+        }
+        for key, value in fields.items():
+            meta.add_itxt(key, str(value))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{record.resolution}-{record.seed}-{uuid.uuid4().hex[:8]}.png"
+        record.image.save(path, format="PNG", pnginfo=meta)
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        with self._lock:
+            files = sorted(self.folder.glob("*.png"), key=lambda p: p.stat().st_mtime)
+            for old in files[: max(0, len(files) - self.keep)]:
+                old.unlink(missing_ok=True)

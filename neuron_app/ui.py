@@ -1,0 +1,295 @@
+"""The Gradio page and its public API (`generate`, `status`).
+
+`build_ui` takes the manager (or anything with its call shape) and never loads a model
+itself: everything it shows is data that the manager produced.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Protocol
+
+import gradio as gr
+
+from neuron_app.images import ImageStore
+from neuron_app.manager import (
+    MAX_SEED,
+    CompileFailed,
+    GenerationFailed,
+    GenerationRecord,
+    ManagerStatus,
+    ProgressCallback,
+    ProgressEvent,
+    RequestError,
+    ShapeState,
+    ShapeStatus,
+)
+from neuron_app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: All device work queues under this id, so every event waits for the one device.
+DEVICE_QUEUE = "device"
+STATUS_REFRESH_S = 2.0
+EXAMPLES = [
+    "A lighthouse on a cliff at dawn, volumetric light, 35mm photo",
+    "A watercolor fox reading a book under a cherry tree",
+    "Isometric cutaway of a tiny robot workshop, soft pastel colors",
+]
+SHAPE_COLUMNS = ["shape", "state", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
+
+
+class ManagerLike(Protocol):
+    settings: Settings
+
+    def generate(
+        self, prompt: Any, resolution: Any, steps: Any, seed: Any, progress: ProgressCallback | None = None
+    ) -> GenerationRecord: ...
+
+    def status(self) -> ManagerStatus: ...
+
+    def offered_resolutions(self) -> list[str]: ...
+
+
+def shape_label(shape: ShapeStatus) -> str:
+    """The dropdown label: the shape and what choosing it will cost."""
+    if shape.state is ShapeState.READY:
+        return f"{shape.resolution} - ready"
+    if shape.state is ShapeState.COMPILING:
+        return f"{shape.resolution} - compiling now"
+    if shape.state is ShapeState.FAILED:
+        return f"{shape.resolution} - failed, will retry"
+    if shape.manifest == "precompiled":
+        return f"{shape.resolution} - precompiled, loads from cache"
+    return f"{shape.resolution} - compiles on first use"
+
+
+def dropdown_choices(status: ManagerStatus, offered: list[str]) -> list[tuple[str, str]]:
+    return [(shape_label(status.shapes[name]), name) for name in offered]
+
+
+def _human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+def status_markdown(status: ManagerStatus) -> str:
+    if status.loaded:
+        model_state = f"loaded in {status.load_s:.1f} s"
+    elif status.loading:
+        model_state = "loading..."
+    elif status.load_error:
+        model_state = f"failed to load: {status.load_error}"
+    else:
+        model_state = "loads on the first request"
+    warm = status.warmup
+    warm_line = ""
+    if warm["mode"] != "none":
+        state = "running" if warm["running"] else "finished"
+        warm_line = f" · warm-up ({warm['mode']}): {state}, {len(warm['done'])} done, {len(warm['pending'])} pending"
+    return (
+        f"**Device** {status.device} · **dtype** {status.dtype} · **compile** {status.compile_mode}"
+        f" / {status.compile_backend} · **TP** {status.tp_degree}\n\n"
+        f"**Model** `{status.model}` ({model_state}) · **graphs compiled** {status.compiles}"
+        f"{warm_line}\n\n"
+        f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}) · fingerprint `{status.fingerprint}`"
+    )
+
+
+def shapes_table(status: ManagerStatus) -> list[list[Any]]:
+    rows = []
+    for shape in status.shapes.values():
+        state = str(shape.state)
+        if shape.shared_with:
+            state += f" (shares {shape.shared_with})"
+        rows.append(
+            [
+                shape.resolution,
+                state,
+                shape.manifest,
+                "" if shape.compile_s is None else f"{shape.compile_s:.2f}",
+                shape.graphs,
+                shape.hits,
+                shape.cache or "",
+                shape.last_error or "",
+            ]
+        )
+    return rows
+
+
+def info_markdown(record: GenerationRecord) -> str:
+    if record.compiled:
+        source = "from the persistent cache" if record.cache == "disk" else "from scratch"
+        compiled = f" · compiled {record.graphs_compiled} graph(s) {source} in {record.compile_s:.2f} s"
+    else:
+        compiled = ""
+    return (
+        f"**cache: {record.cache}**{compiled} · inference {record.inference_s:.2f} s"
+        f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
+    )
+
+
+def _user_error(exc: Exception) -> gr.Error:
+    """Errors the user can act on keep their message; anything else is logged and summarized."""
+    if isinstance(exc, RequestError):
+        log.info("refused: %s", exc)
+        return gr.Error(str(exc), print_exception=False)
+    if isinstance(exc, CompileFailed | GenerationFailed):
+        return gr.Error(str(exc), print_exception=False)  # the manager logged it already
+    log.exception("unexpected error")
+    first = (str(exc).splitlines() or [""])[0][:200]
+    return gr.Error(f"{type(exc).__name__}: {first}", print_exception=False)
+
+
+def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
+    settings = manager.settings
+
+    def progress_bridge(progress: gr.Progress) -> ProgressCallback:
+        def on_event(event: ProgressEvent) -> None:
+            if event.phase == "denoising":
+                progress((event.step, event.total), desc=event.message)
+            else:
+                progress(None, desc=event.message)
+
+        return on_event
+
+    def run(prompt: Any, resolution: Any, steps: Any, seed: Any, progress: gr.Progress) -> GenerationRecord:
+        try:
+            return manager.generate(prompt, resolution, steps, seed, progress=progress_bridge(progress))
+        except Exception as exc:
+            raise _user_error(exc) from exc
+
+    def ui_generate(
+        prompt: str, resolution: str, steps: float, seed: float, randomize: bool, progress: gr.Progress = gr.Progress()
+    ) -> tuple[Any, ...]:
+        if randomize:
+            seed = random.randint(0, MAX_SEED)
+        record = run(prompt, resolution, steps, seed, progress)
+        path = images.save(record)
+        status = manager.status()
+        choices = dropdown_choices(status, manager.offered_resolutions())
+        return (
+            str(path),
+            info_markdown(record),
+            record.seed,
+            gr.update(choices=choices, value=record.resolution),
+        )
+
+    def api_generate(
+        prompt: str, resolution: str, steps: float, seed: float, progress: gr.Progress = gr.Progress()
+    ) -> tuple[str, dict[str, Any]]:
+        record = run(prompt, resolution, steps, seed, progress)
+        return str(images.save(record)), record.info()
+
+    def api_status() -> dict[str, Any]:
+        return manager.status().to_dict()
+
+    def refresh(current: str | None, shown: list[Any] | None) -> tuple[Any, ...]:
+        status = manager.status()
+        choices = dropdown_choices(status, manager.offered_resolutions())
+        if choices == shown:
+            dropdown = gr.update()  # unchanged: leave the open dropdown alone
+        else:
+            values = [value for _label, value in choices]
+            dropdown = gr.update(choices=choices, value=current if current in values else (values or [None])[0])
+        return status_markdown(status), shapes_table(status), dropdown, choices
+
+    initial = manager.status()
+    offered = manager.offered_resolutions()
+    default = settings.default_resolution if settings.default_resolution in offered else (offered or [None])[0]
+
+    with gr.Blocks(title="FLUX.2-klein on AWS Trainium", delete_cache=(3600, 3600)) as demo:
+        gr.Markdown(
+            "# FLUX.2-klein on AWS Trainium\n"
+            "Each resolution is compiled once for the device (minutes on Neuron) and then reused: "
+            "the list says which shapes are ready."
+        )
+        with gr.Row():
+            with gr.Column(scale=2):
+                prompt = gr.Textbox(
+                    label="Prompt",
+                    placeholder="Describe the image, press Enter",
+                    lines=2,
+                    max_lines=6,
+                    max_length=settings.max_prompt_chars,
+                    elem_id="prompt",
+                )
+                with gr.Row():
+                    resolution = gr.Dropdown(
+                        label="Resolution",
+                        choices=dropdown_choices(initial, offered),
+                        value=default,
+                        elem_id="resolution",
+                    )
+                    steps = gr.Slider(
+                        label="Steps",
+                        minimum=1,
+                        maximum=settings.max_steps,
+                        step=1,
+                        value=settings.default_steps,
+                        elem_id="steps",
+                    )
+                with gr.Row():
+                    seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed")
+                    randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
+                generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
+                gr.Examples(examples=[[e] for e in EXAMPLES], inputs=[prompt])
+            with gr.Column(scale=3):
+                image = gr.Image(label="Image", type="filepath", format="png", interactive=False, elem_id="image")
+                info = gr.Markdown(elem_id="info")
+        with gr.Accordion("Server status", open=True):
+            status_md = gr.Markdown(status_markdown(initial), elem_id="status")
+            table = gr.Dataframe(
+                headers=SHAPE_COLUMNS, value=shapes_table(initial), interactive=False, elem_id="shapes"
+            )
+
+        gr.on(
+            [generate_btn.click, prompt.submit],
+            ui_generate,
+            inputs=[prompt, resolution, steps, seed, randomize],
+            outputs=[image, info, seed, resolution],
+            concurrency_id=DEVICE_QUEUE,
+            concurrency_limit=settings.concurrency_limit,
+            api_visibility="private",
+        )
+
+        # The public API: plain inputs, validated by the manager (not by Gradio's components),
+        # so scripts get the same clear errors as the page.
+        with gr.Group(visible=False):
+            api_prompt = gr.Textbox()
+            api_resolution = gr.Textbox()
+            api_steps = gr.Number()
+            api_seed = gr.Number()
+            api_image = gr.Image(type="filepath", format="png")
+            api_info = gr.JSON()
+            api_status_out = gr.JSON()
+            api_btn = gr.Button()
+            status_btn = gr.Button()
+        api_btn.click(
+            api_generate,
+            inputs=[api_prompt, api_resolution, api_steps, api_seed],
+            outputs=[api_image, api_info],
+            api_name="generate",
+            concurrency_id=DEVICE_QUEUE,
+            concurrency_limit=settings.concurrency_limit,
+        )
+        # Status never waits behind a compile: its own unlimited lane, outside the queue.
+        status_btn.click(api_status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)
+
+        shown = gr.State(dropdown_choices(initial, offered))
+        timer = gr.Timer(STATUS_REFRESH_S)
+        timer.tick(
+            refresh,
+            inputs=[resolution, shown],
+            outputs=[status_md, table, resolution, shown],
+            queue=False,
+            concurrency_limit=None,
+            api_visibility="private",
+            show_progress="hidden",
+        )
+    return demo

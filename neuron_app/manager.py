@@ -180,6 +180,14 @@ Listener = Callable[[Any], None]
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """The root cause in one line: compiler wrappers (dynamo's BackendCompilerFailed) hide it."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {(text[0] if text else '')[:limit]}"
 

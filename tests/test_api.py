@@ -1,0 +1,60 @@
+"""The public API, driven through gradio_client against the launched tiny app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from gradio_client.exceptions import AppError
+from PIL import Image
+
+
+def test_generate_compiles_then_serves_from_memory_and_status_counts_hits(client: Any) -> None:
+    path, info = client.predict("a lighthouse", "64x64", 4, 7, api_name="/generate")
+    assert info["cache"] == "miss" and info["compiled"] is True and info["compile_s"] > 0
+    assert {"resolution", "steps", "seed", "cache", "compiled", "compile_s", "inference_s"} <= info.keys()
+    with Image.open(path) as image:
+        assert image.size == (64, 64)
+        assert image.text["prompt"] == "a lighthouse" and image.text["seed"] == "7"
+
+    _path, again = client.predict("a lighthouse", "64x64", 4, 7, api_name="/generate")
+    assert again["cache"] == "memory" and again["compiled"] is False
+
+    status = client.predict(api_name="/status")
+    assert status["compiles"] == 1
+    shape = status["shapes"]["64x64"]
+    assert shape["state"] == "ready" and shape["hits"] == 2 and shape["compile_s"] > 0
+    assert status["shapes"]["128x128"]["state"] == "not_compiled"
+
+
+def test_changing_steps_does_not_compile(client: Any) -> None:
+    client.predict("steps", "64x64", 4, 1, api_name="/generate")
+    before = client.predict(api_name="/status")["compiles"]
+    _path, info = client.predict("steps", "64x64", 2, 1, api_name="/generate")
+    assert info["steps"] == 2 and info["cache"] == "memory"
+    assert client.predict(api_name="/status")["compiles"] == before
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("a cat", "4096x4096", 4, 1), "not offered"),
+        (("a cat", "1024x1024", 4, 1), "not offered"),
+        (("a cat", "64x64", 0, 1), "steps must be between 1 and 8"),
+        (("a cat", "64x64", 100, 1), "steps must be between 1 and 8"),
+    ],
+)
+def test_requests_the_dropdown_would_not_offer_are_refused_clearly(client: Any, args: tuple, fragment: str) -> None:
+    before = client.predict(api_name="/status")["compiles"]
+    with pytest.raises(AppError, match=fragment):
+        client.predict(*args, api_name="/generate")
+    status = client.predict(api_name="/status")  # the server keeps answering
+    assert status["compiles"] == before
+
+
+def test_api_surface_is_the_public_contract(client: Any) -> None:
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert set(endpoints) == {"/generate", "/status"}
+    names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
+    assert names == ["prompt", "resolution", "steps", "seed"]
+    assert endpoints["/status"]["parameters"] == []

@@ -1,0 +1,59 @@
+"""Device backends: selection, the Neuron SDK's refusal, and cache-hit evidence."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuron_app.backends import DeviceUnavailable, resolve_backend
+from neuron_app.backends.base import FolderCacheProbe
+
+FAKE_SDK = Path(__file__).parent / "fake_neuron_sdk"
+
+
+def test_auto_picks_cpu_here_and_points_inductor_cache_into_cache_dir(tmp_path: Path) -> None:
+    backend = resolve_backend("auto", tmp_path)
+    assert backend.name == "cpu"
+    assert backend.torch_device() == "cpu" and backend.default_compile_backend == "inductor"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+
+
+def test_neuron_without_sdk_refuses_with_install_hint(tmp_path: Path) -> None:
+    """No torch-neuronx here: one line that says where to get it and how to pick another device."""
+    with pytest.raises(DeviceUnavailable) as info:
+        resolve_backend("neuron", tmp_path)
+    message = str(info.value)
+    assert "torch-neuronx" in message and "awsdocs-neuron.readthedocs-hosted.com" in message
+    assert "NEURON_APP_DEVICE=cpu" in message and "\n" not in message
+
+
+def test_neuron_cache_env_is_set_before_the_sdk_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a FAKE torch_neuronx (the real SDK cannot exist here), the NEFF folder is exported first."""
+    monkeypatch.syspath_prepend(str(FAKE_SDK))
+    monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
+    monkeypatch.delenv("TORCH_NEURONX_NEFF_CACHE_DIR", raising=False)
+    backend = resolve_backend("neuron", tmp_path)
+    import torch_neuronx  # the fake
+
+    assert str(tmp_path / "neff") == torch_neuronx.NEFF_CACHE_AT_IMPORT
+    assert backend.default_compile_backend == "neuron" and backend.dist_backend == "neuron"
+    assert isinstance(backend.cache_probe("neuron", tmp_path), FolderCacheProbe)
+    monkeypatch.delitem(sys.modules, "torch_neuronx")
+
+
+def test_neff_folder_probe_judges_disk_only_when_no_new_artifact(tmp_path: Path) -> None:
+    probe = FolderCacheProbe(tmp_path)
+    empty = probe.snapshot()
+    (tmp_path / "MODULE_1").mkdir()
+    (tmp_path / "MODULE_1" / "model.neff").write_bytes(b"x")
+    first = probe.snapshot()
+    assert probe.judge(empty, first) == "miss"  # a new NEFF was compiled
+    assert probe.judge(first, probe.snapshot()) == "disk"  # nothing new: served from the cache
+
+
+def test_unknown_device_name_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DeviceUnavailable, match="unknown device"):
+        resolve_backend("tpu", tmp_path)

@@ -1,0 +1,164 @@
+"""The pipeline manager on the real tiny FLUX.2-klein: lazy compile per shape, counted exactly."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from neuron_app.manager import (
+    CacheResult,
+    CompileFailed,
+    PipelineManager,
+    ProgressEvent,
+    RequestError,
+    ShapeState,
+)
+
+
+def test_loads_the_tiny_model_through_from_pretrained(module_manager: PipelineManager) -> None:
+    """The tiny model is a saved diffusers folder, loaded by the same path as the Hub model."""
+    from diffusers import Flux2KleinPipeline
+
+    assert isinstance(module_manager.pipe, Flux2KleinPipeline)
+    assert (module_manager.settings.cache_dir / "models").exists()
+    status = module_manager.status()
+    assert status.loaded and status.device == "cpu" and status.compile_backend == "aot_eager"
+
+
+def test_one_compile_per_new_shape_and_none_for_repeats_or_other_inputs(module_manager: PipelineManager) -> None:
+    """Steps, seed, prompt and guidance do not recompile; a new token count does, exactly once."""
+    m = module_manager
+    base = m.counter.graphs
+    first = m.generate("a red cube", "64x64", 4, 1)
+    assert (first.cache, first.compiled, first.graphs_compiled) == (CacheResult.MISS, True, 1)
+    assert m.counter.graphs == base + 1
+
+    for prompt, steps, seed in [("a red cube", 4, 1), ("another prompt entirely", 4, 1), ("x", 2, 1), ("x", 4, 9)]:
+        record = m.generate(prompt, "64x64", steps, seed)
+        assert record.cache == CacheResult.MEMORY and not record.compiled
+    m.settings.guidance_scale = 3.5  # ignored by the distilled model, and must not recompile either
+    try:
+        assert m.generate("x", "64x64", 4, 1).cache == CacheResult.MEMORY
+    finally:
+        m.settings.guidance_scale = 1.0
+    assert m.counter.graphs == base + 1
+
+    second = m.generate("a red cube", "128x64", 4, 1)
+    assert second.compiled and second.graphs_compiled == 1
+    assert m.counter.graphs == base + 2
+    status = m.status()
+    assert status.shapes["64x64"].state is ShapeState.READY and status.shapes["64x64"].hits == 6
+    assert status.shapes["128x128"].state is ShapeState.NOT_COMPILED
+
+
+def test_transposed_shape_reuses_the_compiled_graph(module_manager: PipelineManager) -> None:
+    """64x128 has the token count of 128x64: measured, its first call compiles nothing."""
+    m = module_manager
+    m.generate("warm", "128x64", 1, 0)
+    before = m.counter.graphs
+    record = m.generate("tall", "64x128", 4, 3)
+    assert m.counter.graphs == before
+    assert record.cache == CacheResult.MEMORY and not record.compiled
+    assert record.image.size == (64, 128)
+    assert m.status().shapes["64x128"].shared_with == "128x64"
+
+
+def test_same_inputs_give_the_same_image(module_manager: PipelineManager) -> None:
+    a = np.asarray(module_manager.generate("seeded", "64x64", 3, 1234).image)
+    b = np.asarray(module_manager.generate("seeded", "64x64", 3, 1234).image)
+    c = np.asarray(module_manager.generate("seeded", "64x64", 3, 1235).image)
+    assert a.shape == (64, 64, 3)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_progress_reports_loading_compiling_steps_and_decoding(make_settings: Any) -> None:
+    manager = PipelineManager(make_settings())
+    events: list[ProgressEvent] = []
+    manager.generate("progress", "64x64", 3, 0, progress=events.append)
+    phases = [e.phase for e in events]
+    assert phases[0] == "loading" and phases[1] == "compiling"
+    assert "minutes on Neuron" in events[1].message
+    steps = [(e.step, e.total) for e in events if e.phase == "denoising"]
+    assert steps == [(1, 3), (2, 3), (3, 3)]
+    assert phases[-1] == "decoding"
+
+
+@pytest.mark.parametrize(
+    ("resolution", "steps", "fragment"),
+    [
+        ("256x256", 4, "not offered"),
+        ("4096x4096", 4, "not offered"),
+        ("64x64", 0, "between 1 and 8"),
+        ("64x64", 9, "between 1 and 8"),
+        ("65x64", 4, "multiple of 16"),
+    ],
+)
+def test_refused_requests_cost_no_model_work(make_settings: Any, resolution: str, steps: int, fragment: str) -> None:
+    """An unlisted shape or out-of-range steps is refused before loading or compiling anything."""
+    manager = PipelineManager(make_settings())
+    with pytest.raises(RequestError, match=fragment):
+        manager.generate("a cat", resolution, steps, 0)
+    assert not manager.loaded and manager.counter.graphs == 0
+    assert not (manager.settings.cache_dir / "manifest.json").exists()
+
+
+def test_ten_threads_asking_for_one_new_shape_compile_it_once(make_settings: Any) -> None:
+    manager = PipelineManager(make_settings())
+    manager.ensure_loaded()
+    barrier = threading.Barrier(10)
+    records, errors = [], []
+
+    def ask(seed: int) -> None:
+        barrier.wait()
+        try:
+            records.append(manager.generate("same shape", "128x128", 1, seed))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(records) == 10
+    assert manager.counter.graphs == 1
+    assert sum(r.compiled for r in records) == 1
+    assert manager.status().shapes["128x128"].hits == 10
+
+
+_FAILS_ONCE: dict[int, int] = {}
+
+
+def _fails_on_64_tokens_first(gm: Any, example_inputs: list[Any]) -> Any:
+    """A real dynamo backend: the first compile of a 64-token graph raises, later ones work."""
+    from torch._dynamo import lookup_backend
+
+    tokens = {t.shape[1] for t in example_inputs if isinstance(t, torch.Tensor) and t.dim() == 3}
+    if 64 in tokens and not _FAILS_ONCE.get(64):
+        _FAILS_ONCE[64] = 1
+        raise RuntimeError("injected compiler failure for 64 image tokens")
+    return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def test_failed_compile_marks_that_shape_failed_others_serve_and_retry_works(make_settings: Any) -> None:
+    from torch._dynamo import register_backend
+
+    register_backend(_fails_on_64_tokens_first, name="test_fails_once_on_64_tokens")
+    _FAILS_ONCE.clear()
+    manager = PipelineManager(make_settings(compile_backend="test_fails_once_on_64_tokens"))
+    assert manager.generate("ok", "64x64", 1, 0).compiled
+
+    with pytest.raises(CompileFailed, match="injected compiler failure"):
+        manager.generate("boom", "128x128", 1, 0)
+    shape = manager.status().shapes["128x128"]
+    assert shape.state is ShapeState.FAILED and "injected compiler failure" in (shape.last_error or "")
+
+    assert manager.generate("still fine", "64x64", 1, 0).cache == CacheResult.MEMORY
+    retry = manager.generate("again", "128x128", 1, 0)
+    assert retry.compiled and manager.status().shapes["128x128"].state is ShapeState.READY
+    assert manager.status().shapes["128x128"].last_error is None

@@ -8,17 +8,18 @@ happened (compile states, cache results) as data.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.cache import Manifest, ManifestEntry, Validity, fingerprint_of, folder_size
@@ -55,6 +56,10 @@ class RequestError(ValueError):
 
 class CompileFailed(RuntimeError):
     """Compiling a shape failed; the shape is marked failed and may be retried."""
+
+
+class ShuttingDown(RequestError):
+    """The server is draining for shutdown: new device work is refused with a clear message."""
 
 
 class GenerationFailed(RuntimeError):
@@ -111,6 +116,14 @@ class GenerationRecord:
         data.pop("image")
         data["cache"] = str(self.cache)
         return data
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    """A `generate` call that raised, for observers (metrics): refused = invalid request, failed = the rest."""
+
+    result: str  # refused | failed
+    error: str
 
 
 @dataclass
@@ -199,6 +212,20 @@ def _dist_version(name: str) -> str:
         return "absent"
 
 
+_T = TypeVar("_T")
+
+
+def _admitted(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Mark a manager method as device work that `drain` waits for; refused with `ShuttingDown` once draining."""
+
+    @functools.wraps(method)
+    def wrapper(self: PipelineManager, *args: Any, **kwargs: Any) -> _T:
+        with self._admit():
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class PipelineManager:
     def __init__(self, settings: Settings, *, lockstep: Lockstep | None = None) -> None:
         self.settings = settings
@@ -227,6 +254,10 @@ class PipelineManager:
         self._cache_size_memo: tuple[float, int] = (0.0, 0)
         self._warmup: dict[str, Any] = {"mode": settings.warmup, "running": False, "pending": [], "done": []}
         self._warmup_thread: threading.Thread | None = None
+        # Graceful shutdown: `drain` refuses new device work and waits for the calls in flight.
+        self._idle = threading.Condition()
+        self._inflight = 0
+        self._draining = False
 
     # --- identity --------------------------------------------------------------------------
     def _fingerprint_fields(self) -> dict[str, Any]:
@@ -252,7 +283,7 @@ class PipelineManager:
 
     # --- observers ---------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Call `listener` with every `GenerationRecord` and `CompileOutcome`; returns unsubscribe."""
+        """Call `listener` with every `GenerationRecord`, `CompileOutcome` and `RequestFailed`; returns unsubscribe."""
         with self._state_lock:
             self._listeners.append(listener)
 
@@ -391,14 +422,15 @@ class PipelineManager:
             raise error
         return result
 
+    @_admitted
     def compile_shape(self, resolution: str | Resolution, progress: ProgressCallback | None = None) -> CompileOutcome:
         """Make `resolution` ready (compiling it if needed): what precompile and warm-up call."""
-        res = resolution if isinstance(resolution, Resolution) else self._check_resolution_configured(resolution)
+        res = resolution if isinstance(resolution, Resolution) else self.configured_resolution(resolution)
         self.ensure_loaded(progress)
         with self._device_lock:
             return self._compile_locked(res, progress)
 
-    def _check_resolution_configured(self, resolution: str) -> Resolution:
+    def configured_resolution(self, resolution: str) -> Resolution:
         try:
             res = Resolution.parse(resolution)
         except ShapeError as exc:
@@ -467,7 +499,25 @@ class PipelineManager:
         seed: Any,
         progress: ProgressCallback | None = None,
     ) -> GenerationRecord:
-        """Validate, compile the shape if needed, generate. Same inputs give the same image."""
+        """Validate, compile the shape if needed, generate. Same inputs give the same image.
+
+        A request that raises is reported to observers as `RequestFailed` (successes as `GenerationRecord`).
+        """
+        try:
+            return self._generate(prompt, resolution, steps, seed, progress)
+        except Exception as exc:
+            self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", _first_line(exc)))
+            raise
+
+    @_admitted
+    def _generate(
+        self,
+        prompt: Any,
+        resolution: Any,
+        steps: Any,
+        seed: Any,
+        progress: ProgressCallback | None = None,
+    ) -> GenerationRecord:
         req = self.validate(prompt, resolution, steps, seed)
         start = time.perf_counter()
         self.ensure_loaded(progress)
@@ -545,6 +595,9 @@ class PipelineManager:
                         self.compile_shape(name)
                     except CompileFailed as exc:
                         log.warning("warm-up: %s", exc)
+                    except ShuttingDown:
+                        log.info("warm-up stopped: the server is shutting down")
+                        return
                     with self._state_lock:
                         self._warmup["pending"].remove(name)
                         self._warmup["done"].append(name)
@@ -557,6 +610,34 @@ class PipelineManager:
         self._warmup_thread = threading.Thread(target=work, name="warmup", daemon=True)
         self._warmup_thread.start()
         return self._warmup_thread
+
+    # --- shutdown ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _admit(self) -> Iterator[None]:
+        with self._idle:
+            if self._draining:
+                raise ShuttingDown("the server is shutting down; try again in a moment")
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    @property
+    def draining(self) -> bool:
+        """True once `drain` was called: generate and compile_shape refuse new work."""
+        return self._draining
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse new device work from now on and wait up to `timeout` s for the calls in flight.
+
+        Returns True when none is left (a compile's manifest entry is then written), False if time ran out.
+        """
+        with self._idle:
+            self._draining = True
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout=max(0.0, timeout))
 
     # --- status --------------------------------------------------------------------------------
     def _cache_size(self) -> int:

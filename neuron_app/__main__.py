@@ -1,0 +1,143 @@
+"""Command line: `python -m neuron_app {serve,precompile,cache}`.
+
+`precompile` is what a deployment runs once before users come (or in an image build):
+it fills the persistent compile cache and the manifest, so the server starts warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [headers, *[[("" if c is None else str(c)) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _manager() -> Any:
+    from neuron_app.manager import get_manager
+    from neuron_app.server import configure_logging
+    from neuron_app.settings import get_settings
+
+    configure_logging(get_settings())
+    return get_manager()
+
+
+def cmd_precompile(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from neuron_app.manager import CompileFailed
+
+    manager = _manager()
+    names = args.resolutions or [str(r) for r in manager.resolutions]
+    for name in names:  # refuse unknown shapes before loading anything
+        manager.configured_resolution(name)
+    t0 = time.perf_counter()
+    manager.ensure_loaded()
+    load_s = time.perf_counter() - t0
+    rows, failed = [], 0
+    bar = tqdm(names, desc="precompile", unit="shape", file=sys.stderr)
+    for name in bar:
+        bar.set_postfix_str(name)
+        try:
+            outcome = manager.compile_shape(name)
+            rows.append([name, "ready", str(outcome.cache), outcome.graphs, f"{outcome.compile_s:.2f}"])
+        except CompileFailed as exc:
+            failed += 1
+            rows.append([name, "failed", "", 0, str(exc)[:120]])
+    print(f"model {manager.settings.model} loaded in {load_s:.1f}s; cache {manager.settings.cache_dir}")
+    print(_table(["shape", "state", "cache", "graphs", "seconds"], rows))
+    print(f"manifest: {manager.manifest.path} (fingerprint {manager.fingerprint})")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from neuron_app.cache import ARTIFACT_DIRS, clear_artifacts, folder_size
+
+    manager = _manager()
+    cache_dir = manager.settings.cache_dir
+    if args.clear_all:
+        removed = clear_artifacts(cache_dir)
+        print("removed: " + (", ".join(str(p) for p in removed) or "nothing"))
+        return EXIT_OK
+    entries = manager.manifest.entries()
+    stale = [name for name in entries if manager.manifest.validity(name, manager.fingerprint, entries) == "stale"]
+    if args.clear_stale:
+        count = manager.manifest.remove(stale)
+        print(f"removed {count} stale manifest entr{'y' if count == 1 else 'ies'}: {', '.join(stale) or '-'}")
+        return EXIT_OK
+    sizes = {name: folder_size(cache_dir / name) for name in ARTIFACT_DIRS if (cache_dir / name).exists()}
+    if args.json:
+        payload = {
+            "cache_dir": str(cache_dir),
+            "fingerprint": manager.fingerprint,
+            "total_bytes": folder_size(cache_dir) if cache_dir.exists() else 0,
+            "artifact_bytes": sizes,
+            "entries": {
+                name: {**vars(e), "validity": manager.manifest.validity(name, manager.fingerprint, entries)}
+                for name, e in entries.items()
+            },
+            "stale": stale,
+        }
+        print(json.dumps(payload, indent=2))
+        return EXIT_OK
+    print(f"cache folder {cache_dir}: {folder_size(cache_dir) if cache_dir.exists() else 0} bytes")
+    for name, size in sizes.items():
+        print(f"  {name}/: {size} bytes")
+    print(f"current fingerprint {manager.fingerprint}")
+    rows = [
+        [name, manager.manifest.validity(name, manager.fingerprint, entries), e.fingerprint, e.compile_s, e.compiled_at]
+        for name, e in sorted(entries.items())
+    ]
+    print(_table(["shape", "validity", "fingerprint", "compile s", "compiled at"], rows))
+    if stale:
+        print(f"{len(stale)} stale entr{'y' if len(stale) == 1 else 'ies'}: run `python -m neuron_app cache --clear-stale`")
+    return EXIT_OK
+
+
+def cmd_serve(_args: argparse.Namespace) -> int:
+    import app
+
+    app.main()
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m neuron_app", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    pre = sub.add_parser("precompile", help="compile shapes into the persistent cache and the manifest")
+    pre.add_argument("--resolutions", nargs="+", metavar="WxH", help="default: every configured resolution")
+    pre.set_defaults(func=cmd_precompile)
+    cache = sub.add_parser("cache", help="list the cache folder; remove stale entries")
+    group = cache.add_mutually_exclusive_group()
+    group.add_argument("--clear-stale", action="store_true", help="remove manifest entries of other fingerprints")
+    group.add_argument("--clear-all", action="store_true", help="remove compiled artifacts and the manifest")
+    cache.add_argument("--json", action="store_true", help="machine-readable listing")
+    cache.set_defaults(func=cmd_cache)
+    serve = sub.add_parser("serve", help="start the web app (same as python app.py)")
+    serve.set_defaults(func=cmd_serve)
+    args = parser.parse_args(argv)
+
+    from neuron_app.backends import DeviceUnavailable
+    from neuron_app.loader import ModelLoadError
+    from neuron_app.manager import RequestError
+    from neuron_app.settings import SettingsError
+
+    try:
+        return args.func(args)
+    except (SettingsError, DeviceUnavailable, ModelLoadError, RequestError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Precompiled shapes that survive restarts: manifest, precompile command, warm-up, staleness."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from neuron_app.cache import Manifest
+from neuron_app.manager import PipelineManager, RequestError, ShapeState
+from tests.conftest import ROOT, TEST_SHAPES, link_models
+
+SECOND_PROCESS = """
+import json
+from neuron_app.manager import get_manager
+m = get_manager()
+status = m.status()
+out = {"manifest": {k: v.manifest for k, v in status.shapes.items()}, "records": []}
+for shape in ["64x64", "128x64"]:
+    out["records"].append(m.generate("after restart", shape, 2, 0).info())
+print("RESULT " + json.dumps(out))
+"""
+
+
+def tiny_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        NEURON_APP_MODEL="tiny",
+        NEURON_APP_DEVICE="cpu",
+        NEURON_APP_COMPILE_BACKEND="aot_eager",
+        NEURON_APP_RESOLUTIONS=json.dumps(TEST_SHAPES),
+        NEURON_APP_DEFAULT_RESOLUTION="64x64",
+        NEURON_APP_MAX_SEQUENCE_LENGTH="32",
+        NEURON_APP_CACHE_DIR=str(cache_dir),
+    )
+    env.update(extra)
+    return env
+
+
+def run_cli(env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_app", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+def test_second_process_serves_precompiled_shapes_from_disk(tmp_path: Path, shared_models: Path) -> None:
+    """inductor: process 1 precompiles two shapes; a fresh process 2 reports them precompiled, then `disk`."""
+    cache_dir = link_models(tmp_path / "cache", shared_models)
+    env = tiny_env(cache_dir, NEURON_APP_COMPILE_BACKEND="inductor")
+    first = run_cli(env, "precompile", "--resolutions", "64x64", "128x64")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "64x64" in first.stdout and "miss" in first.stdout
+    entries = Manifest(cache_dir).entries()
+    assert set(entries) == {"64x64", "128x64"}
+    cold = {name: entry.compile_s for name, entry in entries.items()}
+
+    second = subprocess.run(
+        [sys.executable, "-c", SECOND_PROCESS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert second.returncode == 0, second.stderr[-2000:]
+    result = json.loads(second.stdout.split("RESULT ", 1)[1])
+    assert result["manifest"]["64x64"] == "precompiled" and result["manifest"]["128x64"] == "precompiled"
+    assert result["manifest"]["128x128"] == "absent"
+    for record in result["records"]:
+        assert record["cache"] == "disk" and record["compiled"] is True
+        ratio = record["compile_s"] / cold[record["resolution"]]
+        print(f"{record['resolution']}: cold {cold[record['resolution']]:.2f}s, warm {record['compile_s']:.2f}s, "
+              f"ratio {ratio:.2f}")
+        assert ratio <= 0.5
+
+
+def test_changing_model_or_compile_mode_makes_entries_stale(make_settings: Any) -> None:
+    settings = make_settings()
+    manager = PipelineManager(settings)
+    manager.compile_shape("64x64")
+    assert manager.status().shapes["64x64"].manifest == "precompiled"
+
+    regional = PipelineManager(make_settings(compile_mode="regional"))
+    assert regional.fingerprint != manager.fingerprint
+    assert regional.status().shapes["64x64"].manifest == "stale"
+    other_model = PipelineManager(make_settings(model="tiny-deep"))
+    assert other_model.status().shapes["64x64"].manifest == "stale"
+    longer_prompts = PipelineManager(make_settings(max_sequence_length=64))
+    assert longer_prompts.status().shapes["64x64"].manifest == "stale"
+
+
+def test_cache_command_lists_and_clears_stale_entries_only(make_settings: Any, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    PipelineManager(make_settings(cache_dir=cache_dir)).compile_shape("64x64")
+    PipelineManager(make_settings(cache_dir=cache_dir, compile_mode="regional")).compile_shape("128x64")
+    outside = tmp_path / "keep-me.txt"
+    outside.write_text("not part of the cache")
+
+    env = tiny_env(cache_dir, NEURON_APP_COMPILE_MODE="regional")
+    listing = json.loads(run_cli(env, "cache", "--json").stdout)
+    assert listing["entries"]["64x64"]["validity"] == "stale"
+    assert listing["entries"]["128x64"]["validity"] == "precompiled"
+    assert listing["stale"] == ["64x64"]
+
+    cleared = run_cli(env, "cache", "--clear-stale")
+    assert cleared.returncode == 0 and "64x64" in cleared.stdout
+    assert set(Manifest(cache_dir).entries()) == {"128x64"}
+    assert outside.read_text() == "not part of the cache"
+    assert (cache_dir / "models").exists()
+
+
+def test_truncated_manifest_is_set_aside_and_rebuilt(make_settings: Any, caplog: pytest.LogCaptureFixture) -> None:
+    settings = make_settings()
+    manager = PipelineManager(settings)
+    manager.compile_shape("64x64")
+    path = settings.cache_dir / "manifest.json"
+    path.write_text(path.read_text()[:25])  # a half-written file
+
+    restarted = PipelineManager(settings)
+    status = restarted.status()  # does not raise
+    assert status.shapes["64x64"].manifest == "absent"
+    assert "unreadable" in caplog.text
+    assert list(settings.cache_dir.glob("manifest.json.corrupt-*"))
+    restarted.compile_shape("128x64")
+    assert set(Manifest(settings.cache_dir).entries()) == {"128x64"}
+
+
+@pytest.mark.slow
+def test_two_processes_precompiling_into_one_folder_leave_a_valid_manifest(tmp_path: Path, shared_models: Path) -> None:
+    """The file lock serializes read-merge-write: both processes' shapes end up in the manifest."""
+    cache_dir = link_models(tmp_path / "cache", shared_models)
+    env = tiny_env(cache_dir)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "neuron_app", "precompile", "--resolutions", *shapes],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for shapes in (["64x64", "128x128"], ["128x64"])
+    ]
+    for proc in procs:
+        _out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    data = json.loads((cache_dir / "manifest.json").read_text())
+    assert set(data["entries"]) == {"64x64", "128x128", "128x64"}
+
+
+def test_precompile_refuses_unconfigured_shapes_before_loading(tmp_path: Path) -> None:
+    result = run_cli(tiny_env(tmp_path / "cache"), "precompile", "--resolutions", "2048x2048")
+    assert result.returncode == 2
+    assert "not configured" in result.stderr
+    assert not (tmp_path / "cache" / "models").exists()
+
+
+def test_only_precompiled_offers_just_the_shapes_known_to_be_compiled(make_settings: Any, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    PipelineManager(make_settings(cache_dir=cache_dir)).compile_shape("128x64")
+    manager = PipelineManager(make_settings(cache_dir=cache_dir, only_precompiled=True))
+    assert manager.offered_resolutions() == ["128x64"]
+    with pytest.raises(RequestError, match="not offered"):
+        manager.generate("cold", "64x64", 1, 0)
+    assert not manager.loaded
+    manager.generate("warm", "128x64", 1, 0)
+    assert manager.offered_resolutions() == ["128x64", "64x128"]  # the transpose shares the compiled graph
+
+
+def test_warmup_all_compiles_in_background_while_status_answers(make_settings: Any) -> None:
+    manager = PipelineManager(make_settings(warmup="all"))
+    start = time.perf_counter()
+    thread = manager.start_warmup()
+    assert thread is not None
+    first_status = manager.status()
+    assert time.perf_counter() - start < 1.0  # status never waits for loading or compiling
+    assert first_status.warmup["running"]
+    ready_counts = []
+    while thread.is_alive():
+        status = manager.status()
+        ready_counts.append(sum(s.state is ShapeState.READY for s in status.shapes.values()))
+        time.sleep(0.05)
+    thread.join()
+    final = manager.status()
+    assert all(s.state is ShapeState.READY for s in final.shapes.values())
+    assert final.warmup["done"] == TEST_SHAPES and not final.warmup["running"]
+    seen = sorted(set(ready_counts))
+    assert ready_counts == sorted(ready_counts)  # shapes turn ready one by one, never back
+    assert len(seen) >= 3, seen

@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.cache import Manifest, ManifestEntry, Validity, fingerprint_of, folder_size
 from neuron_app.compiler import CountingBackend, apply_compile
-from neuron_app.loader import ModelSource, load_pipeline, resolve_source
+from neuron_app.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
 from neuron_app.runner import PipelineCall, run_call
 from neuron_app.settings import Settings, get_settings
 from neuron_app.shapes import GraphKey, Resolution, ShapeError
@@ -379,7 +379,7 @@ class PipelineManager:
                 apply_compile(pipe.transformer, self.settings.compile_mode, self.counter, len(self.resolutions))
             except Exception as exc:
                 with self._state_lock:
-                    self._load_error = _first_line(exc)
+                    self._load_error = str(exc) if isinstance(exc, ModelLoadError) else _first_line(exc)
                 raise
             finally:
                 with self._state_lock:

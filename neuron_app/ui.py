@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import gradio as gr
 
 from neuron_app.images import ImageStore
+from neuron_app.loader import ModelLoadError
 from neuron_app.manager import (
     MAX_SEED,
     CompileFailed,
@@ -139,7 +140,7 @@ def _user_error(exc: Exception) -> gr.Error:
     if isinstance(exc, RequestError):
         log.info("refused: %s", exc)
         return gr.Error(str(exc), print_exception=False)
-    if isinstance(exc, CompileFailed | GenerationFailed):
+    if isinstance(exc, CompileFailed | GenerationFailed | ModelLoadError):
         return gr.Error(str(exc), print_exception=False)  # the manager logged it already
     log.exception("unexpected error")
     first = (str(exc).splitlines() or [""])[0][:200]

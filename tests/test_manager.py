@@ -162,3 +162,17 @@ def test_failed_compile_marks_that_shape_failed_others_serve_and_retry_works(mak
     retry = manager.generate("again", "128x128", 1, 0)
     assert retry.compiled and manager.status().shapes["128x128"].state is ShapeState.READY
     assert manager.status().shapes["128x128"].last_error is None
+
+
+def test_hub_model_without_network_names_the_offline_choice(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This machine cannot reach the Hub; HF_HUB_OFFLINE makes that immediate and deterministic."""
+    from neuron_app.loader import ModelLoadError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    manager = PipelineManager(make_settings(model="black-forest-labs/FLUX.2-klein-4B"))
+    with pytest.raises(ModelLoadError, match="NEURON_APP_MODEL=tiny"):
+        manager.generate("a cat", "64x64", 4, 0)
+    status = manager.status()
+    assert not status.loaded and "NEURON_APP_MODEL=tiny" in (status.load_error or "")

@@ -84,3 +84,12 @@ def test_secrets_from_environment_are_secret_str(monkeypatch: pytest.MonkeyPatch
     settings = load_settings()
     assert settings.auth == ("demo", "s3cret-value")
     assert "s3cret-value" not in repr(settings) and "s3cret-value" not in settings.model_dump_json()
+
+
+def test_readme_configuration_table_lists_every_setting() -> None:
+    """The README's table is the user's reference: a new field must be documented there."""
+    from neuron_app.settings import Settings
+
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"| `{name}` | `NEURON_APP_{name.upper()}` |" in readme, name

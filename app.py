@@ -7,10 +7,16 @@ from __future__ import annotations
 
 
 def main() -> None:
+    from neuron_app.distributed import check_single_process, launched_by_torchrun, serve_distributed
+
+    if launched_by_torchrun():  # `torchrun --nproc_per_node=N app.py`: tensor-parallel ranks in lockstep
+        raise SystemExit(serve_distributed())
+
     from neuron_app.server import build_app, configure_logging, launch, prepare_environment, resolve_auth
     from neuron_app.settings import get_settings
 
     settings = get_settings()
+    check_single_process(settings)  # tp_degree > 1 needs torchrun
     configure_logging(settings)
     resolve_auth(settings)  # refuse an unprotected public link before loading anything
     prepare_environment(settings)
@@ -19,8 +25,14 @@ def main() -> None:
 
     manager = get_manager()
     manager.start_warmup()
-    launch(build_app(settings, manager))
+    app = build_app(settings, manager)
+    from neuron_app.server import install_signal_handlers
+
+    install_signal_handlers(app, settings.shutdown_grace_s)  # SIGTERM: finish running requests, then exit
+    launch(app)
 
 
 if __name__ == "__main__":
-    main()
+    from neuron_app.server import run_main
+
+    raise SystemExit(run_main(main))

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +18,10 @@ log = logging.getLogger(__name__)
 
 #: Gradio's temporary files older than this are deleted, checked as often (seconds).
 TEMP_FILE_MAX_AGE_S = 3600
+#: After the last request finished, time for Gradio to send its answer before the server closes.
+SHUTDOWN_FLUSH_S = 0.5
+#: Exit codes of `python app.py`: a signal-driven shutdown that cut nothing off, one that did, bad settings.
+EXIT_OK, EXIT_CUT_OFF, EXIT_CONFIG = 0, 1, 2
 
 
 def configure_logging(settings: Settings) -> None:
@@ -50,16 +58,18 @@ class App:
     settings: Settings
     manager: Any
     demo: Any
+    ops: Any = None  # neuron_app.ops.Ops: /healthz, /readyz, /metrics on the same server
 
 
 def build_app(settings: Settings, manager: Any) -> App:
     """The Blocks with its queue: one device lane, bounded waiting room."""
     from neuron_app.images import ImageStore
+    from neuron_app.ops import Ops
     from neuron_app.ui import build_ui
 
     demo = build_ui(manager, ImageStore(settings.cache_dir / "outputs"))
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.concurrency_limit)
-    return App(settings, manager, demo)
+    return App(settings, manager, demo, Ops(settings, manager, demo))
 
 
 def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
@@ -73,6 +83,72 @@ def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
         "allowed_paths": [str(settings.cache_dir / "outputs")],
         "show_error": False,
         "quiet": False,
+        "app_kwargs": app.ops.app_kwargs() if app.ops is not None else None,
     }
     kwargs.update(overrides)
     return app.demo.launch(**kwargs)
+
+
+def _wait_for_gradio(demo: Any, deadline: float) -> bool:
+    """Wait until Gradio's queue holds no waiting or running event, then let it send the last answers."""
+    from neuron_app.ops import gradio_queue_length
+
+    while time.monotonic() < deadline:
+        length = gradio_queue_length(demo)
+        if not length:  # 0, or None: the queue is not reachable (not launched, or a Gradio upgrade)
+            time.sleep(min(SHUTDOWN_FLUSH_S, max(0.0, deadline - time.monotonic())))
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def shutdown(app: App, grace_s: float) -> bool:
+    """Drain and close: new generations are refused ("the server is shutting down"), the running one gets
+    up to `grace_s` seconds to finish and be delivered, then the server closes.
+
+    Returns True when nothing was cut off. The manifest is never left half-written: compiles record it
+    inside the device work that `drain` waits for, and its writes are atomic.
+    """
+    deadline = time.monotonic() + grace_s
+    log.warning("shutting down: refusing new requests, waiting up to %.0f s for running ones", grace_s)
+    idle = app.manager.drain(grace_s)
+    delivered = _wait_for_gradio(app.demo, deadline)
+    if not (idle and delivered):
+        log.error("shutdown grace period of %.0f s ran out with requests still running; they are cut off", grace_s)
+    app.demo.close()
+    log.warning("server closed")
+    return idle and delivered
+
+
+def install_signal_handlers(
+    app: App, grace_s: float, signals: Iterable[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+) -> None:
+    """On SIGTERM (or Ctrl-C): `shutdown`, then exit with EXIT_OK (or EXIT_CUT_OFF if the grace period ran out).
+
+    A second signal while draining exits at once. Call from the main thread, before `launch`.
+    """
+    stopping = threading.Event()
+
+    def handle(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if stopping.is_set():
+            log.error("%s again while shutting down: exiting now", name)
+            os._exit(EXIT_CUT_OFF)
+        stopping.set()
+        log.warning("%s received", name)
+        raise SystemExit(EXIT_OK if shutdown(app, grace_s) else EXIT_CUT_OFF)
+
+    for sig in signals:
+        signal.signal(sig, handle)
+
+
+def run_main(main: Callable[[], None]) -> int:
+    """Run the entry point; bad settings or an unloadable model print one clear line (no traceback), exit 2."""
+    from neuron_app.loader import ModelLoadError
+
+    try:
+        main()
+    except (SettingsError, ModelLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    return EXIT_OK

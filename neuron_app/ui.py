@@ -215,7 +215,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
                 prompt = gr.Textbox(
                     label="Prompt",
                     placeholder="Describe the image, press Enter",
-                    lines=2,
+                    lines=1,
                     max_lines=6,
                     max_length=settings.max_prompt_chars,
                     elem_id="prompt",

@@ -108,3 +108,99 @@ def client(launched_app: Any) -> Any:
     from gradio_client import Client
 
     return Client(launched_app.url, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def launch_tiny(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Callable[..., Any]]:
+    """Launch the real tiny app with settings overrides (queue size, auth, compile backend...) on a free
+    local port; every app launched is closed after the module."""
+    from neuron_app.manager import PipelineManager
+    from neuron_app.server import build_app, launch
+    from neuron_app.settings import load_settings
+
+    apps: list[Any] = []
+
+    def launch_one(**overrides: Any) -> Any:
+        cache_dir = link_models(tmp_path_factory.mktemp("appcache"), shared_models)
+        base = TINY_OVERRIDES | {"cache_dir": cache_dir, "server_port": free_port()}
+        settings = load_settings(**(base | overrides))
+        app = build_app(settings, PipelineManager(settings))
+        launch(app, block=False)
+        app.url = f"http://127.0.0.1:{settings.server_port}/"
+        apps.append(app)
+        return app
+
+    yield launch_one
+    for app in apps:
+        app.demo.close()
+
+
+class AppProcess:
+    """`python app.py` in a subprocess (tiny model, aot_eager), its output captured in a file."""
+
+    def __init__(self, cache_dir: Path, env: dict[str, str], log_path: Path) -> None:
+        import subprocess
+
+        self.cache_dir = cache_dir
+        self.port = int(env["NEURON_APP_SERVER_PORT"])
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_up(self, timeout: float = 90.0) -> None:
+        """Until this process says it runs on its port and the port answers HTTP (401 under auth is up too)."""
+        import time
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"app.py exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+            if f"127.0.0.1:{self.port}" not in self.output():
+                time.sleep(0.2)
+                continue
+            try:
+                urllib.request.urlopen(self.url + "gradio_api/info", timeout=2).close()
+                return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"app.py did not answer within {timeout} s:\n{self.output()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._log.close()
+
+
+@pytest.fixture
+def run_app_py(tmp_path: Path, shared_models: Path) -> Iterator[Callable[..., AppProcess]]:
+    """Start `python app.py` with tiny settings from NEURON_APP_* variables; keyword arguments add variables
+    (`shutdown_grace_s=10` -> NEURON_APP_SHUTDOWN_GRACE_S=10). Killed at teardown if still running."""
+    started: list[AppProcess] = []
+
+    def start(**variables: Any) -> AppProcess:
+        import json
+
+        cache_dir = link_models(tmp_path / f"app{len(started)}", shared_models)
+        settings = TINY_OVERRIDES | {"cache_dir": str(cache_dir), "server_port": free_port()} | variables
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+        for key, value in settings.items():
+            env[f"NEURON_APP_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        proc = AppProcess(cache_dir, env, tmp_path / f"app{len(started)}.log")
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()

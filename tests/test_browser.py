@@ -52,11 +52,15 @@ def choose_resolution(page: Any, shape: str) -> None:
     page.locator("ul[role='listbox'] li", has_text=shape).first.click()
 
 
-def generate(page: Any, prompt: str, shape: str, expect: str) -> str:
-    page.locator("#prompt textarea").fill(prompt)
+def generate(page: Any, prompt: str, shape: str, expect: str, *, press_enter: bool = False) -> str:
     choose_resolution(page, shape)
     page.locator("#randomize input").uncheck()
-    page.locator("#generate").click()
+    box = page.locator("#prompt textarea")
+    box.fill(prompt)
+    if press_enter:
+        box.press("Enter")  # Enter submits the prompt
+    else:
+        page.locator("#generate").click()
     info = page.locator("#info")
     info.filter(has_text=f"{shape},").filter(has_text=expect).wait_for()
     return info.inner_text()
@@ -75,7 +79,7 @@ def test_type_pick_generate_see_image_and_ready_label(page: Any) -> None:
         "() => document.querySelector('#resolution input').value.includes('128x64 - ready')", timeout=TIMEOUT_MS
     )
 
-    second = generate(page, "a lighthouse at dusk", "128x64", expect="cache: memory")
+    second = generate(page, "a lighthouse at dusk", "128x64", expect="cache: memory", press_enter=True)
     assert "compiled" not in second
     # The status table (refreshed by the timer) shows the shape ready with two hits.
     page.locator("#shapes").filter(has_text="ready").wait_for()

@@ -1,0 +1,399 @@
+"""Tensor-parallel serving under `torchrun --nproc_per_node=N app.py`: one page, N ranks in lockstep.
+
+With tensor parallelism every rank holds a shard of the transformer, so every rank must run
+every pipeline call, in the same order, with the same arguments. Rank 0 alone serves Gradio;
+before each device call its manager broadcasts the call (`PipelineCall`) to the followers,
+all ranks run it, and after it all ranks exchange their error (or None), so an error on any
+rank is raised on rank 0 and nobody is left waiting in a collective. Commands travel on a
+gloo group (plain CPU sockets, whatever the device backend), as pickled objects:
+
+    ("call", PipelineCall)   run this call (followers skip the VAE decode: only rank 0 returns images)
+    ("ping", None)           rank 0 is idle but alive: keeps followers' waits under the timeout
+    ("shutdown", None)       leave the loop and exit 0 (rank 0 sends it on SIGTERM / SIGINT)
+
+On Neuron the transformer is loaded sharded over a `DeviceMesh` with `TensorParallelConfig`;
+on CPU (the tests) diffusers refuses TP, so every rank runs the tiny pipeline unsharded and
+the protocol itself is what is exercised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from neuron_app.runner import PipelineCall, run_call
+from neuron_app.settings import Settings, SettingsError
+
+log = logging.getLogger(__name__)
+
+#: Longest a rank waits in one collective. Every rank compiles a new shape at the same time, so
+#: waits are the difference between ranks (seconds), not a compile; a wedged rank fails the group then.
+DIST_TIMEOUT_S = 1800.0
+#: Rank 0 pings idle followers this often, so their wait for the next command never reaches the timeout.
+HEARTBEAT_S = 30.0
+#: After SIGTERM, the most rank 0 lets a running call finish before stopping the followers anyway
+#: (`shutdown_grace_s` capped below torchrun's 30 s between its SIGTERM and SIGKILL).
+SHUTDOWN_GRACE_S = 20.0
+#: Devices where the transformer is sharded; elsewhere each rank runs the whole pipeline (see module doc).
+TP_DEVICES = ("neuron",)
+#: Head counts of known models, for the start-up check when the model's config cannot be read yet.
+KNOWN_HEADS = {"black-forest-labs/FLUX.2-klein-4B": 24}
+
+CALL, PING, SHUTDOWN = "call", "ping", "shutdown"
+
+
+class LockstepError(RuntimeError):
+    """A rank failed a call, or the group is no longer usable; the message names the rank."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def from_env(cls) -> RankInfo:
+        """What torchrun sets for each process it starts."""
+        return cls(
+            int(os.environ.get("RANK", "0")),
+            int(os.environ.get("WORLD_SIZE", "1")),
+            int(os.environ.get("LOCAL_RANK", "0")),
+        )
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def describe_call(call: PipelineCall) -> str:
+    """How a call appears in the logs: the shape and numbers, never the prompt."""
+    return f"{call.width}x{call.height} steps={call.steps} seed={call.seed}"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {(lines[0] if lines else '')[:300]}"
+
+
+# --- start-up checks ---------------------------------------------------------------------------------
+def check_single_process(settings: Settings) -> None:
+    """`tp_degree > 1` needs one process per NeuronCore: refuse to start as one process."""
+    if settings.tp_degree > 1 and not launched_by_torchrun():
+        n = settings.tp_degree
+        raise SettingsError(
+            f"tp_degree={n} needs {n} processes, one per NeuronCore: start `torchrun --nproc_per_node={n} app.py` "
+            "(scripts/launch-trn.sh does it when TP > 1), or set NEURON_APP_TP_DEGREE=1"
+        )
+
+
+def settings_for_world(world_size: int) -> Settings:
+    """The process settings with `tp_degree` = torchrun's WORLD_SIZE (it is part of the compile fingerprint)."""
+    from neuron_app.settings import ENV_PREFIX, get_settings, load_settings
+
+    configured = load_settings().tp_degree
+    if configured not in (1, world_size):
+        raise SettingsError(
+            f"tp_degree={configured} is configured but torchrun started {world_size} processes (WORLD_SIZE): "
+            f"use `torchrun --nproc_per_node={configured}` or change tp_degree"
+        )
+    os.environ[ENV_PREFIX + "TP_DEGREE"] = str(world_size)
+    get_settings.cache_clear()
+    return get_settings()
+
+
+def transformer_heads(settings: Settings) -> int | None:
+    """The transformer's attention head count from its config (None when it cannot be read here)."""
+    from neuron_app.loader import resolve_source
+    from neuron_app.tiny import ensure_tiny
+
+    source = resolve_source(settings)
+    try:
+        if source.tiny:
+            folder = ensure_tiny(settings.cache_dir / "models", source.tiny)
+            config_path = folder / "transformer" / "config.json"
+        elif source.is_local:
+            config_path = Path(source.location) / "transformer" / "config.json"
+        else:
+            from huggingface_hub import hf_hub_download
+
+            token = settings.hf_token.get_secret_value() if settings.hf_token else None
+            config_path = Path(
+                hf_hub_download(source.location, "transformer/config.json", revision=source.revision, token=token)
+            )
+        return int(json.loads(config_path.read_text())["num_attention_heads"])
+    except Exception as exc:
+        known = KNOWN_HEADS.get(source.location)
+        log.warning("could not read the transformer config (%s); assuming %s heads", _first_line(exc), known)
+        return known
+
+
+def check_tp_degree(degree: int, heads: int | None) -> None:
+    """Each rank gets heads/degree attention heads: the degree must divide the head count."""
+    if heads is None or degree <= 1:
+        return
+    if heads % degree:
+        fits = [d for d in range(2, heads + 1) if heads % d == 0]
+        raise SettingsError(
+            f"tensor-parallel degree {degree} does not divide the transformer's {heads} attention heads: "
+            f"use one of {', '.join(map(str, fits))} (torchrun --nproc_per_node=N)"
+        )
+
+
+# --- the protocol -------------------------------------------------------------------------------------
+class Lockstep:
+    """Both sides of the protocol over one process group; the manager sees `before`, `after` and `mesh`."""
+
+    def __init__(self, rank: int, world_size: int, group: Any = None, mesh: Any = None) -> None:
+        self.rank, self.world_size, self.group, self.mesh = rank, world_size, group, mesh
+        #: Why the group can no longer be used (a rank died or timed out); read by /readyz.
+        self.broken: str | None = None
+        self.closed = False
+        # Held from `before` to `after` of a call, by a ping and by shutdown: one message at a time.
+        self._busy = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    # rank 0 ------------------------------------------------------------------------------------------
+    def before(self, call: PipelineCall) -> None:
+        """Rank 0, before its own run: send the call to every follower."""
+        if not self.is_leader:
+            raise LockstepError("followers replay rank 0's calls; they never start one")
+        self._busy.acquire()
+        try:
+            if self.closed:
+                raise LockstepError("the server is shutting down")
+            log.info("rank 0: executing %s", describe_call(call))
+            self._send((CALL, call))
+        except BaseException:
+            self._busy.release()
+            raise
+
+    def after(self, error: BaseException | None) -> BaseException | None:
+        """Rank 0, after its own run: the error to raise, its own or a follower's (None when all succeeded)."""
+        try:
+            return self.agree(error)
+        finally:
+            self._busy.release()
+
+    def start_heartbeat(self, interval_s: float = HEARTBEAT_S) -> None:
+        def beat() -> None:
+            while not self._stop.wait(interval_s):
+                if not self._busy.acquire(blocking=False):
+                    continue  # a call is running: the followers are busy with it, not waiting
+                try:
+                    if self.closed or self.broken:
+                        return
+                    self._send((PING, None))
+                except LockstepError as exc:
+                    log.error("rank 0: %s", exc)
+                    return
+                finally:
+                    self._busy.release()
+
+        self._heartbeat = threading.Thread(target=beat, name="lockstep-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def shutdown(self, grace_s: float = SHUTDOWN_GRACE_S) -> bool:
+        """Rank 0: tell the followers to exit; True when they were told."""
+        self._stop.set()
+        if not self._busy.acquire(timeout=grace_s):
+            log.warning("rank 0: a call is still running after %.0f s; stopping without telling the followers", grace_s)
+            self.closed = True
+            return False
+        try:
+            self.closed = True
+            if self.broken:
+                return False
+            self._send((SHUTDOWN, None))
+            log.info("rank 0: told %d follower(s) to shut down", self.world_size - 1)
+            return True
+        except LockstepError as exc:
+            log.warning("rank 0: %s", exc)
+            return False
+        finally:
+            self._busy.release()
+
+    def _send(self, message: tuple[str, Any]) -> None:
+        if self.broken:
+            raise LockstepError(f"tensor-parallel group is broken: {self.broken}")
+        import torch.distributed as dist
+
+        try:
+            dist.broadcast_object_list([message], src=0, group=self.group)
+        except Exception as exc:
+            self.broken = f"sending {message[0]!r} failed ({_first_line(exc)})"
+            raise LockstepError(f"tensor-parallel group is broken: {self.broken}") from exc
+
+    # every rank --------------------------------------------------------------------------------------
+    def agree(self, error: BaseException | None) -> BaseException | None:
+        """All ranks exchange their outcome; any rank's error becomes everybody's."""
+        import torch.distributed as dist
+
+        mine = None if error is None else _first_line(error)
+        outcomes: list[str | None] = [None] * self.world_size
+        try:
+            dist.all_gather_object(outcomes, mine, group=self.group)
+        except Exception as exc:
+            self.broken = f"rank {self.rank} lost the group while agreeing on a call ({_first_line(exc)})"
+            return error or LockstepError(f"tensor-parallel group is broken: {self.broken}")
+        if error is not None:
+            return error
+        for rank, outcome in enumerate(outcomes):
+            if outcome is not None:
+                if self.is_leader:
+                    log.error("rank 0: rank %d failed the call: %s", rank, outcome)
+                return LockstepError(f"rank {rank} failed: {outcome}")
+        return None
+
+    # followers ---------------------------------------------------------------------------------------
+    def receive(self) -> tuple[str, Any]:
+        """A follower's next command from rank 0 (raises when rank 0 is gone or the wait timed out)."""
+        import torch.distributed as dist
+
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+
+def init_group(backend: Any, info: RankInfo, timeout_s: float = DIST_TIMEOUT_S) -> Lockstep:
+    """Join the process group (`backend.dist_backend`), a gloo group for commands, and the TP mesh."""
+    import torch
+    import torch.distributed as dist
+
+    if backend.name == "cuda":
+        torch.cuda.set_device(info.local_rank)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend.dist_backend, timeout=timeout)
+    control = None if backend.dist_backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+    mesh = None
+    if backend.name in TP_DEVICES:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh(backend.name, list(range(info.world_size)))
+    return Lockstep(info.rank, info.world_size, control, mesh)
+
+
+# --- the two roles ------------------------------------------------------------------------------------
+def follow(manager: Any, lockstep: Lockstep) -> int:
+    """A follower's life: replay rank 0's calls until it says shut down; the exit code."""
+    settings = manager.settings
+    signalled: list[float] = []
+
+    def note_signal(signum: int, _frame: Any) -> None:
+        signalled.append(time.monotonic())  # rank 0 got it too (torchrun signals every rank): wait for its shutdown
+
+    signal.signal(signal.SIGTERM, note_signal)
+    signal.signal(signal.SIGINT, note_signal)
+    log.info("rank %d: following rank 0", lockstep.rank)
+    while True:
+        try:
+            kind, payload = lockstep.receive()
+        except Exception as exc:
+            log.error("rank %d: lost rank 0 (%s); exiting", lockstep.rank, _first_line(exc))
+            return 1
+        if kind == SHUTDOWN:
+            log.info("rank %d: shutdown from rank 0; exiting", lockstep.rank)
+            return 0
+        if kind == PING:
+            if signalled and time.monotonic() - signalled[0] > SHUTDOWN_GRACE_S + 5:
+                log.warning("rank %d: signalled, and still no shutdown from rank 0; exiting", lockstep.rank)
+                return 1
+            continue
+        call: PipelineCall = payload
+        log.info("rank %d: executing %s", lockstep.rank, describe_call(call))
+        error: BaseException | None = None
+        try:
+            run_call(
+                manager.pipe,
+                dataclasses.replace(call, output_type="latent"),  # only rank 0's image is returned
+                guidance_scale=settings.guidance_scale,
+                max_sequence_length=settings.max_sequence_length,
+            )
+        except Exception as exc:
+            error = exc
+            log.error("rank %d: call %s failed: %s", lockstep.rank, describe_call(call), _first_line(exc))
+        lockstep.agree(error)
+
+
+def lead(manager: Any, lockstep: Lockstep) -> int:
+    """Rank 0's life: serve the app until SIGTERM / SIGINT, then shut the followers down."""
+    from neuron_app.server import build_app, launch, shutdown
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    app = build_app(manager.settings, manager)
+    lockstep.start_heartbeat()
+    manager.start_warmup()
+    launch(app, block=False)
+    log.info("rank 0: serving on http://%s:%d", manager.settings.server_name, manager.settings.server_port)
+    while not stop.wait(0.5):  # the main thread stays free for signal handlers
+        pass
+    # Like a single process: refuse new requests, let the running one finish (its call runs on every
+    # rank), close the page; then release the followers. Capped below torchrun's SIGTERM-to-SIGKILL delay.
+    grace_s = min(manager.settings.shutdown_grace_s, SHUTDOWN_GRACE_S)
+    log.info("rank 0: stopping (grace %.0f s)", grace_s)
+    drained = shutdown(app, grace_s)
+    told = lockstep.shutdown(grace_s=2.0)
+    app.ops.close()
+    log.info("rank 0: stopped")
+    return 0 if drained and told else 1
+
+
+def configure_rank_logging(settings: Settings, info: RankInfo) -> None:
+    """Every log line names its rank: the ranks of one torchrun share a terminal."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [rank {info.rank}/{info.world_size}] %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def serve_distributed() -> int:
+    """Entry point of every torchrun process (app.py calls it when WORLD_SIZE > 1); the exit code."""
+    info = RankInfo.from_env()
+    settings = settings_for_world(info.world_size)
+    configure_rank_logging(settings, info)
+    log.info("rank %d of %d started (pid %d)", info.rank, info.world_size, os.getpid())
+    check_tp_degree(info.world_size, transformer_heads(settings))
+    if info.rank == 0:
+        from neuron_app.server import prepare_environment, resolve_auth
+
+        resolve_auth(settings)  # refuse an unprotected public link before loading anything
+        prepare_environment(settings)
+
+    import torch.distributed as dist
+
+    from neuron_app.backends import resolve_backend
+    from neuron_app.manager import PipelineManager
+
+    lockstep = init_group(resolve_backend(settings.device, settings.cache_dir), info)
+    try:
+        manager = PipelineManager(settings, lockstep=lockstep)
+        # Every rank loads at start, in the same order: a sharded load may talk to the other ranks.
+        start = time.perf_counter()
+        manager.ensure_loaded()
+        log.info("rank %d: pipeline ready in %.1fs", info.rank, time.perf_counter() - start)
+        return lead(manager, lockstep) if info.rank == 0 else follow(manager, lockstep)
+    finally:
+        if lockstep.broken is None:
+            dist.destroy_process_group()

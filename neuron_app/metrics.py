@@ -1,0 +1,145 @@
+"""Prometheus metrics of one app, fed by the manager's events.
+
+Each app gets its own `CollectorRegistry` (never the process-global one), so several apps can
+live in one process (the tests build many) without "duplicated timeseries" errors. Counters
+and histograms move on manager events; gauges that describe the current state (model loaded,
+shape states, queue) are read from the manager and the queue when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from neuron_app.manager import CompileOutcome, GenerationRecord, RequestFailed, ShapeState
+
+log = logging.getLogger(__name__)
+
+PREFIX = "neuron_app"
+REQUEST_RESULTS = ("ok", "refused", "failed")
+CACHE_KINDS = ("miss", "memory", "disk")
+#: Tiny CPU images take ~0.2 s, a 1 MP image on a NeuronCore a few seconds, big shapes with many steps a minute.
+GENERATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+#: aot_eager compiles in ~2 s, inductor in ~30 s, Neuron in minutes (large models up to an hour).
+COMPILE_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 2400, 3600)
+
+QueueLength = Callable[[], int | None]
+
+
+class _StateCollector(Collector):
+    """Gauges read at scrape time: what the manager and the queue say right now."""
+
+    def __init__(self, manager: Any, queue_length: QueueLength) -> None:
+        self.manager = manager
+        self.queue_length = queue_length
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.manager.status()
+        yield InfoMetricFamily(
+            f"{PREFIX}_build",
+            "What this server runs; the fingerprint keys the compile cache.",
+            value={
+                "model": status.model,
+                "device": status.device,
+                "dtype": status.dtype,
+                "compile_mode": status.compile_mode,
+                "compile_backend": status.compile_backend,
+                "tp_degree": str(status.tp_degree),
+                "fingerprint": status.fingerprint,
+            },
+        )
+        yield GaugeMetricFamily(f"{PREFIX}_model_loaded", "1 once the pipeline is loaded.", value=int(status.loaded))
+        shapes = GaugeMetricFamily(f"{PREFIX}_shapes", "Configured shapes by compile state.", labels=["state"])
+        for state in ShapeState:
+            shapes.add_metric([str(state)], sum(1 for s in status.shapes.values() if s.state is state))
+        yield shapes
+        yield CounterMetricFamily(
+            f"{PREFIX}_compile_failures", "Graphs the compiler refused since start.", value=status.compile_failures
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_cache_size_bytes", "Size of the persistent cache folder.", value=status.cache_size_bytes
+        )
+        length = self.queue_length()
+        if length is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_queue_length", "Generation requests waiting or running in the queue.", value=length
+            )
+
+
+class Metrics:
+    """The app's metrics; `observe` is subscribed to the manager on creation, `close` unsubscribes."""
+
+    def __init__(self, manager: Any, queue_length: QueueLength | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "Generation requests by result: ok, refused (invalid request), failed (load, compile or run error).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.generation_seconds = Histogram(
+            f"{PREFIX}_generation_seconds",
+            "Denoising and decoding time of successful requests, per shape (compile excluded).",
+            ["shape"],
+            buckets=GENERATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            f"{PREFIX}_request_seconds",
+            "Whole successful requests, per shape: waiting for the model, compiling and generating.",
+            ["shape"],
+            buckets=GENERATION_BUCKETS + COMPILE_BUCKETS[COMPILE_BUCKETS.index(600) :],
+            registry=self.registry,
+        )
+        self.compiles = Counter(
+            f"{PREFIX}_compiles",
+            "Shape compiles that produced new graphs, per shape.",
+            ["shape"],
+            registry=self.registry,
+        )
+        self.compile_seconds = Histogram(
+            f"{PREFIX}_compile_seconds",
+            "Seconds of the compiles counted by neuron_app_compiles_total, per shape.",
+            ["shape"],
+            buckets=COMPILE_BUCKETS,
+            registry=self.registry,
+        )
+        self.cache_results = Counter(
+            f"{PREFIX}_cache_results",
+            "What each successful request found: miss (compiled now), memory (compiled earlier in this "
+            "process), disk (compiled now from the persistent cache).",
+            ["kind"],
+            registry=self.registry,
+        )
+        for result in REQUEST_RESULTS:  # present at 0 from the start, so rates work from the first scrape
+            self.requests.labels(result)
+        for kind in CACHE_KINDS:
+            self.cache_results.labels(kind)
+        self.registry.register(_StateCollector(manager, queue_length or (lambda: None)))
+        self._unsubscribe = manager.subscribe(self.observe)
+
+    def observe(self, event: Any) -> None:
+        """Manager listener: one event in, the matching series moved."""
+        if isinstance(event, GenerationRecord):
+            self.requests.labels("ok").inc()
+            self.generation_seconds.labels(event.resolution).observe(event.inference_s)
+            self.request_seconds.labels(event.resolution).observe(event.total_s)
+            self.cache_results.labels(str(event.cache)).inc()
+        elif isinstance(event, CompileOutcome):
+            if event.compiled:
+                self.compiles.labels(event.resolution).inc()
+                self.compile_seconds.labels(event.resolution).observe(event.compile_s)
+        elif isinstance(event, RequestFailed):
+            self.requests.labels(event.result if event.result in REQUEST_RESULTS else "failed").inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition format and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def close(self) -> None:
+        self._unsubscribe()

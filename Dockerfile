@@ -1,6 +1,6 @@
 # FLUX.2-klein on AWS Trainium, on an AWS Neuron PyTorch inference Deep Learning Container, which
 # brings torch, torch-neuronx and the Neuron compiler (tags: https://github.com/aws-neuron/deep-learning-containers).
-# Every command here is explained in docs/deploy.md ("Deploy on a trn instance").
+# Every command here is explained in README.md ("Deploy on a trn instance").
 #
 #   docker build -t flux2-klein-trn .
 #   docker run --device=/dev/neuron0 -p 7860:7860 -v neuron-app-cache:/var/cache/neuron-app flux2-klein-trn

@@ -57,10 +57,16 @@ class Manifest:
         self.cache_dir = cache_dir
         self.path = cache_dir / MANIFEST_NAME
         self._lock = FileLock(str(cache_dir / (MANIFEST_NAME + ".lock")), timeout=120)
+        # The status panel asks every few seconds: re-read only when the file changed.
+        self._memo: tuple[tuple[int, int, int], dict[str, ManifestEntry]] | None = None
 
     def entries(self) -> dict[str, ManifestEntry]:
         """Read the manifest; a corrupt one is set aside with a warning and treated as empty."""
         try:
+            stat = self.path.stat()
+            stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if self._memo is not None and self._memo[0] == stamp:
+                return dict(self._memo[1])
             raw = self.path.read_text()
         except FileNotFoundError:
             return {}
@@ -68,10 +74,12 @@ class Manifest:
             data = json.loads(raw)
             if data.get("version") != MANIFEST_VERSION:
                 raise ValueError(f"unknown manifest version {data.get('version')!r}")
-            return {k: ManifestEntry(**v) for k, v in data["entries"].items()}
+            entries = {k: ManifestEntry(**v) for k, v in data["entries"].items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self._set_aside(exc)
             return {}
+        self._memo = (stamp, entries)
+        return dict(entries)
 
     def _set_aside(self, exc: Exception) -> None:
         with self._lock:

@@ -50,8 +50,6 @@ class ManagerLike(Protocol):
 
     def status(self) -> ManagerStatus: ...
 
-    def offered_resolutions(self) -> list[str]: ...
-
 
 def shape_label(shape: ShapeStatus) -> str:
     """The dropdown label: the shape and what choosing it will cost."""
@@ -66,8 +64,9 @@ def shape_label(shape: ShapeStatus) -> str:
     return f"{shape.resolution} - compiles on first use"
 
 
-def dropdown_choices(status: ManagerStatus, offered: list[str]) -> list[tuple[str, str]]:
-    return [(shape_label(status.shapes[name]), name) for name in offered]
+def dropdown_choices(status: ManagerStatus) -> list[tuple[str, str]]:
+    """The shapes on offer (all configured, or only precompiled ones), labelled with their state."""
+    return [(shape_label(shape), name) for name, shape in status.shapes.items() if shape.offered]
 
 
 def _human_bytes(size: int) -> str:
@@ -173,7 +172,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         record = run(prompt, resolution, steps, seed, progress)
         path = images.save(record)
         status = manager.status()
-        choices = dropdown_choices(status, manager.offered_resolutions())
+        choices = dropdown_choices(status)
         return (
             str(path),
             info_markdown(record),
@@ -192,7 +191,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
 
     def refresh(current: str | None, shown: list[Any] | None) -> tuple[Any, ...]:
         status = manager.status()
-        choices = dropdown_choices(status, manager.offered_resolutions())
+        choices = dropdown_choices(status)
         if choices == shown:
             dropdown = gr.update()  # unchanged: leave the open dropdown alone
         else:
@@ -201,7 +200,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         return status_markdown(status), shapes_table(status), dropdown, choices
 
     initial = manager.status()
-    offered = manager.offered_resolutions()
+    offered = [value for _label, value in dropdown_choices(initial)]
     default = settings.default_resolution if settings.default_resolution in offered else (offered or [None])[0]
 
     with gr.Blocks(title="FLUX.2-klein on AWS Trainium", delete_cache=(3600, 3600)) as demo:
@@ -223,7 +222,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
                 with gr.Row():
                     resolution = gr.Dropdown(
                         label="Resolution",
-                        choices=dropdown_choices(initial, offered),
+                        choices=dropdown_choices(initial),
                         value=default,
                         elem_id="resolution",
                     )
@@ -282,7 +281,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         # Status never waits behind a compile: its own unlimited lane, outside the queue.
         status_btn.click(api_status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)
 
-        shown = gr.State(dropdown_choices(initial, offered))
+        shown = gr.State(dropdown_choices(initial))
         timer = gr.Timer(STATUS_REFRESH_S)
         timer.tick(
             refresh,

@@ -100,7 +100,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
     ]
     print(_table(["shape", "validity", "fingerprint", "compile s", "compiled at"], rows))
     if stale:
-        print(f"{len(stale)} stale entr{'y' if len(stale) == 1 else 'ies'}: run `python -m neuron_app cache --clear-stale`")
+        print(
+            f"{len(stale)} stale entr{'y' if len(stale) == 1 else 'ies'}: "
+            "run `python -m neuron_app cache --clear-stale`"
+        )
     return EXIT_OK
 
 

@@ -49,6 +49,10 @@ def resolve_source(settings: Settings) -> ModelSource:
     path = Path(settings.model).expanduser()
     looks_local = path.is_absolute() or settings.model.startswith(".") or path.exists()
     if looks_local:
+        if not path.is_dir():
+            raise ModelLoadError(
+                f"model folder {path} does not exist (set NEURON_APP_MODEL to a Hub id, a pipeline folder, or 'tiny')"
+            )
         if not (path / "model_index.json").is_file():
             raise ModelLoadError(
                 f"model folder {path} has no model_index.json: it is not a saved diffusers pipeline "

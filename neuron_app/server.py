@@ -1,4 +1,4 @@
-"""Wiring for the web server: environment, auth policy, the Gradio queue and launch."""
+"""Wiring for the web server: environment, auth policy, the Gradio queue, launch and graceful shutdown."""
 
 from __future__ import annotations
 

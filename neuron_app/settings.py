@@ -136,6 +136,13 @@ class Settings(BaseSettings):
     allow_public_without_auth: bool = Field(
         False, description="Permit share=true with no auth (a loud warning is printed)."
     )
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3600.0,
+        description="On SIGTERM/SIGINT: new requests are refused and running ones get this long to finish "
+        "before the server closes.",
+    )
     log_level: str = Field("INFO", description="Python logging level.")
 
     @classmethod

@@ -13,7 +13,8 @@ MULTIPLE = 16
 #: Largest side accepted anywhere; FLUX.2-klein has been served up to 2048x2048.
 MAX_SIDE = 4096
 
-_SHAPE_RE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
+#: Exactly "WIDTHxHEIGHT": no sign, spaces, leading zeros or trailing newline (used with `fullmatch`).
+_SHAPE_RE = re.compile(r"(0|[1-9][0-9]{0,4})x(0|[1-9][0-9]{0,4})")
 
 
 class ShapeError(ValueError):
@@ -30,7 +31,7 @@ class Resolution:
         """Parse a strict "WIDTHxHEIGHT" (lower-case x, no spaces): the one form the UI sends."""
         if not isinstance(text, str):
             raise ShapeError(f"resolution must be a string like '1024x1024', got {type(text).__name__}")
-        match = _SHAPE_RE.match(text)
+        match = _SHAPE_RE.fullmatch(text)
         if not match:
             shown = text if len(text) <= 40 else text[:40] + "..."
             raise ShapeError(f"resolution {shown!r} is not of the form WIDTHxHEIGHT, e.g. '1024x1024'")

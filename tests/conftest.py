@@ -186,18 +186,19 @@ class AppProcess:
 @pytest.fixture
 def run_app_py(tmp_path: Path, shared_models: Path) -> Iterator[Callable[..., AppProcess]]:
     """Start `python app.py` with tiny settings from NEURON_APP_* variables; keyword arguments add variables
-    (`shutdown_grace_s=10` -> NEURON_APP_SHUTDOWN_GRACE_S=10). Killed at teardown if still running."""
+    (`shutdown_grace_s=10` -> NEURON_APP_SHUTDOWN_GRACE_S=10), `env` other variables as they are.
+    Killed at teardown if still running."""
     started: list[AppProcess] = []
 
-    def start(**variables: Any) -> AppProcess:
+    def start(env: dict[str, str] | None = None, **variables: Any) -> AppProcess:
         import json
 
         cache_dir = link_models(tmp_path / f"app{len(started)}", shared_models)
         settings = TINY_OVERRIDES | {"cache_dir": str(cache_dir), "server_port": free_port()} | variables
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")} | (env or {})
         for key, value in settings.items():
-            env[f"NEURON_APP_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
-        proc = AppProcess(cache_dir, env, tmp_path / f"app{len(started)}.log")
+            environ[f"NEURON_APP_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        proc = AppProcess(cache_dir, environ, tmp_path / f"app{len(started)}.log")
         started.append(proc)
         return proc
 

@@ -7,11 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from neuron_app.manager import (
     CacheResult,
-    CompileFailed,
     PipelineManager,
     ProgressEvent,
     RequestError,
@@ -129,39 +127,6 @@ def test_ten_threads_asking_for_one_new_shape_compile_it_once(make_settings: Any
     assert manager.counter.graphs == 1
     assert sum(r.compiled for r in records) == 1
     assert manager.status().shapes["128x128"].hits == 10
-
-
-_FAILS_ONCE: dict[int, int] = {}
-
-
-def _fails_on_64_tokens_first(gm: Any, example_inputs: list[Any]) -> Any:
-    """A real dynamo backend: the first compile of a 64-token graph raises, later ones work."""
-    from torch._dynamo import lookup_backend
-
-    tokens = {t.shape[1] for t in example_inputs if isinstance(t, torch.Tensor) and t.dim() == 3}
-    if 64 in tokens and not _FAILS_ONCE.get(64):
-        _FAILS_ONCE[64] = 1
-        raise RuntimeError("injected compiler failure for 64 image tokens")
-    return lookup_backend("aot_eager")(gm, example_inputs)
-
-
-def test_failed_compile_marks_that_shape_failed_others_serve_and_retry_works(make_settings: Any) -> None:
-    from torch._dynamo import register_backend
-
-    register_backend(_fails_on_64_tokens_first, name="test_fails_once_on_64_tokens")
-    _FAILS_ONCE.clear()
-    manager = PipelineManager(make_settings(compile_backend="test_fails_once_on_64_tokens"))
-    assert manager.generate("ok", "64x64", 1, 0).compiled
-
-    with pytest.raises(CompileFailed, match="injected compiler failure"):
-        manager.generate("boom", "128x128", 1, 0)
-    shape = manager.status().shapes["128x128"]
-    assert shape.state is ShapeState.FAILED and "injected compiler failure" in (shape.last_error or "")
-
-    assert manager.generate("still fine", "64x64", 1, 0).cache == CacheResult.MEMORY
-    retry = manager.generate("again", "128x128", 1, 0)
-    assert retry.compiled and manager.status().shapes["128x128"].state is ShapeState.READY
-    assert manager.status().shapes["128x128"].last_error is None
 
 
 def test_hub_model_without_network_names_the_offline_choice(

@@ -77,8 +77,10 @@ def test_second_process_serves_precompiled_shapes_from_disk(tmp_path: Path, shar
     for record in result["records"]:
         assert record["cache"] == "disk" and record["compiled"] is True
         ratio = record["compile_s"] / cold[record["resolution"]]
-        print(f"{record['resolution']}: cold {cold[record['resolution']]:.2f}s, warm {record['compile_s']:.2f}s, "
-              f"ratio {ratio:.2f}")
+        print(
+            f"{record['resolution']}: cold {cold[record['resolution']]:.2f}s, warm {record['compile_s']:.2f}s, "
+            f"ratio {ratio:.2f}"
+        )
         assert ratio <= 0.5
 
 
@@ -141,7 +143,11 @@ def test_two_processes_precompiling_into_one_folder_leave_a_valid_manifest(tmp_p
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "neuron_app", "precompile", "--resolutions", *shapes],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for shapes in (["64x64", "128x128"], ["128x64"])
     ]

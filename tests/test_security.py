@@ -1,0 +1,250 @@
+"""Security: nobody let in without credentials, no secret in any log, a fixed model, files kept at home.
+
+Runs the real app on 127.0.0.1: in-process (basic auth on, a Hub token set) and as `python app.py`
+with its secrets in the environment, whose whole output is searched for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AuthenticationError
+from PIL import Image
+from pydantic import SecretStr
+
+from neuron_app.cache import ARTIFACT_DIRS
+from neuron_app.server import resolve_auth
+from neuron_app.settings import SECRET_FIELDS, Settings, SettingsError, load_settings
+from tests.conftest import ROOT, AppProcess
+
+USER = "alice"
+PASSWORD = f"pw-{uuid.uuid4().hex}"
+HF_TOKEN = f"hf_{uuid.uuid4().hex}"
+SECRETS = (PASSWORD, HF_TOKEN)
+#: Words that would mean an event lets a caller choose what is loaded or where it runs.
+FORBIDDEN_INPUTS = ("model", "revision", "token", "backend", "device", "cache", "path")
+
+
+@pytest.fixture(scope="module")
+def auth_app(launch_tiny: Callable[..., Any]) -> Any:
+    """The tiny app with basic auth and a Hub token (unused by the local tiny model, but configured)."""
+    return launch_tiny(auth_username=USER, auth_password=PASSWORD, hf_token=HF_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def auth_client(auth_app: Any) -> Client:
+    return Client(auth_app.url, auth=(USER, PASSWORD), verbose=False)
+
+
+# --- share and auth policy ----------------------------------------------------------------------
+
+
+def test_share_without_auth_is_refused(make_settings: Callable[..., Settings]) -> None:
+    """share=true with no credentials refuses to start, naming the variables to set or the waiver."""
+    with pytest.raises(SettingsError, match="NEURON_APP_AUTH_USERNAME and NEURON_APP_AUTH_PASSWORD"):
+        resolve_auth(make_settings(share=True))
+
+
+def test_share_without_auth_waived_warns_loudly(
+    make_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With allow_public_without_auth the public link is served without auth, under a WARNING."""
+    with caplog.at_level(logging.WARNING, logger="neuron_app.server"):
+        assert resolve_auth(make_settings(share=True, allow_public_without_auth=True)) is None
+    assert any(r.levelno == logging.WARNING and "WITHOUT authentication" in r.getMessage() for r in caplog.records), (
+        caplog.text
+    )
+
+
+def test_share_with_auth_uses_it_quietly(
+    make_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With credentials, share=true passes them to Gradio, and nothing about them is logged."""
+    with caplog.at_level(logging.DEBUG):
+        auth = resolve_auth(make_settings(share=True, auth_username=USER, auth_password=PASSWORD))
+    assert auth == (USER, PASSWORD)
+    assert PASSWORD not in caplog.text and "WITHOUT" not in caplog.text
+
+
+def test_app_py_refuses_public_link_without_auth(tmp_path: Path) -> None:
+    """`python app.py` with NEURON_APP_SHARE=true and no auth exits 2 with one clear line, before any
+    model work or network access (no tunnel is opened)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+    env |= {"NEURON_APP_SHARE": "true", "NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: share=true opens a public link")
+    assert "Traceback" not in done.stderr and not (tmp_path / "models").exists()
+
+
+# --- secrets ---------------------------------------------------------------------------------------
+
+
+def test_secrets_are_secretstr_and_never_shown(make_settings: Callable[..., Settings]) -> None:
+    """auth_password and hf_token are SecretStr: repr, str and JSON dumps of the settings mask them."""
+    settings = make_settings(auth_username=USER, auth_password=PASSWORD, hf_token=HF_TOKEN)
+    assert isinstance(settings.auth_password, SecretStr) and isinstance(settings.hf_token, SecretStr)
+    for shown in (repr(settings), str(settings), settings.model_dump_json(), str(settings.model_dump())):
+        for secret in SECRETS:
+            assert secret not in shown
+
+
+@pytest.mark.parametrize("field", SECRET_FIELDS)
+def test_settings_file_refuses_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str) -> None:
+    """A settings file holding a secret is refused (secrets come from the environment only), and the
+    error names the field and the variable to use, without echoing the value."""
+    secret = f"leak-{uuid.uuid4().hex}"
+    toml = tmp_path / "settings.toml"
+    toml.write_text(f'model = "tiny"\n{field} = "{secret}"\n')
+    monkeypatch.setenv("NEURON_APP_SETTINGS", str(toml))
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    message = str(info.value)
+    assert f"{field} must not be set in the settings file" in message
+    assert f"NEURON_APP_{field.upper()}" in message and secret not in message
+
+
+def test_no_secret_in_logs_while_serving(
+    auth_app: Any, auth_client: Client, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Logging in, loading the model, compiling, generating and reading the status, at DEBUG level on every
+    logger: neither the password nor the Hub token appears in any log record or on stdout/stderr."""
+    with caplog.at_level(logging.DEBUG):
+        Client(auth_app.url, auth=(USER, PASSWORD), verbose=False)  # a fresh login
+        _path, info = auth_client.predict("a red fox", "64x64", 4, 3, api_name="/generate")
+        status = auth_client.predict(api_name="/status")
+    assert info["resolution"] == "64x64" and status["loaded"]
+    out, err = capfd.readouterr()
+    everything = caplog.text + out + err + str(status) + str(info)
+    assert "neuron_app" in caplog.text  # the app did log (the check is not vacuous)
+    for secret in SECRETS:
+        assert secret not in everything
+
+
+# --- who gets in ------------------------------------------------------------------------------------
+
+
+def test_auth_rejects_clients_without_valid_credentials(auth_app: Any) -> None:
+    """With auth set: no credentials, a wrong password, and raw HTTP without a session are all refused
+    (config, API info, the generate route); the right credentials are accepted."""
+    with pytest.raises(AuthenticationError):
+        Client(auth_app.url, verbose=False)
+    with pytest.raises(ValueError, match="Could not login"):
+        Client(auth_app.url, auth=(USER, "wrong"), verbose=False)
+    for method, path in (("GET", "config"), ("GET", "gradio_api/info"), ("POST", "gradio_api/call/generate")):
+        reply = httpx.request(method, auth_app.url + path, json={"data": ["x", "64x64", 4, 0]}, timeout=10)
+        assert reply.status_code == 401, (path, reply.status_code)
+    assert Client(auth_app.url, auth=(USER, PASSWORD), verbose=False).predict(api_name="/status")["model"] == "tiny"
+
+
+def test_files_outside_the_app_folders_are_not_served(auth_app: Any) -> None:
+    """Even logged in, Gradio's file route serves nothing outside its own folders (the app allows only
+    cache_dir/outputs besides Gradio's cache)."""
+    with httpx.Client(base_url=auth_app.url, timeout=10) as http:
+        http.post("login", data={"username": USER, "password": PASSWORD}).raise_for_status()
+        assert http.get("gradio_api/info").status_code == 200  # logged in
+        for target in ("/etc/passwd", str(ROOT / "settings.toml"), str(auth_app.settings.cache_dir / "manifest.json")):
+            assert http.get(f"gradio_api/file={target}").status_code in (403, 404), target
+
+
+# --- a fixed model ---------------------------------------------------------------------------------------
+
+
+def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Client) -> None:
+    """The named API is exactly `generate(prompt, resolution, steps, seed)` and `status()`; no unnamed
+    endpoint; no event anywhere (page included) takes an input that could pick the model, its revision,
+    a token, the device or a path."""
+    api = auth_client.view_api(return_format="dict", print_info=False)
+    assert set(api["named_endpoints"]) == {"/generate", "/status"}
+    assert not api["unnamed_endpoints"]
+    params = api["named_endpoints"]["/generate"]["parameters"]
+    assert [(p["parameter_name"], p["component"]) for p in params] == [
+        ("prompt", "Textbox"),
+        ("resolution", "Textbox"),
+        ("steps", "Number"),
+        ("seed", "Number"),
+    ]
+    assert api["named_endpoints"]["/status"]["parameters"] == []
+    for fn in auth_app.demo.fns.values():
+        for block in fn.inputs:
+            names = " ".join(str(getattr(block, a, "") or "") for a in ("label", "elem_id")).lower()
+            assert not any(word in names for word in FORBIDDEN_INPUTS), (fn.name, names)
+
+
+def test_gradio_cache_is_cleaned(auth_app: Any) -> None:
+    """Gradio deletes its temporary files older than an hour, every hour, so a long-running demo does not
+    fill the disk; the app's own outputs are pruned by ImageStore."""
+    assert auth_app.demo.delete_cache == (3600, 3600)
+
+
+def test_png_metadata_records_how_the_image_was_made(auth_client: Client, auth_app: Any) -> None:
+    """The PNG the API returns carries prompt, seed, steps, size and model as text chunks (PIL reads them
+    back), and the server's copy is written under cache_dir/outputs."""
+    path, info = auth_client.predict("a lighthouse at dawn", "64x64", 4, 42, api_name="/generate")
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size == (64, 64)
+        text = dict(image.text)
+    assert {k: text[k] for k in ("prompt", "seed", "steps", "size", "model")} == {
+        "prompt": "a lighthouse at dawn",
+        "seed": "42",
+        "steps": "4",
+        "size": "64x64",
+        "model": "tiny",
+    }
+    assert info["seed"] == 42
+    saved = list((auth_app.settings.cache_dir / "outputs").glob("64x64-42-*.png"))
+    assert len(saved) == 1
+
+
+# --- the real entry point ------------------------------------------------------------------------------------
+
+
+def test_app_py_keeps_secrets_out_of_its_output_and_files_at_home(
+    run_app_py: Callable[..., AppProcess], tmp_path: Path
+) -> None:
+    """`python app.py` with auth and a Hub token in the environment, logging at DEBUG: from start-up through
+    a generation to a SIGTERM shutdown, its stdout/stderr never contain either secret; it writes only
+    inside cache_dir (outputs/, gradio-tmp/, the compilers' artifact folders, the manifest), nothing in its
+    TMPDIR (Gradio serves the PNG straight from cache_dir/outputs, an allowed path)."""
+    tmpdir = tmp_path / "process-tmp"
+    tmpdir.mkdir()
+    app = run_app_py(
+        resolutions=["64x64"],
+        log_level="DEBUG",
+        auth_username=USER,
+        auth_password=PASSWORD,
+        hf_token=HF_TOKEN,
+        env={"TMPDIR": str(tmpdir)},
+    )
+    app.wait_up()
+    client = Client(app.url, auth=(USER, PASSWORD), verbose=False)
+    _path, info = client.predict("a quiet harbour", "64x64", 4, 5, api_name="/generate")
+    assert info["model"] == "tiny"
+    app.proc.send_signal(signal.SIGTERM)
+    assert app.proc.wait(timeout=60) == 0
+    output = app.output()
+    assert "DEBUG" in output and "generate 64x64" in output  # verbose logging really was on
+    for secret in SECRETS:
+        assert secret not in output
+
+    cache = app.cache_dir
+    outputs = list((cache / "outputs").glob("*.png"))
+    assert len(outputs) == 1
+    assert (cache / "gradio-tmp").is_dir()  # GRADIO_TEMP_DIR, set by server.prepare_environment
+    written = {p.name for p in cache.iterdir()}
+    expected = {"models", "outputs", "gradio-tmp", "manifest.json", "manifest.json.lock", *ARTIFACT_DIRS}
+    assert written <= expected, written
+    assert list(tmpdir.iterdir()) == []

@@ -67,6 +67,8 @@ class Ops:
         body: dict[str, Any] = {"ready": False, "loaded": status.loaded, "ready_shapes": status.ready}
         if broken:
             body["reason"] = f"tensor-parallel group is broken: {broken}"
+        elif getattr(self.manager, "draining", False):
+            body["reason"] = "the server is shutting down"  # load balancers stop sending work
         elif not status.loaded:
             if status.loading:
                 body["reason"] = "the model is loading"

@@ -125,3 +125,17 @@ def test_metrics_need_the_app_credentials_when_auth_is_set(make_settings: Any, m
     finally:
         app.demo.close()
         app.ops.close()
+
+
+def test_readyz_turns_503_while_draining_for_shutdown(make_settings: Any) -> None:
+    """A load balancer must stop sending work once SIGTERM started the drain."""
+    from neuron_app.manager import PipelineManager
+    from neuron_app.ops import Ops
+
+    manager = PipelineManager(make_settings())
+    manager.compile_shape("64x64")
+    ops = Ops(manager.settings, manager, None)
+    assert ops.readiness()[0] is True
+    assert manager.drain(5) is True
+    ready, body = ops.readiness()
+    assert ready is False and body["reason"] == "the server is shutting down"

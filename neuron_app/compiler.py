@@ -6,7 +6,9 @@ call of the wrapper is one graph handed to the compiler. No timing guesses.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 KNOWN_BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
@@ -39,15 +41,30 @@ class CountingBackend:
         return f"CountingBackend({self.inner!r})"
 
 
-def apply_compile(transformer: Any, mode: str, backend: CountingBackend, shapes: int) -> None:
-    """Wrap the transformer for `mode`; compiling itself happens on the first call per shape."""
+#: Room beyond two entries per configured shape (retries of failed compiles). A test process that builds
+#: many pipelines raises it: dynamo keys its cache on code objects shared by every transformer instance.
+RECOMPILE_HEADROOM = 8
+
+
+@contextlib.contextmanager
+def recompile_room(shapes: int) -> Iterator[None]:
+    """Let dynamo compile every configured shape in this thread.
+
+    Each shape is one recompile of the same code; under fullgraph=True, hitting dynamo's limit (8 by
+    default) is a hard error. torch's config overrides are thread-local, and Gradio runs requests on
+    worker threads, so the limit is raised around every pipeline call, not once at load.
+    """
     import torch
 
-    # Each configured shape is one recompile of the same code; fullgraph=True turns hitting
-    # dynamo's limit (8 by default) into a hard error, so leave room for every shape and retries.
-    limit = max(torch._dynamo.config.recompile_limit, 2 * shapes + 8)
-    torch._dynamo.config.recompile_limit = limit
-    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 8 * limit)
+    config = torch._dynamo.config
+    limit = max(config.recompile_limit, 2 * shapes + RECOMPILE_HEADROOM)
+    accumulated = max(config.accumulated_recompile_limit, 8 * limit)
+    with config.patch(recompile_limit=limit, accumulated_recompile_limit=accumulated):
+        yield
+
+
+def apply_compile(transformer: Any, mode: str, backend: CountingBackend) -> None:
+    """Wrap the transformer for `mode`; compiling itself happens on the first call per shape."""
     if mode == "eager":
         return
     if mode == "full":

@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from neuron_app.compiler import recompile_room
 from neuron_app.runner import PipelineCall, run_call
 from neuron_app.settings import Settings, SettingsError
 
@@ -317,12 +318,13 @@ def follow(manager: Any, lockstep: Lockstep) -> int:
         log.info("rank %d: executing %s", lockstep.rank, describe_call(call))
         error: BaseException | None = None
         try:
-            run_call(
-                manager.pipe,
-                dataclasses.replace(call, output_type="latent"),  # only rank 0's image is returned
-                guidance_scale=settings.guidance_scale,
-                max_sequence_length=settings.max_sequence_length,
-            )
+            with recompile_room(len(manager.resolutions)):
+                run_call(
+                    manager.pipe,
+                    dataclasses.replace(call, output_type="latent"),  # only rank 0's image is returned
+                    guidance_scale=settings.guidance_scale,
+                    max_sequence_length=settings.max_sequence_length,
+                )
         except Exception as exc:
             error = exc
             log.error("rank %d: call %s failed: %s", lockstep.rank, describe_call(call), _first_line(exc))

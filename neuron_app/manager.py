@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.cache import Manifest, ManifestEntry, Validity, fingerprint_of, folder_size
-from neuron_app.compiler import CountingBackend, apply_compile
+from neuron_app.compiler import CountingBackend, apply_compile, recompile_room
 from neuron_app.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
 from neuron_app.runner import PipelineCall, run_call
 from neuron_app.settings import Settings, get_settings
@@ -376,7 +376,7 @@ class PipelineManager:
                     getattr(torch, self.dtype_name),
                     tp_mesh=getattr(self.lockstep, "mesh", None),
                 )
-                apply_compile(pipe.transformer, self.settings.compile_mode, self.counter, len(self.resolutions))
+                apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)
             except Exception as exc:
                 with self._state_lock:
                     self._load_error = str(exc) if isinstance(exc, ModelLoadError) else _first_line(exc)
@@ -407,13 +407,14 @@ class PipelineManager:
         error: BaseException | None = None
         result = None
         try:
-            result = run_call(
-                self._pipe,
-                call,
-                guidance_scale=self.settings.guidance_scale,
-                max_sequence_length=self.settings.max_sequence_length,
-                on_step=on_step,
-            )
+            with recompile_room(len(self.resolutions)):
+                result = run_call(
+                    self._pipe,
+                    call,
+                    guidance_scale=self.settings.guidance_scale,
+                    max_sequence_length=self.settings.max_sequence_length,
+                    on_step=on_step,
+                )
         except Exception as exc:
             error = exc
         if self.lockstep is not None:

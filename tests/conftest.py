@@ -38,6 +38,16 @@ TINY_OVERRIDES: dict[str, Any] = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _room_for_many_pipelines() -> None:
+    """A server holds one pipeline; this test process builds dozens. Dynamo keys its cache on the
+    transformer's code object, shared by every instance, so each instance's shapes add entries there and
+    the limit the manager allows one pipeline (2 x shapes + 8) is reached. Raise the headroom here."""
+    from neuron_app import compiler
+
+    compiler.RECOMPILE_HEADROOM = 4096
+
+
 @pytest.fixture(scope="session")
 def shared_models() -> Path:
     """One tiny model build per session; each test's cache folder links to it."""

@@ -141,3 +141,44 @@ def test_hub_model_without_network_names_the_offline_choice(
         manager.generate("a cat", "64x64", 4, 0)
     status = manager.status()
     assert not status.loaded and "NEURON_APP_MODEL=tiny" in (status.load_error or "")
+
+
+MANY_SHAPES_IN_WORKER_THREADS = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from neuron_app.manager import PipelineManager
+from neuron_app.settings import load_settings
+
+shapes = [f"{16 * n}x16" for n in range(1, 11)]  # ten token counts: ten compiles of one code object
+settings = load_settings(model="tiny", device="cpu", compile_backend="aot_eager", resolutions=shapes,
+                         default_resolution=shapes[0], max_sequence_length=16, cache_dir=sys.argv[1])
+manager = PipelineManager(settings)
+manager.ensure_loaded()  # in the main thread, as the app's warm-up may do
+with ThreadPoolExecutor(max_workers=2) as pool:  # requests arrive on other threads, as in Gradio
+    records = list(pool.map(lambda s: manager.generate("x", s, 1, 0), shapes))
+print(json.dumps({"compiled": sum(r.compiled for r in records), "graphs": manager.counter.graphs}))
+"""
+
+
+@pytest.mark.slow
+def test_more_shapes_than_dynamos_default_limit_compile_on_worker_threads(tmp_path: Any, shared_models: Any) -> None:
+    """torch's config overrides are thread-local: the recompile limit must be raised where the call runs.
+
+    A fresh process (a clean dynamo cache) compiles ten shapes, more than dynamo's default limit of 8,
+    from worker threads; before the fix the 9th failed with 'recompile limit exceeded'."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, link_models
+
+    cache_dir = link_models(tmp_path / "cache", shared_models)
+    result = subprocess.run(
+        [sys.executable, "-c", MANY_SHAPES_IN_WORKER_THREADS, str(cache_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"compiled": 10, "graphs": 10}

@@ -1,0 +1,315 @@
+"""Markdown from results JSON: the run's table and BENCHMARKS.md. Every number here comes from the JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+#: Where BENCHMARKS.md keeps the JSON it is generated from, relative to its own folder.
+DATA_DIR = "benchmarks"
+TRN_MODEL = "black-forest-labs/FLUX.2-klein-4B"
+TRN_COMMAND = (
+    f"python -m neuron_app.bench --device neuron --model {TRN_MODEL} --shapes 1024x1024 "
+    "--recompile-shapes 1024x1024,1152x896 --steps 4 --modes eager,full,regional --repeats 5 "
+    "--clients 1,4,8 --benchmarks BENCHMARKS.md"
+)
+
+
+def _num(value: Any, digits: int = 2, scale: float = 1.0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value * scale:.{digits}f}"
+
+
+def _s(value: Any) -> str:
+    return _num(value, 2)
+
+
+def _ms(value: Any) -> str:
+    return _num(value, 1, 1000.0)
+
+
+def _x(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _failed(section: dict[str, Any] | None) -> str | None:
+    if section is None:
+        return "not run"
+    if section.get("status") != "ok":
+        return f"**failed**: {section.get('error', 'unknown error')}"
+    return None
+
+
+def machine_line(results: dict[str, Any]) -> str:
+    m, cfg, resolved = results["machine"], results["config"], results.get("resolved", {})
+    backend = resolved.get("compile_backend") or cfg["backend"] or "the device's default"
+    dtype = resolved.get("dtype") or "auto"
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+    start, end = m.get("load_avg_start", [0])[0], m.get("load_avg_end", [0])[0]
+    others = m.get("others_cpu_share")
+    busy = ""
+    if others is not None:
+        busy = f" Other processes used {100 * others:.0f}% of the machine's CPU time during the run"
+        busy += ": **the machine was busy**, absolute timings are inflated." if others >= 0.15 else "."
+    return (
+        f"Machine: {m['cores_logical']} logical cores ({m['cpu']}), {m['memory_gb']} GB RAM, {m['platform']}, "
+        f"Python {m['python']}; {versions}. Device **{m['device']}**, model `{cfg['model']}`, "
+        f"{cfg['steps']} steps, max_sequence_length {cfg['seq_len']}, compile backend {backend}, dtype {dtype}, "
+        f"{cfg.get('threads') or 'default'} intra-op thread(s) per process. "
+        f"Load average {start} at start, {end} at the end.{busy} "
+        f"Whole run: {results['duration_s']:.0f} s."
+        + (
+            f" **Run with --jobs {cfg['jobs']}: processes ran side by side, so the timings only show that the "
+            "harness works; they are not measurements.**"
+            if cfg.get("jobs", 1) > 1
+            else ""
+        )
+    )
+
+
+def modes_md(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("modes")
+    if (why := _failed(sec)) is not None:
+        return why
+    rows = []
+    for mode, run in sec["runs"].items():
+        for shape, s in run["shapes"].items():
+            rows.append(
+                [
+                    shape,
+                    mode,
+                    run["backend"] if mode != "eager" else "-",
+                    s["graphs"],
+                    _s(s["compile_s"]),
+                    _s(s["first_image_s"]),
+                    _ms(s["steady"]["median_s"]),
+                    _ms(s["steady"]["p95_s"]),
+                    s["steady"]["n"],
+                    s["steady_graphs"],
+                ]
+            )
+    text = (
+        "Each mode in its own process with an empty cache folder. Cold compile = `compile_shape` (a one-step "
+        "warm-up at that shape); the first shape of a process also pays the compiler's one-time start-up. "
+        "Latency = `generate()` wall time after the first image.\n\n"
+    )
+    text += _table(
+        [
+            "shape",
+            "mode",
+            "backend",
+            "graphs",
+            "cold compile s",
+            "first image s",
+            "latency median ms",
+            "latency p95 ms",
+            "n",
+            "recompiles after",
+        ],
+        rows,
+    )
+    if sec["ratios"]:
+        ratio_rows = [
+            [shape, _x(r["compile_regional_over_full"]), _x(r["latency_regional_over_full"])]
+            for shape, r in sec["ratios"].items()
+        ]
+        text += "\n\n" + _table(["shape", "compile regional/full", "latency regional/full"], ratio_rows)
+    return text
+
+
+def restart_md(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("restart")
+    if (why := _failed(sec)) is not None:
+        return why
+    rows = [
+        [
+            r["shape"],
+            f"{_s(r['cold_first_image_s'])} ({r['cold_cache']})",
+            f"{_s(r['warm_first_image_s'])} ({r['warm_cache']})",
+            _x(r["warm_over_cold"]),
+        ]
+        for r in sec["rows"]
+    ]
+    cold, warm = sec["cold"], sec["warm"]
+    rows.append(
+        [
+            "process start to first image",
+            _s(cold["first_image_at_s"]),
+            _s(warm["first_image_at_s"]),
+            _x(_ratio(warm["first_image_at_s"], cold["first_image_at_s"])),
+        ]
+    )
+    return (
+        f"Mode {sec['mode']}; cold run: `{sec['cold_run']}` (empty cache folder); warm run: a new process on the "
+        "same folder. First image = compile + first generation, seconds (the manager's cache result).\n\n"
+        + _table(["shape", "cold s (cache)", "warm s (cache)", "warm/cold"], rows)
+    )
+
+
+def recompile_md(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("recompile")
+    if (why := _failed(sec)) is not None:
+        return why
+    rows = [
+        [i + 1, c["call"], c["shape"], c["steps"], c["seed"], c["prompt"], c["graphs_counted"], c["cache"]]
+        for i, c in enumerate(sec["calls"])
+    ]
+    verdict = "OK" if sec["ok"] else "**WRONG**"
+    return (
+        _table(["#", "call", "shape", "steps", "seed", "prompt", "graphs compiled", "cache"], rows)
+        + f"\n\nMode {sec['mode']} / {sec['backend']}, cache folder {sec['cache_folder']}: "
+        f"**{sec['compile_events']} compile(s) for {sec['distinct_graph_keys']} distinct graph shape(s)** "
+        f"({sec['graphs_total']} graph(s) in all, {sec['compile_failures']} failure(s)): {verdict}."
+    )
+
+
+def serving_md(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("serving")
+    if (why := _failed(sec)) is not None:
+        return why
+    d, a, st = sec["direct"], sec["via_app"], sec["status_rtt"]
+    rows = [
+        ["manager.generate() in the server process", _ms(d["median_s"]), _ms(d["p95_s"]), d["n"]],
+        ["gradio_client `/generate` (another process)", _ms(a["median_s"]), _ms(a["p95_s"]), a["n"]],
+        ["**difference (serving overhead)**", _num(sec["overhead_median_ms"], 1), _num(sec["overhead_p95_ms"], 1), ""],
+        ["gradio_client `/status` round trip (floor)", _ms(st["median_s"]), _ms(st["p95_s"]), st["n"]],
+    ]
+    return (
+        f"Shape {sec['shape']}, {sec['steps']} steps, mode {sec['mode']} / {sec['backend']}, "
+        f"cache folder {sec['cache_folder']}.\n\n" + _table(["path", "median ms", "p95 ms", "n"], rows)
+    )
+
+
+def concurrency_md(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("concurrency")
+    if (why := _failed(sec)) is not None:
+        return why
+    rows = [
+        [
+            r["clients"],
+            r["sent"],
+            r["ok"],
+            r["errors"],
+            r["lost"],
+            _s(r["wall_s"]),
+            _num(r["images_per_s"], 2),
+            _ms(r["latency"]["median_s"]),
+            _ms(r["latency"]["p95_s"]),
+        ]
+        for r in sec["rows"]
+    ]
+    return (
+        f"Shape {sec['shape']}, {sec['per_client']} request(s) per client, each client its own "
+        "`gradio_client.Client` in its own thread; the server runs one generation at a time.\n\n"
+        + _table(["clients", "sent", "ok", "errors", "lost", "wall s", "images/s", "median ms", "p95 ms"], rows)
+    )
+
+
+def memory_md(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("memory")
+    if (why := _failed(sec)) is not None:
+        return why
+    rows = [[r["process"], r["mode"], _num(r["peak_rss_mb"], 0)] for r in sec["rows"]]
+    return _table(["process", "mode", "peak RSS MB"], rows)
+
+
+def startup_md(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("startup")
+    if (why := _failed(sec)) is not None:
+        return why
+    rows = [
+        [r["start"], _s(r["page_s"]), _s(r["loaded_s"]), _s(r["load_s"]), _s(r["first_image_s"]), r["first_cache"]]
+        for r in sec["rows"]
+    ]
+    return (
+        f"`python app.py`, mode {sec['mode']}, cache folder {sec['cache_folder']}; seconds from the process start. "
+        f"The first request ({sec['shape']}) is sent as soon as the page answers (it is what loads a lazy server).\n\n"
+        + _table(["start", "page HTTP 200 s", "model loaded s", "load itself s", "first image s", "cache"], rows)
+    )
+
+
+SECTION_TITLES = {
+    "modes": ("1. Eager vs full vs regional compile", modes_md),
+    "restart": ("2. Cold vs warm restart", restart_md),
+    "recompile": ("3. Recompile discipline", recompile_md),
+    "serving": ("4. Serving overhead", serving_md),
+    "concurrency": ("5. Concurrency", concurrency_md),
+    "memory": ("6. Memory", memory_md),
+    "startup": ("7. Start-up", startup_md),
+}
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def render_run(results: dict[str, Any], heading_level: int = 2) -> str:
+    """One run's tables, in section order; sections that were not selected are left out."""
+    hashes = "#" * heading_level
+    parts = [f"Command: `{results['command']}`", machine_line(results)]
+    selected = results["config"]["sections"]
+    for key, (title, render) in SECTION_TITLES.items():
+        if key in selected or key in results["sections"]:
+            parts.append(f"{hashes} {title}\n\n{render(results)}")
+    return "\n\n".join(parts) + "\n"
+
+
+def render_benchmarks(runs: dict[str, dict[str, Any]]) -> str:
+    """BENCHMARKS.md: the CPU run, and the trn run or its reproduction command marked not yet measured."""
+    cpu = runs.get("cpu")
+    trn = runs.get("neuron")
+    regenerate = "python -m neuron_app.bench render --benchmarks BENCHMARKS.md"
+    measured = f"The CPU tables were measured with `{cpu['command']}` on {cpu['started_at']}. " if cpu else ""
+    parts = [
+        "# Benchmarks",
+        f"{measured}Generated from `{DATA_DIR}/*.json` by `{regenerate}`: no number below is typed by hand. "
+        "Ratios compare runs made in one invocation, on one machine.",
+        "## Tiny FLUX.2-klein on CPU (the project's development machine)",
+    ]
+    if cpu:
+        parts.append(
+            "Random weights at tiny width; `tiny-deep` has the real block structure (5 double-stream + 20 "
+            "single-stream blocks), so compile-time comparisons mean something. The images are noise; "
+            "the mechanics are real.\n\n" + render_run(cpu, heading_level=3).rstrip()
+        )
+    else:
+        parts.append("**Not yet measured.** Run `python -m neuron_app.bench --benchmarks BENCHMARKS.md`.")
+    parts.append("## FLUX.2-klein-4B on a trn instance")
+    if trn:
+        parts.append(render_run(trn, heading_level=3).rstrip())
+    else:
+        parts.append(
+            "**Not yet measured** (no Trainium hardware was available). To measure it, on a trn2 instance with "
+            "the Neuron SDK (torch-neuronx) installed and access to the model, run:\n\n"
+            f"```bash\n{TRN_COMMAND}\n```\n\n"
+            "It writes `benchmarks/neuron.json` and regenerates this file with the table in this section. "
+            "Expect each cold compile to take minutes: the whole run can take an hour."
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+def data_path(benchmarks: Path, device: str) -> Path:
+    return benchmarks.parent / DATA_DIR / f"{device}.json"
+
+
+def write_benchmarks(benchmarks: Path) -> Path:
+    """Regenerate BENCHMARKS.md from the JSON files kept beside it."""
+    runs = {}
+    for path in sorted((benchmarks.parent / DATA_DIR).glob("*.json")):
+        runs[path.stem] = json.loads(path.read_text())
+    benchmarks.write_text(render_benchmarks(runs))
+    return benchmarks
+
+
+def quote_command(argv: list[str]) -> str:
+    return shlex.join(["python", "-m", "neuron_app.bench", *argv])

@@ -1,0 +1,207 @@
+"""What runs inside one benchmark subprocess: a fresh interpreter, so dynamo and the caches start clean.
+
+Invoked as `python -m neuron_app.bench _worker '<json spec>'`. The spec names the kind of
+measurement and the settings overrides; the answer is one `BENCH_RESULT {json}` line.
+Everything goes through the project's public API (`PipelineManager`, `build_app`, `launch`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from neuron_app.bench.common import (
+    DIRECT_TAG,
+    OTHER_PROMPT,
+    PROMPT,
+    READY_TAG,
+    RESULT_TAG,
+    cpu_seconds,
+    emit,
+    peak_rss_mb,
+    since_process_start,
+    summarize,
+)
+
+
+def _manager(spec: dict[str, Any]) -> Any:
+    from neuron_app.manager import PipelineManager
+    from neuron_app.settings import load_settings
+
+    return PipelineManager(load_settings(**spec["settings"]))
+
+
+def _timed_generate(manager: Any, shape: str, steps: int, seed: int, prompt: str = PROMPT) -> tuple[float, Any]:
+    start = time.perf_counter()
+    record = manager.generate(prompt, shape, steps, seed)
+    return time.perf_counter() - start, record
+
+
+def prepare(spec: dict[str, Any]) -> dict[str, Any]:
+    """Build the tiny model once, so that no measured process pays for building it."""
+    from pathlib import Path
+
+    from neuron_app.tiny import ensure_tiny
+
+    folder = ensure_tiny(Path(spec["models_dir"]), spec["variant"])
+    return {"folder": str(folder)}
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Per shape: cold compile (compile_shape), the first image, then the steady latency of N calls."""
+    steps, repeats = spec["steps"], spec["repeats"]
+    manager = _manager(spec)
+    manager.ensure_loaded()
+    loaded_at = since_process_start()
+    shapes: dict[str, Any] = {}
+    first_image_at: float | None = None
+    for shape in spec["shapes"]:
+        outcome = manager.compile_shape(shape)
+        first_s, first = _timed_generate(manager, shape, steps, 0)
+        if first_image_at is None:
+            first_image_at = since_process_start()
+        graphs_before = manager.counter.graphs
+        latencies = [_timed_generate(manager, shape, steps, seed)[0] for seed in range(1, repeats + 1)]
+        shapes[shape] = {
+            "compile_s": outcome.compile_s,
+            "graphs": outcome.graphs,
+            "compiled": outcome.compiled,
+            "cache": str(outcome.cache),
+            "first_generate_s": first_s,
+            "first_image_s": outcome.compile_s + first_s,
+            "first_generate_graphs": first.graphs_compiled,
+            "steady": summarize(latencies),
+            "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0: no recompile on seed
+        }
+    status = manager.status()
+    return {
+        "mode": status.compile_mode,
+        "backend": status.compile_backend,
+        "device": status.device,
+        "dtype": status.dtype,
+        "load_s": status.load_s,
+        "loaded_at_s": loaded_at,
+        "first_image_at_s": first_image_at,
+        "graphs_total": manager.counter.graphs,
+        "compile_failures": manager.counter.failures,
+        "shapes": shapes,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def sequence(spec: dict[str, Any]) -> dict[str, Any]:
+    """The scripted request sequence; each distinct graph shape must compile exactly once."""
+    from neuron_app.shapes import Resolution
+
+    a, b, steps = spec["shape_a"], spec["shape_b"], spec["steps"]
+    calls = [
+        ("A", a, steps, 0, PROMPT),
+        ("A again", a, steps, 0, PROMPT),
+        ("B", b, steps, 0, PROMPT),
+        ("A, other steps", a, steps + 1, 0, PROMPT),
+        ("A, other seed", a, steps, 1, PROMPT),
+        ("B, other prompt", b, steps, 0, OTHER_PROMPT),
+    ]
+    manager = _manager(spec)
+    manager.ensure_loaded()
+    rows = []
+    for label, shape, call_steps, seed, prompt in calls:
+        before = manager.counter.graphs
+        elapsed, record = _timed_generate(manager, shape, call_steps, seed, prompt)
+        rows.append(
+            {
+                "call": label,
+                "shape": shape,
+                "steps": call_steps,
+                "seed": seed,
+                "prompt": "other" if prompt == OTHER_PROMPT else "same",
+                "compiled": record.compiled,
+                "graphs_compiled": record.graphs_compiled,
+                "graphs_counted": manager.counter.graphs - before,  # the backend's own count, any phase
+                "cache": str(record.cache),
+                "total_s": elapsed,
+            }
+        )
+    keys = {manager.graph_key(Resolution.parse(s)) for s in (a, b)}
+    return {
+        "mode": manager.settings.compile_mode,
+        "backend": manager.compile_backend,
+        "device": manager.backend.name,
+        "dtype": manager.dtype_name,
+        "calls": rows,
+        "distinct_shapes": len({a, b}),
+        "distinct_graph_keys": len(keys),
+        "compile_events": sum(1 for r in rows if r["compiled"]),
+        "graphs_total": manager.counter.graphs,
+        "compile_failures": manager.counter.failures,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def serve(spec: dict[str, Any]) -> dict[str, Any]:
+    """The real app on a ready shape, for outside clients; direct manager calls on request.
+
+    The orchestrator drives the app from its own process (as a real client would) and, on
+    "direct SEED" lines, has this process time one `generate()` on the manager itself, so
+    direct and served calls interleave and see the same machine. "quit" ends it; the answer
+    then carries this server process's peak memory.
+    """
+    from neuron_app.server import build_app, launch, prepare_environment
+    from neuron_app.settings import load_settings
+
+    settings = load_settings(**spec["settings"])
+    prepare_environment(settings)  # gradio's temp folder, before gradio is imported
+    from neuron_app.manager import PipelineManager
+
+    manager = PipelineManager(settings)
+    manager.ensure_loaded()
+    shape, steps = spec["shape"], spec["steps"]
+    outcome = manager.compile_shape(shape)
+    _timed_generate(manager, shape, steps, 0)  # warm: the first call after a compile can be slower
+    app = build_app(settings, manager)
+    launch(app, block=False, quiet=True)
+    graphs_ready = manager.counter.graphs
+    emit(
+        READY_TAG,
+        {
+            "url": f"http://127.0.0.1:{settings.server_port}/",
+            "compile": {"compile_s": outcome.compile_s, "graphs": outcome.graphs, "cache": str(outcome.cache)},
+            "mode": settings.compile_mode,
+            "backend": manager.compile_backend,
+            "device": manager.backend.name,
+            "dtype": manager.dtype_name,
+        },
+    )
+    for line in sys.stdin:
+        command = line.split()
+        if command[:1] == ["quit"]:
+            break
+        if command[:1] == ["direct"]:
+            emit(DIRECT_TAG, {"s": _timed_generate(manager, shape, steps, int(command[1]))[0]})
+    status = manager.status()
+    app.demo.close()
+    return {
+        "graphs_while_serving": manager.counter.graphs - graphs_ready,  # must be 0: the shape was ready
+        "hits": status.shapes[shape].hits,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+KINDS = {"prepare": prepare, "measure": measure, "sequence": sequence, "serve": serve}
+
+
+def main(argv: list[str]) -> int:
+    """Run one measurement; an exception becomes an `error` answer, so the run goes on."""
+    spec = json.loads(argv[0])
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        result = KINDS[spec["kind"]](spec)
+    except Exception as exc:
+        logging.exception("worker %s failed", spec.get("kind"))
+        emit(RESULT_TAG, {"error": f"{type(exc).__name__}: {str(exc).strip()[:500]}"})
+        return 1
+    emit(RESULT_TAG, result | {"process_s": since_process_start(), "cpu_s": cpu_seconds()})
+    return 0

@@ -23,13 +23,14 @@ def main() -> None:
 
     from neuron_app.manager import get_manager
 
-    manager = get_manager()
-    manager.start_warmup()
-    app = build_app(settings, manager)
     from neuron_app.server import install_signal_handlers
 
+    manager = get_manager()
+    app = build_app(settings, manager)
     install_signal_handlers(app, settings.shutdown_grace_s)  # SIGTERM: finish running requests, then exit
-    launch(app)
+    launch(app, block=False)
+    manager.start_warmup()  # after the page is up: loading and compiling never delay it
+    app.demo.block_thread()
 
 
 if __name__ == "__main__":

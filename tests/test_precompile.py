@@ -197,3 +197,29 @@ def test_warmup_all_compiles_in_background_while_status_answers(make_settings: A
     seen = sorted(set(ready_counts))
     assert ready_counts == sorted(ready_counts)  # shapes turn ready one by one, never back
     assert len(seen) >= 3, seen
+
+
+@pytest.mark.slow
+def test_app_with_warmup_all_answers_at_once_and_shapes_turn_ready_one_by_one(run_app_py: Any) -> None:
+    """`python app.py` with warmup=all: the page and `status` answer while the shapes compile behind."""
+    from gradio_client import Client
+
+    app = run_app_py(warmup="all")
+    start = time.perf_counter()
+    app.wait_up()
+    client = Client(app.url, verbose=False)
+    first = client.predict(api_name="/status")
+    page_s = time.perf_counter() - start
+    assert first["warmup"]["mode"] == "all"
+    seen = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = client.predict(api_name="/status")
+        seen.append(sum(s["state"] == "ready" for s in status["shapes"].values()))
+        if not status["warmup"]["running"] and status["warmup"]["done"]:
+            break
+        time.sleep(0.1)
+    print(f"page and status answered {page_s:.1f}s after start; ready counts seen: {sorted(set(seen))}")
+    assert status["warmup"]["done"] == TEST_SHAPES
+    assert all(s["state"] == "ready" for s in status["shapes"].values())
+    assert seen == sorted(seen) and seen[0] < len(TEST_SHAPES)  # status answered before warm-up ended

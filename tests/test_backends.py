@@ -57,3 +57,17 @@ def test_neff_folder_probe_judges_disk_only_when_no_new_artifact(tmp_path: Path)
 def test_unknown_device_name_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DeviceUnavailable, match="unknown device"):
         resolve_backend("tpu", tmp_path)
+
+
+def test_importing_the_package_loads_no_heavy_library() -> None:
+    """Start-up and the CLI stay fast, and torch-neuronx loads only when the neuron device is chosen."""
+    import subprocess
+
+    code = (
+        "import sys, neuron_app, neuron_app.settings, neuron_app.manager, neuron_app.server, "
+        "neuron_app.distributed, neuron_app.cache, neuron_app.backends, neuron_app.__main__; "
+        "print([m for m in ('torch', 'diffusers', 'transformers', 'gradio', 'torch_neuronx') if m in sys.modules])"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

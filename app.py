@@ -22,7 +22,6 @@ def main() -> None:
     prepare_environment(settings)
 
     from neuron_app.manager import get_manager
-
     from neuron_app.server import install_signal_handlers
 
     manager = get_manager()

@@ -11,8 +11,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-KNOWN_BACKENDS = ("neuron", "inductor", "aot_eager", "eager")
-
 
 class CountingBackend:
     """A torch.compile backend that counts its calls and delegates to the named backend."""

@@ -15,7 +15,7 @@ import math
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
@@ -710,7 +710,3 @@ def _check_int(name: str, value: Any, low: int, high: int) -> int:
 def get_manager() -> PipelineManager:
     """The process-wide manager; tests call `get_manager.cache_clear()` to reset it."""
     return PipelineManager(get_settings())
-
-
-def describe(outcomes: Iterable[CompileOutcome]) -> list[dict[str, Any]]:
-    return [asdict(o) | {"cache": str(o.cache)} for o in outcomes]

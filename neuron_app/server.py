@@ -16,8 +16,6 @@ from neuron_app.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
-#: Gradio's temporary files older than this are deleted, checked as often (seconds).
-TEMP_FILE_MAX_AGE_S = 3600
 #: After the last request finished, time for Gradio to send its answer before the server closes.
 SHUTDOWN_FLUSH_S = 0.5
 #: Exit codes of `python app.py`: a signal-driven shutdown that cut nothing off, one that did, bad settings.

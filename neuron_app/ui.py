@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 #: All device work queues under this id, so every event waits for the one device.
 DEVICE_QUEUE = "device"
 STATUS_REFRESH_S = 2.0
+#: Gradio's temporary files older than this are deleted, checked as often (seconds).
+TEMP_FILE_MAX_AGE_S = 3600
 EXAMPLES = [
     "A lighthouse on a cliff at dawn, volumetric light, 35mm photo",
     "A watercolor fox reading a book under a cherry tree",
@@ -203,7 +205,9 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
     offered = [value for _label, value in dropdown_choices(initial)]
     default = settings.default_resolution if settings.default_resolution in offered else (offered or [None])[0]
 
-    with gr.Blocks(title="FLUX.2-klein on AWS Trainium", delete_cache=(3600, 3600)) as demo:
+    with gr.Blocks(
+        title="FLUX.2-klein on AWS Trainium", delete_cache=(TEMP_FILE_MAX_AGE_S, TEMP_FILE_MAX_AGE_S)
+    ) as demo:
         gr.Markdown(
             "# FLUX.2-klein on AWS Trainium\n"
             "Each resolution is compiled once for the device (minutes on Neuron) and then reused: "

@@ -482,6 +482,7 @@ class PipelineManager:
         with self._state_lock:
             graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
             graph.compiled_as = str(res)
+            self._cache_size_memo = (0.0, 0)  # the compile wrote to the cache folder: measure it again
         log.info("compile done %s in %.2fs: %d graph(s), cache=%s", res, elapsed, graphs, cache)
         if needs_run:
             self.manifest.record(

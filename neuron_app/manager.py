@@ -279,7 +279,12 @@ class PipelineManager:
         return fields
 
     def graph_key(self, res: Resolution) -> GraphKey:
-        return GraphKey.for_shape(res, batch_size=BATCH_SIZE, max_sequence_length=self.settings.max_sequence_length)
+        return GraphKey.for_shape(
+            res,
+            batch_size=BATCH_SIZE,
+            max_sequence_length=self.settings.max_sequence_length,
+            per_orientation=self.backend.compiles_eager_ops_per_shape,
+        )
 
     # --- observers ---------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> Callable[[], None]:

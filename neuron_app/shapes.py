@@ -54,19 +54,25 @@ class Resolution:
 
 @dataclass(frozen=True, order=True)
 class GraphKey:
-    """Everything about a request that changes the transformer's compiled graph.
+    """Everything about a request that changes what the device compiles for it.
 
-    Two resolutions with the same token count (e.g. 1344x768 and 768x1344) share a graph:
-    measured on CPU, the second one's first call compiles nothing.
+    Two resolutions with the same token count (e.g. 1344x768 and 768x1344) share the transformer's
+    graph: measured on CPU, the second one's first call compiles nothing. Where the device also
+    compiles the eager parts per shape (Neuron compiles every op on first use, the VAE decoder's
+    included), the orientation is part of the key: `layout` is then the resolution itself.
     """
 
     image_tokens: int
     batch_size: int
     max_sequence_length: int
+    layout: str | None = None
 
     @classmethod
-    def for_shape(cls, res: Resolution, *, batch_size: int, max_sequence_length: int) -> GraphKey:
-        return cls(res.image_tokens, batch_size, max_sequence_length)
+    def for_shape(
+        cls, res: Resolution, *, batch_size: int, max_sequence_length: int, per_orientation: bool = False
+    ) -> GraphKey:
+        return cls(res.image_tokens, batch_size, max_sequence_length, str(res) if per_orientation else None)
 
     def __str__(self) -> str:
-        return f"tokens={self.image_tokens},batch={self.batch_size},seq={self.max_sequence_length}"
+        text = f"tokens={self.image_tokens},batch={self.batch_size},seq={self.max_sequence_length}"
+        return f"{text},layout={self.layout}" if self.layout else text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,24 @@ def test_importing_the_package_loads_no_heavy_library() -> None:
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_on_neuron_a_transposed_shape_is_its_own_compile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_settings: Any
+) -> None:
+    """CPU shares one transformer graph between 128x64 and 64x128; Neuron also compiles the eager VAE
+    ops per shape, so there the manager keys compile state per orientation (FAKE SDK, no loading)."""
+    from neuron_app.manager import PipelineManager
+    from neuron_app.shapes import Resolution
+
+    wide, tall = Resolution(128, 64), Resolution(64, 128)
+    cpu = PipelineManager(make_settings())
+    assert cpu.graph_key(wide) == cpu.graph_key(tall)
+
+    monkeypatch.syspath_prepend(str(FAKE_SDK))
+    monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
+    neuron = PipelineManager(make_settings(device="neuron", compile_backend=None))
+    assert neuron.backend.name == "neuron" and neuron.compile_backend == "neuron"
+    assert neuron.graph_key(wide) != neuron.graph_key(tall)
+    assert neuron.graph_key(wide).image_tokens == neuron.graph_key(tall).image_tokens
+    monkeypatch.delitem(sys.modules, "torch_neuronx")

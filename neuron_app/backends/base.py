@@ -67,6 +67,9 @@ class DeviceBackend(ABC):
     default_compile_backend: ClassVar[str] = "inductor"
     #: torch.distributed backend for tensor-parallel ranks.
     dist_backend: ClassVar[str]
+    #: True where eager ops (the VAE decoder, the text encoder) are compiled per input shape too, so a
+    #: transposed shape is not ready just because its transformer graph is.
+    compiles_eager_ops_per_shape: ClassVar[bool] = False
 
     @abstractmethod
     def is_available(self) -> bool: ...

@@ -28,6 +28,7 @@ class NeuronBackend(DeviceBackend):
     default_dtype = "bfloat16"
     default_compile_backend = "neuron"
     dist_backend = "neuron"
+    compiles_eager_ops_per_shape = True  # every op compiles to a NEFF on first use at each shape
 
     def is_available(self) -> bool:
         return importlib.util.find_spec(SDK_MODULE) is not None

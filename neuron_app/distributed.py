@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_app.compiler import recompile_room
+from neuron_app.errors import one_line
 from neuron_app.runner import PipelineCall, run_call
 from neuron_app.settings import Settings, SettingsError
 
@@ -81,11 +82,6 @@ def describe_call(call: PipelineCall) -> str:
     return f"{call.width}x{call.height} steps={call.steps} seed={call.seed}"
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {(lines[0] if lines else '')[:300]}"
-
-
 # --- start-up checks ---------------------------------------------------------------------------------
 def check_single_process(settings: Settings) -> None:
     """`tp_degree > 1` needs one process per NeuronCore: refuse to start as one process."""
@@ -134,7 +130,7 @@ def transformer_heads(settings: Settings) -> int | None:
         return int(json.loads(config_path.read_text())["num_attention_heads"])
     except Exception as exc:
         known = KNOWN_HEADS.get(source.location)
-        log.warning("could not read the transformer config (%s); assuming %s heads", _first_line(exc), known)
+        log.warning("could not read the transformer config (%s); assuming %s heads", one_line(exc), known)
         return known
 
 
@@ -236,7 +232,7 @@ class Lockstep:
         try:
             dist.broadcast_object_list([message], src=0, group=self.group)
         except Exception as exc:
-            self.broken = f"sending {message[0]!r} failed ({_first_line(exc)})"
+            self.broken = f"sending {message[0]!r} failed ({one_line(exc)})"
             raise LockstepError(f"tensor-parallel group is broken: {self.broken}") from exc
 
     # every rank --------------------------------------------------------------------------------------
@@ -244,12 +240,12 @@ class Lockstep:
         """All ranks exchange their outcome; any rank's error becomes everybody's."""
         import torch.distributed as dist
 
-        mine = None if error is None else _first_line(error)
+        mine = None if error is None else one_line(error)
         outcomes: list[str | None] = [None] * self.world_size
         try:
             dist.all_gather_object(outcomes, mine, group=self.group)
         except Exception as exc:
-            self.broken = f"rank {self.rank} lost the group while agreeing on a call ({_first_line(exc)})"
+            self.broken = f"rank {self.rank} lost the group while agreeing on a call ({one_line(exc)})"
             return error or LockstepError(f"tensor-parallel group is broken: {self.broken}")
         if error is not None:
             return error
@@ -304,7 +300,7 @@ def follow(manager: Any, lockstep: Lockstep) -> int:
         try:
             kind, payload = lockstep.receive()
         except Exception as exc:
-            log.error("rank %d: lost rank 0 (%s); exiting", lockstep.rank, _first_line(exc))
+            log.error("rank %d: lost rank 0 (%s); exiting", lockstep.rank, one_line(exc))
             return 1
         if kind == SHUTDOWN:
             log.info("rank %d: shutdown from rank 0; exiting", lockstep.rank)
@@ -327,7 +323,7 @@ def follow(manager: Any, lockstep: Lockstep) -> int:
                 )
         except Exception as exc:
             error = exc
-            log.error("rank %d: call %s failed: %s", lockstep.rank, describe_call(call), _first_line(exc))
+            log.error("rank %d: call %s failed: %s", lockstep.rank, describe_call(call), one_line(exc))
         lockstep.agree(error)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_app.errors import one_line
 from neuron_app.settings import Settings
 from neuron_app.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
 
@@ -107,11 +108,10 @@ def _load_sharded_transformer(source: ModelSource, dtype: Any, mesh: Any, token:
 
 
 def _explain_load_error(source: ModelSource, exc: Exception) -> str:
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     if source.is_local:
-        return f"could not load the pipeline from {source.location}: {first_line}"
+        return f"could not load the pipeline from {source.location}: {one_line(exc)}"
     return (
-        f"could not load {source.location!r} from the Hugging Face Hub ({type(exc).__name__}: {first_line}). "
+        f"could not load {source.location!r} from the Hugging Face Hub ({one_line(exc)}). "
         "Without network access use NEURON_APP_MODEL=tiny (an offline random model for trying the app) "
         "or a local folder holding the downloaded pipeline"
     )

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.cache import Manifest, ManifestEntry, Validity, fingerprint_of, folder_size
 from neuron_app.compiler import CountingBackend, apply_compile, recompile_room
+from neuron_app.errors import one_line
 from neuron_app.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
 from neuron_app.runner import PipelineCall, run_call
 from neuron_app.settings import Settings, get_settings
@@ -192,19 +193,6 @@ class Lockstep(Protocol):
 Listener = Callable[[Any], None]
 
 
-def _first_line(exc: BaseException, limit: int = 300) -> str:
-    """The root cause in one line: compiler wrappers (dynamo's BackendCompilerFailed) hide it."""
-    seen = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        inner = getattr(exc, "inner_exception", None) or exc.__cause__
-        if not isinstance(inner, BaseException):
-            break
-        exc = inner
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {(text[0] if text else '')[:limit]}"
-
-
 def _dist_version(name: str) -> str:
     try:
         return version(name)
@@ -222,6 +210,20 @@ def _admitted(method: Callable[..., _T]) -> Callable[..., _T]:
     def wrapper(self: PipelineManager, *args: Any, **kwargs: Any) -> _T:
         with self._admit():
             return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _reports_failures(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Report a call that raises to observers (metrics) as `RequestFailed`; successes emit their own record."""
+
+    @functools.wraps(method)
+    def wrapper(self: PipelineManager, *args: Any, **kwargs: Any) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", one_line(exc)))
+            raise
 
     return wrapper
 
@@ -384,7 +386,7 @@ class PipelineManager:
                 apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)
             except Exception as exc:
                 with self._state_lock:
-                    self._load_error = str(exc) if isinstance(exc, ModelLoadError) else _first_line(exc)
+                    self._load_error = str(exc) if isinstance(exc, ModelLoadError) else one_line(exc)
                 raise
             finally:
                 with self._state_lock:
@@ -473,7 +475,7 @@ class PipelineManager:
                 self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, 1, 0))
         except Exception as exc:
             with self._state_lock:
-                graph.state, graph.error = ShapeState.FAILED, _first_line(exc)
+                graph.state, graph.error = ShapeState.FAILED, one_line(exc)
             log.error("compile failed %s after %.1fs: %s", res, time.perf_counter() - start, graph.error)
             self._emit(CompileOutcome(str(res), CacheResult.MISS, False, time.perf_counter() - start, 0))
             raise CompileFailed(f"compiling {res} failed: {graph.error}") from exc
@@ -498,6 +500,8 @@ class PipelineManager:
         self._emit(outcome)
         return outcome
 
+    @_reports_failures
+    @_admitted
     def generate(
         self,
         prompt: Any,
@@ -506,25 +510,7 @@ class PipelineManager:
         seed: Any,
         progress: ProgressCallback | None = None,
     ) -> GenerationRecord:
-        """Validate, compile the shape if needed, generate. Same inputs give the same image.
-
-        A request that raises is reported to observers as `RequestFailed` (successes as `GenerationRecord`).
-        """
-        try:
-            return self._generate(prompt, resolution, steps, seed, progress)
-        except Exception as exc:
-            self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", _first_line(exc)))
-            raise
-
-    @_admitted
-    def _generate(
-        self,
-        prompt: Any,
-        resolution: Any,
-        steps: Any,
-        seed: Any,
-        progress: ProgressCallback | None = None,
-    ) -> GenerationRecord:
+        """Validate, compile the shape if needed, generate. Same inputs give the same image."""
         req = self.validate(prompt, resolution, steps, seed)
         start = time.perf_counter()
         self.ensure_loaded(progress)
@@ -544,8 +530,8 @@ class PipelineManager:
                     on_step,
                 )
             except Exception as exc:
-                log.error("generation failed %s steps=%d: %s", req.resolution, req.steps, _first_line(exc))
-                raise GenerationFailed(f"generation failed: {_first_line(exc)}") from exc
+                log.error("generation failed %s steps=%d: %s", req.resolution, req.steps, one_line(exc))
+                raise GenerationFailed(f"generation failed: {one_line(exc)}") from exc
             inference_s = time.perf_counter() - t0
         with self._state_lock:
             self._hits[str(req.resolution)] += 1
@@ -631,6 +617,11 @@ class PipelineManager:
             with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        """Generations and compiles admitted and not finished: running plus waiting for the device."""
+        return self._inflight
 
     @property
     def draining(self) -> bool:

@@ -41,12 +41,6 @@ def gradio_queue_length(demo: Any) -> int | None:
         return None
 
 
-def device_in_flight(manager: Any) -> int:
-    """Fallback queue gauge without Gradio's queue: 1 while the manager holds the device, else 0."""
-    lock = getattr(manager, "_device_lock", None)
-    return int(lock is not None and lock.locked())
-
-
 class Ops:
     """The operations endpoints of one app; `app_kwargs()` goes to `Blocks.launch(app_kwargs=...)`."""
 
@@ -58,7 +52,7 @@ class Ops:
 
     def queue_length(self) -> int:
         length = gradio_queue_length(self.demo) if self.demo is not None else None
-        return device_in_flight(self.manager) if length is None else length
+        return self.manager.in_flight if length is None else length
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready = the model is loaded and at least one shape is compiled (and the TP group is whole)."""

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import gradio as gr
 
+from neuron_app.errors import one_line
 from neuron_app.images import ImageStore
 from neuron_app.loader import ModelLoadError
 from neuron_app.manager import (
@@ -144,8 +145,7 @@ def _user_error(exc: Exception) -> gr.Error:
     if isinstance(exc, CompileFailed | GenerationFailed | ModelLoadError):
         return gr.Error(str(exc), print_exception=False)  # the manager logged it already
     log.exception("unexpected error")
-    first = (str(exc).splitlines() or [""])[0][:200]
-    return gr.Error(f"{type(exc).__name__}: {first}", print_exception=False)
+    return gr.Error(one_line(exc, limit=200), print_exception=False)
 
 
 def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:

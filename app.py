@@ -7,13 +7,13 @@ from __future__ import annotations
 
 
 def main() -> None:
-    from neuron_app.distributed import check_single_process, launched_by_torchrun, serve_distributed
+    from neuron_app.scale.distributed import check_single_process, launched_by_torchrun, serve_distributed
 
     if launched_by_torchrun():  # `torchrun --nproc_per_node=N app.py`: tensor-parallel ranks in lockstep
         raise SystemExit(serve_distributed())
 
-    from neuron_app.server import build_app, configure_logging, launch, prepare_environment, resolve_auth
     from neuron_app.settings import get_settings
+    from neuron_app.web.server import build_app, configure_logging, launch, prepare_environment, resolve_auth
 
     settings = get_settings()
     check_single_process(settings)  # tp_degree > 1 needs torchrun
@@ -21,8 +21,8 @@ def main() -> None:
     resolve_auth(settings)  # refuse an unprotected public link before loading anything
     prepare_environment(settings)
 
-    from neuron_app.manager import get_manager
-    from neuron_app.server import install_signal_handlers
+    from neuron_app.engine.manager import get_manager
+    from neuron_app.web.server import install_signal_handlers
 
     manager = get_manager()
     app = build_app(settings, manager)
@@ -33,6 +33,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from neuron_app.server import run_main
+    from neuron_app.web.server import run_main
 
     raise SystemExit(run_main(main))

@@ -24,9 +24,9 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def _manager() -> Any:
-    from neuron_app.manager import get_manager
-    from neuron_app.server import configure_logging
+    from neuron_app.engine.manager import get_manager
     from neuron_app.settings import get_settings
+    from neuron_app.web.server import configure_logging
 
     configure_logging(get_settings())
     return get_manager()
@@ -35,7 +35,7 @@ def _manager() -> Any:
 def cmd_precompile(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from neuron_app.manager import CompileFailed
+    from neuron_app.engine.records import CompileFailed
 
     manager = _manager()
     names = args.resolutions or [str(r) for r in manager.resolutions]
@@ -61,7 +61,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from neuron_app.cache import ARTIFACT_DIRS, clear_artifacts, folder_size
+    from neuron_app.engine.cache import ARTIFACT_DIRS, clear_artifacts, folder_size
 
     manager = _manager()
     cache_dir = manager.settings.cache_dir
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from neuron_app.backends import DeviceUnavailable
-    from neuron_app.loader import ModelLoadError
-    from neuron_app.manager import RequestError
+    from neuron_app.engine.loader import ModelLoadError
+    from neuron_app.engine.requests import RequestError
     from neuron_app.settings import SettingsError
 
     try:

@@ -43,7 +43,7 @@ def _room_for_many_pipelines() -> None:
     """A server holds one pipeline; this test process builds dozens. Dynamo keys its cache on the
     transformer's code object, shared by every instance, so each instance's shapes add entries there and
     the limit the manager allows one pipeline (2 x shapes + 8) is reached. Raise the headroom here."""
-    from neuron_app import compiler
+    from neuron_app.engine import compiler
 
     compiler.RECOMPILE_HEADROOM = 4096
 
@@ -51,7 +51,7 @@ def _room_for_many_pipelines() -> None:
 @pytest.fixture(scope="session")
 def shared_models() -> Path:
     """One tiny model build per session; each test's cache folder links to it."""
-    from neuron_app.tiny import ensure_tiny
+    from neuron_app.engine.tiny import ensure_tiny
 
     models = _SESSION_TMP / "models"
     ensure_tiny(models, "tiny")
@@ -82,7 +82,7 @@ def make_settings(tmp_path: Path, shared_models: Path) -> Callable[..., Any]:
 @pytest.fixture(scope="module")
 def module_manager(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Any:
     """A loaded tiny manager shared by a module's tests (compile state accumulates)."""
-    from neuron_app.manager import PipelineManager
+    from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
 
     cache_dir = link_models(tmp_path_factory.mktemp("cache"), shared_models)
@@ -100,9 +100,9 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def launched_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Any]:
     """The real app (tiny model, aot_eager) launched without blocking on a free local port."""
-    from neuron_app.manager import PipelineManager
-    from neuron_app.server import build_app, launch
+    from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
+    from neuron_app.web.server import build_app, launch
 
     cache_dir = link_models(tmp_path_factory.mktemp("appcache"), shared_models)
     settings = load_settings(**(TINY_OVERRIDES | {"cache_dir": cache_dir, "server_port": free_port()}))
@@ -124,9 +124,9 @@ def client(launched_app: Any) -> Any:
 def launch_tiny(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Callable[..., Any]]:
     """Launch the real tiny app with settings overrides (queue size, auth, compile backend...) on a free
     local port; every app launched is closed after the module."""
-    from neuron_app.manager import PipelineManager
-    from neuron_app.server import build_app, launch
+    from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
+    from neuron_app.web.server import build_app, launch
 
     apps: list[Any] = []
 

@@ -65,8 +65,8 @@ def test_importing_the_package_loads_no_heavy_library() -> None:
     import subprocess
 
     code = (
-        "import sys, neuron_app, neuron_app.settings, neuron_app.manager, neuron_app.server, "
-        "neuron_app.distributed, neuron_app.cache, neuron_app.backends, neuron_app.__main__; "
+        "import sys, neuron_app, neuron_app.settings, neuron_app.engine.manager, neuron_app.web.server, "
+        "neuron_app.scale.distributed, neuron_app.engine.cache, neuron_app.backends, neuron_app.__main__; "
         "print([m for m in ('torch', 'diffusers', 'transformers', 'gradio', 'torch_neuronx') if m in sys.modules])"
     )
     root = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def test_on_neuron_a_transposed_shape_is_its_own_compile(
 ) -> None:
     """CPU shares one transformer graph between 128x64 and 64x128; Neuron also compiles the eager VAE
     ops per shape, so there the manager keys compile state per orientation (FAKE SDK, no loading)."""
-    from neuron_app.manager import PipelineManager
+    from neuron_app.engine.manager import PipelineManager
     from neuron_app.shapes import Resolution
 
     wide, tall = Resolution(128, 64), Resolution(64, 128)

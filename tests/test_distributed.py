@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neuron_app.distributed import check_single_process, check_tp_degree, settings_for_world, transformer_heads
+from neuron_app.scale.distributed import check_single_process, check_tp_degree, settings_for_world, transformer_heads
 from neuron_app.settings import SettingsError, get_settings
 from tests.conftest import ROOT, TINY_OVERRIDES, free_port, link_models
 
@@ -84,7 +84,7 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
     """Rank 0 serves; a request runs on both ranks; rank 0's image equals a single process's; SIGTERM stops both."""
     from gradio_client import Client
 
-    from neuron_app.manager import PipelineManager
+    from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
 
     cache_dir = link_models(tmp_path / "cache", shared_models)
@@ -157,8 +157,8 @@ import os, sys, time
 from datetime import timedelta
 import torch.distributed as dist
 from neuron_app.backends import get_backend
-from neuron_app.distributed import Lockstep, LockstepError, RankInfo, init_group
-from neuron_app.runner import PipelineCall
+from neuron_app.scale.distributed import Lockstep, LockstepError, RankInfo, init_group
+from neuron_app.engine.runner import PipelineCall
 
 mode, info = sys.argv[1], RankInfo.from_env()
 if mode in ("crash", "error"):

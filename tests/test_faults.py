@@ -28,10 +28,12 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from neuron_app.loader import ModelLoadError
-from neuron_app.manager import GenerationFailed, PipelineManager, ProgressEvent, ShuttingDown
+from neuron_app.engine.loader import ModelLoadError
+from neuron_app.engine.manager import PipelineManager
+from neuron_app.engine.records import GenerationFailed, ProgressEvent
+from neuron_app.engine.requests import ShuttingDown
+from neuron_app.engine.tiny import VARIANTS
 from neuron_app.settings import load_settings
-from neuron_app.tiny import VARIANTS
 from tests.conftest import ROOT, TINY_OVERRIDES, AppProcess
 
 #: 128x128 is 64 image tokens (8x8 patches of 16 px); the backend below fails that graph.

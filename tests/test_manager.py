@@ -8,13 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from neuron_app.manager import (
-    CacheResult,
-    PipelineManager,
-    ProgressEvent,
-    RequestError,
-    ShapeState,
-)
+from neuron_app.engine.manager import PipelineManager
+from neuron_app.engine.records import CacheResult, ProgressEvent, ShapeState
+from neuron_app.engine.requests import RequestError
 
 
 def test_loads_the_tiny_model_through_from_pretrained(module_manager: PipelineManager) -> None:
@@ -133,7 +129,7 @@ def test_hub_model_without_network_names_the_offline_choice(
     make_settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """This machine cannot reach the Hub; HF_HUB_OFFLINE makes that immediate and deterministic."""
-    from neuron_app.loader import ModelLoadError
+    from neuron_app.engine.loader import ModelLoadError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     manager = PipelineManager(make_settings(model="black-forest-labs/FLUX.2-klein-4B"))
@@ -146,7 +142,7 @@ def test_hub_model_without_network_names_the_offline_choice(
 MANY_SHAPES_IN_WORKER_THREADS = """
 import json, sys
 from concurrent.futures import ThreadPoolExecutor
-from neuron_app.manager import PipelineManager
+from neuron_app.engine.manager import PipelineManager
 from neuron_app.settings import load_settings
 
 shapes = [f"{16 * n}x16" for n in range(1, 11)]  # ten token counts: ten compiles of one code object

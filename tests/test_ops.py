@@ -88,7 +88,7 @@ def test_ops_routes_leave_gradio_routes_alone(launched_app: Any) -> None:
 
 def test_each_app_has_its_own_registry(launched_app: Any) -> None:
     """A second Metrics over the same manager registers without clashing and counts the same events."""
-    from neuron_app.metrics import Metrics
+    from neuron_app.web.metrics import Metrics
 
     second = Metrics(launched_app.manager)
     try:
@@ -105,8 +105,8 @@ def test_each_app_has_its_own_registry(launched_app: Any) -> None:
 
 def test_metrics_need_the_app_credentials_when_auth_is_set(make_settings: Any, monkeypatch: Any) -> None:
     """With basic auth configured, /metrics asks for the same credentials; health and readiness stay open."""
-    from neuron_app.manager import PipelineManager
-    from neuron_app.server import build_app, launch
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.web.server import build_app, launch
 
     monkeypatch.setenv("NEURON_APP_AUTH_USERNAME", "ops")
     monkeypatch.setenv("NEURON_APP_AUTH_PASSWORD", "s3cret-pass")
@@ -129,8 +129,8 @@ def test_metrics_need_the_app_credentials_when_auth_is_set(make_settings: Any, m
 
 def test_readyz_turns_503_while_draining_for_shutdown(make_settings: Any) -> None:
     """A load balancer must stop sending work once SIGTERM started the drain."""
-    from neuron_app.manager import PipelineManager
-    from neuron_app.ops import Ops
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.web.ops import Ops
 
     manager = PipelineManager(make_settings())
     manager.compile_shape("64x64")

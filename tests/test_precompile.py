@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
-from neuron_app.cache import Manifest
-from neuron_app.manager import PipelineManager, RequestError, ShapeState
+from neuron_app.engine.cache import Manifest
+from neuron_app.engine.manager import PipelineManager
+from neuron_app.engine.records import ShapeState
+from neuron_app.engine.requests import RequestError
 from tests.conftest import ROOT, TEST_SHAPES, link_models
 
 SECOND_PROCESS = """
 import json
-from neuron_app.manager import get_manager
+from neuron_app.engine.manager import get_manager
 m = get_manager()
 status = m.status()
 out = {"manifest": {k: v.manifest for k, v in status.shapes.items()}, "records": []}

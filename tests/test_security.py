@@ -23,9 +23,9 @@ from gradio_client.exceptions import AuthenticationError
 from PIL import Image
 from pydantic import SecretStr
 
-from neuron_app.cache import ARTIFACT_DIRS
-from neuron_app.server import resolve_auth
+from neuron_app.engine.cache import ARTIFACT_DIRS
 from neuron_app.settings import SECRET_FIELDS, Settings, SettingsError, load_settings
+from neuron_app.web.server import resolve_auth
 from tests.conftest import ROOT, AppProcess
 
 USER = "alice"
@@ -60,7 +60,7 @@ def test_share_without_auth_waived_warns_loudly(
     make_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture
 ) -> None:
     """With allow_public_without_auth the public link is served without auth, under a WARNING."""
-    with caplog.at_level(logging.WARNING, logger="neuron_app.server"):
+    with caplog.at_level(logging.WARNING, logger="neuron_app.web.server"):
         assert resolve_auth(make_settings(share=True, allow_public_without_auth=True)) is None
     assert any(r.levelno == logging.WARNING and "WITHOUT authentication" in r.getMessage() for r in caplog.records), (
         caplog.text

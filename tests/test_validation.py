@@ -21,7 +21,8 @@ from gradio_client.exceptions import AppError
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from neuron_app.manager import MAX_SEED, PipelineManager, RequestError
+from neuron_app.engine.manager import PipelineManager
+from neuron_app.engine.requests import MAX_SEED, RequestError
 from neuron_app.shapes import MAX_SIDE, MULTIPLE, Resolution, ShapeError
 
 MAX_PROMPT = 2000  # settings default, kept by the tiny test settings

@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
     from neuron_app.bench.harness import BenchConfig
     from neuron_app.bench.report import quote_command
+    from neuron_app.engine.tiny import VARIANTS
     from neuron_app.shapes import Resolution
-    from neuron_app.tiny import VARIANTS
 
     defaults = SMOKE_DEFAULTS if args.smoke else FULL_DEFAULTS
     given = {key: getattr(args, key) for key in defaults}

@@ -40,8 +40,8 @@ from neuron_app.bench.common import (
     parse_tagged,
     summarize,
 )
+from neuron_app.engine.tiny import VARIANTS
 from neuron_app.settings import PROJECT_ROOT
-from neuron_app.tiny import VARIANTS
 
 #: Preference order for the mode that a server runs (the app's default first).
 SERVING_MODES = ("full", "regional", "eager")

@@ -28,7 +28,7 @@ from neuron_app.bench.common import (
 
 
 def _manager(spec: dict[str, Any]) -> Any:
-    from neuron_app.manager import PipelineManager
+    from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
 
     return PipelineManager(load_settings(**spec["settings"]))
@@ -44,7 +44,7 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the tiny model once, so that no measured process pays for building it."""
     from pathlib import Path
 
-    from neuron_app.tiny import ensure_tiny
+    from neuron_app.engine.tiny import ensure_tiny
 
     folder = ensure_tiny(Path(spec["models_dir"]), spec["variant"])
     return {"folder": str(folder)}
@@ -149,12 +149,12 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
     direct and served calls interleave and see the same machine. "quit" ends it; the answer
     then carries this server process's peak memory.
     """
-    from neuron_app.server import build_app, launch, prepare_environment
     from neuron_app.settings import load_settings
+    from neuron_app.web.server import build_app, launch, prepare_environment
 
     settings = load_settings(**spec["settings"])
     prepare_environment(settings)  # gradio's temp folder, before gradio is imported
-    from neuron_app.manager import PipelineManager
+    from neuron_app.engine.manager import PipelineManager
 
     manager = PipelineManager(settings)
     manager.ensure_loaded()

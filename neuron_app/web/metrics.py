@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from neuron_app.manager import CompileOutcome, GenerationRecord, RequestFailed, ShapeState
+from neuron_app.engine.records import CompileOutcome, GenerationRecord, RequestFailed, ShapeState
 
 log = logging.getLogger(__name__)
 

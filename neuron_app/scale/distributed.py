@@ -30,9 +30,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from neuron_app.compiler import recompile_room
+from neuron_app.engine.compiler import recompile_room
+from neuron_app.engine.runner import PipelineCall, run_call
 from neuron_app.errors import one_line
-from neuron_app.runner import PipelineCall, run_call
 from neuron_app.settings import Settings, SettingsError
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,8 @@ def settings_for_world(world_size: int) -> Settings:
 
 def transformer_heads(settings: Settings) -> int | None:
     """The transformer's attention head count from its config (None when it cannot be read here)."""
-    from neuron_app.loader import resolve_source
-    from neuron_app.tiny import ensure_tiny
+    from neuron_app.engine.loader import resolve_source
+    from neuron_app.engine.tiny import ensure_tiny
 
     source = resolve_source(settings)
     try:
@@ -329,7 +329,7 @@ def follow(manager: Any, lockstep: Lockstep) -> int:
 
 def lead(manager: Any, lockstep: Lockstep) -> int:
     """Rank 0's life: serve the app until SIGTERM / SIGINT, then shut the followers down."""
-    from neuron_app.server import build_app, launch, shutdown
+    from neuron_app.web.server import build_app, launch, shutdown
 
     stop = threading.Event()
 
@@ -374,7 +374,7 @@ def serve_distributed() -> int:
     log.info("rank %d of %d started (pid %d)", info.rank, info.world_size, os.getpid())
     check_tp_degree(info.world_size, transformer_heads(settings))
     if info.rank == 0:
-        from neuron_app.server import prepare_environment, resolve_auth
+        from neuron_app.web.server import prepare_environment, resolve_auth
 
         resolve_auth(settings)  # refuse an unprotected public link before loading anything
         prepare_environment(settings)
@@ -382,7 +382,7 @@ def serve_distributed() -> int:
     import torch.distributed as dist
 
     from neuron_app.backends import resolve_backend
-    from neuron_app.manager import PipelineManager
+    from neuron_app.engine.manager import PipelineManager
 
     lockstep = init_group(resolve_backend(settings.device, settings.cache_dir), info)
     try:

@@ -12,21 +12,20 @@ from typing import Any, Protocol
 
 import gradio as gr
 
-from neuron_app.errors import one_line
-from neuron_app.images import ImageStore
-from neuron_app.loader import ModelLoadError
-from neuron_app.manager import (
-    MAX_SEED,
+from neuron_app.engine.images import ImageStore
+from neuron_app.engine.loader import ModelLoadError
+from neuron_app.engine.records import (
     CompileFailed,
     GenerationFailed,
     GenerationRecord,
     ManagerStatus,
     ProgressCallback,
     ProgressEvent,
-    RequestError,
     ShapeState,
     ShapeStatus,
 )
+from neuron_app.engine.requests import MAX_SEED, RequestError
+from neuron_app.errors import one_line
 from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)

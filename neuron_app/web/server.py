@@ -56,14 +56,14 @@ class App:
     settings: Settings
     manager: Any
     demo: Any
-    ops: Any = None  # neuron_app.ops.Ops: /healthz, /readyz, /metrics on the same server
+    ops: Any = None  # neuron_app.web.ops.Ops: /healthz, /readyz, /metrics on the same server
 
 
 def build_app(settings: Settings, manager: Any) -> App:
     """The Blocks with its queue: one device lane, bounded waiting room."""
-    from neuron_app.images import ImageStore
-    from neuron_app.ops import Ops
-    from neuron_app.ui import build_ui
+    from neuron_app.engine.images import ImageStore
+    from neuron_app.web.ops import Ops
+    from neuron_app.web.ui import build_ui
 
     demo = build_ui(manager, ImageStore(settings.cache_dir / "outputs"))
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.concurrency_limit)
@@ -89,7 +89,7 @@ def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
 
 def _wait_for_gradio(demo: Any, deadline: float) -> bool:
     """Wait until Gradio's queue holds no waiting or running event, then let it send the last answers."""
-    from neuron_app.ops import gradio_queue_length
+    from neuron_app.web.ops import gradio_queue_length
 
     while time.monotonic() < deadline:
         length = gradio_queue_length(demo)
@@ -142,7 +142,7 @@ def install_signal_handlers(
 
 def run_main(main: Callable[[], None]) -> int:
     """Run the entry point; bad settings or an unloadable model print one clear line (no traceback), exit 2."""
-    from neuron_app.loader import ModelLoadError
+    from neuron_app.engine.loader import ModelLoadError
 
     try:
         main()

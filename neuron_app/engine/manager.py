@@ -8,123 +8,46 @@ happened (compile states, cache results) as data.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import math
 import threading
 import time
-import unicodedata
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol, TypeVar
 
 from neuron_app.backends import DeviceBackend, resolve_backend
-from neuron_app.cache import Manifest, ManifestEntry, Validity, fingerprint_of, folder_size
-from neuron_app.compiler import CountingBackend, apply_compile, recompile_room
+from neuron_app.engine import requests
+from neuron_app.engine.admission import Admission
+from neuron_app.engine.cache import Manifest, ManifestEntry, fingerprint_of, folder_size
+from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
+from neuron_app.engine.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
+from neuron_app.engine.records import (
+    CacheResult,
+    CompileFailed,
+    CompileOutcome,
+    GenerationFailed,
+    GenerationRecord,
+    ManagerStatus,
+    ProgressCallback,
+    ProgressEvent,
+    RequestFailed,
+    ShapeState,
+    ShapeStatus,
+)
+from neuron_app.engine.requests import Request, RequestError
+from neuron_app.engine.runner import PipelineCall, run_call
+from neuron_app.engine.warmup import Warmup
 from neuron_app.errors import one_line
-from neuron_app.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
-from neuron_app.runner import PipelineCall, run_call
 from neuron_app.settings import Settings, get_settings
-from neuron_app.shapes import GraphKey, Resolution, ShapeError
+from neuron_app.shapes import GraphKey, Resolution
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 1
-MAX_SEED = 2**32 - 1
 WARMUP_PROMPT = "warm-up"
 _CACHE_SIZE_TTL_S = 10.0
-
-
-class ShapeState(StrEnum):
-    NOT_COMPILED = "not_compiled"
-    COMPILING = "compiling"
-    READY = "ready"
-    FAILED = "failed"
-
-
-class CacheResult(StrEnum):
-    MISS = "miss"  # compiled now, from scratch
-    MEMORY = "memory"  # the graph was already compiled in this process
-    DISK = "disk"  # compiled now, served from the persistent cache (by the compiler's evidence)
-
-
-class RequestError(ValueError):
-    """A request the UI would not offer; refused before any model work."""
-
-
-class CompileFailed(RuntimeError):
-    """Compiling a shape failed; the shape is marked failed and may be retried."""
-
-
-class ShuttingDown(RequestError):
-    """The server is draining for shutdown: new device work is refused with a clear message."""
-
-
-class GenerationFailed(RuntimeError):
-    """Generation failed after compiling (e.g. out of memory); only this request is lost."""
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    phase: str  # loading | compiling | denoising | decoding
-    resolution: str | None = None
-    step: int = 0
-    total: int = 0
-    message: str = ""
-
-
-ProgressCallback = Callable[[ProgressEvent], None]
-
-
-@dataclass(frozen=True)
-class Request:
-    prompt: str
-    resolution: Resolution
-    steps: int
-    seed: int
-
-
-@dataclass
-class CompileOutcome:
-    resolution: str
-    cache: CacheResult
-    compiled: bool
-    compile_s: float
-    graphs: int
-
-
-@dataclass
-class GenerationRecord:
-    resolution: str
-    steps: int
-    seed: int
-    prompt: str
-    cache: CacheResult
-    compiled: bool
-    compile_s: float
-    inference_s: float
-    total_s: float
-    graphs_compiled: int
-    model: str
-    image: Any = field(default=None, repr=False)
-
-    def info(self) -> dict[str, Any]:
-        """The JSON-able record the API returns next to the image."""
-        data = asdict(self)
-        data.pop("image")
-        data["cache"] = str(self.cache)
-        return data
-
-
-@dataclass(frozen=True)
-class RequestFailed:
-    """A `generate` call that raised, for observers (metrics): refused = invalid request, failed = the rest."""
-
-    result: str  # refused | failed
-    error: str
 
 
 @dataclass
@@ -135,51 +58,6 @@ class _GraphState:
     cache: CacheResult | None = None
     error: str | None = None
     compiled_as: str | None = None  # the resolution whose compile produced this graph
-
-
-@dataclass(frozen=True)
-class ShapeStatus:
-    resolution: str
-    state: ShapeState
-    hits: int
-    compile_s: float | None
-    graphs: int
-    cache: str | None
-    last_error: str | None
-    manifest: Validity
-    shared_with: str | None  # ready because this other shape compiled the same graph
-    offered: bool
-
-
-@dataclass(frozen=True)
-class ManagerStatus:
-    model: str
-    device: str
-    dtype: str
-    compile_mode: str
-    compile_backend: str
-    tp_degree: int
-    cache_dir: str
-    cache_size_bytes: int
-    loaded: bool
-    loading: bool
-    load_s: float | None
-    load_error: str | None
-    compiles: int
-    compile_failures: int
-    fingerprint: str
-    warmup: dict[str, Any]
-    shapes: dict[str, ShapeStatus]
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for shape in data["shapes"].values():
-            shape["state"] = str(shape["state"])
-        return data
-
-    @property
-    def ready(self) -> list[str]:
-        return [r for r, s in self.shapes.items() if s.state is ShapeState.READY]
 
 
 class Lockstep(Protocol):
@@ -208,7 +86,7 @@ def _admitted(method: Callable[..., _T]) -> Callable[..., _T]:
 
     @functools.wraps(method)
     def wrapper(self: PipelineManager, *args: Any, **kwargs: Any) -> _T:
-        with self._admit():
+        with self.admission.admit():
             return method(self, *args, **kwargs)
 
     return wrapper
@@ -254,12 +132,8 @@ class PipelineManager:
         self._hits: dict[str, int] = {str(r): 0 for r in self.resolutions}
         self._listeners: list[Listener] = []
         self._cache_size_memo: tuple[float, int] = (0.0, 0)
-        self._warmup: dict[str, Any] = {"mode": settings.warmup, "running": False, "pending": [], "done": []}
-        self._warmup_thread: threading.Thread | None = None
-        # Graceful shutdown: `drain` refuses new device work and waits for the calls in flight.
-        self._idle = threading.Condition()
-        self._inflight = 0
-        self._draining = False
+        self.warmup = Warmup(self)
+        self.admission = Admission()  # graceful shutdown: `drain` refuses new work, waits for work in flight
 
     # --- identity --------------------------------------------------------------------------
     def _fingerprint_fields(self) -> dict[str, Any]:
@@ -319,39 +193,7 @@ class PipelineManager:
 
     def validate(self, prompt: Any, resolution: Any, steps: Any, seed: Any) -> Request:
         """Check a request against what the UI offers; raises `RequestError` with a clear message."""
-        return Request(
-            prompt=self._check_prompt(prompt),
-            resolution=self._check_resolution(resolution),
-            steps=_check_int("steps", steps, 1, self.settings.max_steps),
-            seed=_check_int("seed", seed, 0, MAX_SEED),
-        )
-
-    def _check_prompt(self, prompt: Any) -> str:
-        if not isinstance(prompt, str):
-            raise RequestError("prompt must be text")
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError:
-            raise RequestError("prompt contains invalid characters (unpaired surrogates)") from None
-        # Control characters (other than newline and tab) are replaced by spaces.
-        cleaned = "".join(" " if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in prompt).strip()
-        if not cleaned:
-            raise RequestError("prompt is empty: describe the image you want")
-        if len(cleaned) > self.settings.max_prompt_chars:
-            raise RequestError(
-                f"prompt is {len(cleaned)} characters long; the limit is {self.settings.max_prompt_chars}"
-            )
-        return cleaned
-
-    def _check_resolution(self, resolution: Any) -> Resolution:
-        try:
-            res = Resolution.parse(resolution)
-        except ShapeError as exc:
-            raise RequestError(str(exc)) from None
-        offered = self.offered_resolutions()
-        if str(res) not in offered:
-            raise RequestError(f"resolution {res} is not offered; choose one of {', '.join(offered)}")
-        return res
+        return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed)
 
     # --- loading -------------------------------------------------------------------------------
     @property
@@ -439,10 +281,7 @@ class PipelineManager:
             return self._compile_locked(res, progress)
 
     def configured_resolution(self, resolution: str) -> Resolution:
-        try:
-            res = Resolution.parse(resolution)
-        except ShapeError as exc:
-            raise RequestError(str(exc)) from None
+        res = requests.parse_resolution(resolution)
         if res not in self.resolutions:
             raise RequestError(
                 f"resolution {res} is not configured; configured: {', '.join(self.settings.resolutions)}"
@@ -560,82 +399,28 @@ class PipelineManager:
         self._emit(record)
         return record
 
-    # --- warm-up ---------------------------------------------------------------------------------
+    # --- warm-up and shutdown ----------------------------------------------------------------------
     def warmup_order(self) -> list[str]:
-        """The shapes `warmup` compiles: none, those valid in the manifest, or all (configured order)."""
-        mode = self.settings.warmup
-        if mode == "none":
-            return []
-        names = [str(r) for r in self.resolutions]
-        if mode == "all":
-            return names
-        entries = self.manifest.entries()
-        return [n for n in names if self.manifest.validity(n, self.fingerprint, entries) == "precompiled"]
+        return self.warmup.order()
 
     def start_warmup(self) -> threading.Thread | None:
         """Compile the warm-up shapes in a background thread; pages answer meanwhile."""
-        order = self.warmup_order()
-        if not order and not self.settings.load_on_start:
-            return None
-        with self._state_lock:
-            self._warmup.update(running=True, pending=list(order), done=[])
-
-        def work() -> None:
-            try:
-                self.ensure_loaded()
-                for name in order:
-                    try:
-                        self.compile_shape(name)
-                    except CompileFailed as exc:
-                        log.warning("warm-up: %s", exc)
-                    except ShuttingDown:
-                        log.info("warm-up stopped: the server is shutting down")
-                        return
-                    with self._state_lock:
-                        self._warmup["pending"].remove(name)
-                        self._warmup["done"].append(name)
-            except Exception:
-                log.exception("warm-up stopped")
-            finally:
-                with self._state_lock:
-                    self._warmup["running"] = False
-
-        self._warmup_thread = threading.Thread(target=work, name="warmup", daemon=True)
-        self._warmup_thread.start()
-        return self._warmup_thread
-
-    # --- shutdown ------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _admit(self) -> Iterator[None]:
-        with self._idle:
-            if self._draining:
-                raise ShuttingDown("the server is shutting down; try again in a moment")
-            self._inflight += 1
-        try:
-            yield
-        finally:
-            with self._idle:
-                self._inflight -= 1
-                self._idle.notify_all()
+        return self.warmup.start()
 
     @property
     def in_flight(self) -> int:
         """Generations and compiles admitted and not finished: running plus waiting for the device."""
-        return self._inflight
+        return self.admission.in_flight
 
     @property
     def draining(self) -> bool:
         """True once `drain` was called: generate and compile_shape refuse new work."""
-        return self._draining
+        return self.admission.draining
 
     def drain(self, timeout: float) -> bool:
-        """Refuse new device work from now on and wait up to `timeout` s for the calls in flight.
-
-        Returns True when none is left (a compile's manifest entry is then written), False if time ran out.
-        """
-        with self._idle:
-            self._draining = True
-            return self._idle.wait_for(lambda: self._inflight == 0, timeout=max(0.0, timeout))
+        """Refuse new device work and wait up to `timeout` s for the calls in flight (a compile's manifest entry
+        is then written); False if time ran out."""
+        return self.admission.drain(timeout)
 
     # --- status --------------------------------------------------------------------------------
     def _cache_size(self) -> int:
@@ -685,22 +470,9 @@ class PipelineManager:
                 compiles=self.counter.graphs,
                 compile_failures=self.counter.failures,
                 fingerprint=self.fingerprint,
-                warmup={k: (list(v) if isinstance(v, list) else v) for k, v in self._warmup.items()},
+                warmup=self.warmup.snapshot(),
                 shapes=shapes,
             )
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
-    """Integers only (an integral float such as 4.0 is accepted: JSON clients send those)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"{name} must be a whole number between {low} and {high}, got {type(value).__name__}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            raise RequestError(f"{name} must be a whole number between {low} and {high}, got {value}")
-        value = int(value)
-    if not low <= value <= high:
-        raise RequestError(f"{name} must be between {low} and {high}, got {value}")
-    return value
 
 
 @functools.cache

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from neuron_app.metrics import Metrics
 from neuron_app.settings import Settings
+from neuron_app.web.metrics import Metrics
 
 OPS_PATHS = ("/healthz", "/readyz", "/metrics")
 

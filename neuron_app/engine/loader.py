@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_app.engine.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
 from neuron_app.errors import one_line
 from neuron_app.settings import Settings
-from neuron_app.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
 
 log = logging.getLogger(__name__)
 

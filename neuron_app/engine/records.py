@@ -1,0 +1,131 @@
+"""What the manager reports, as data: shape states, cache results, outcomes, records and status.
+
+The UI, the APIs, metrics and replicas read these; none of them reaches into the manager's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from neuron_app.engine.cache import Validity
+
+
+class ShapeState(StrEnum):
+    NOT_COMPILED = "not_compiled"
+    COMPILING = "compiling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class CacheResult(StrEnum):
+    MISS = "miss"  # compiled now, from scratch
+    MEMORY = "memory"  # the graph was already compiled in this process
+    DISK = "disk"  # compiled now, served from the persistent cache (by the compiler's evidence)
+
+
+class CompileFailed(RuntimeError):
+    """Compiling a shape failed; the shape is marked failed and may be retried."""
+
+
+class GenerationFailed(RuntimeError):
+    """Generation failed after compiling (e.g. out of memory); only this request is lost."""
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    phase: str  # loading | compiling | denoising | decoding
+    resolution: str | None = None
+    step: int = 0
+    total: int = 0
+    message: str = ""
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class CompileOutcome:
+    resolution: str
+    cache: CacheResult
+    compiled: bool
+    compile_s: float
+    graphs: int
+
+
+@dataclass
+class GenerationRecord:
+    resolution: str
+    steps: int
+    seed: int
+    prompt: str
+    cache: CacheResult
+    compiled: bool
+    compile_s: float
+    inference_s: float
+    total_s: float
+    graphs_compiled: int
+    model: str
+    image: Any = field(default=None, repr=False)
+
+    def info(self) -> dict[str, Any]:
+        """The JSON-able record the API returns next to the image."""
+        data = asdict(self)
+        data.pop("image")
+        data["cache"] = str(self.cache)
+        return data
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    """A `generate` call that raised, for observers (metrics): refused = invalid request, failed = the rest."""
+
+    result: str  # refused | failed
+    error: str
+
+
+@dataclass(frozen=True)
+class ShapeStatus:
+    resolution: str
+    state: ShapeState
+    hits: int
+    compile_s: float | None
+    graphs: int
+    cache: str | None
+    last_error: str | None
+    manifest: Validity
+    shared_with: str | None  # ready because this other shape compiled the same graph
+    offered: bool
+
+
+@dataclass(frozen=True)
+class ManagerStatus:
+    model: str
+    device: str
+    dtype: str
+    compile_mode: str
+    compile_backend: str
+    tp_degree: int
+    cache_dir: str
+    cache_size_bytes: int
+    loaded: bool
+    loading: bool
+    load_s: float | None
+    load_error: str | None
+    compiles: int
+    compile_failures: int
+    fingerprint: str
+    warmup: dict[str, Any]
+    shapes: dict[str, ShapeStatus]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for shape in data["shapes"].values():
+            shape["state"] = str(shape["state"])
+        return data
+
+    @property
+    def ready(self) -> list[str]:
+        return [r for r, s in self.shapes.items() if s.state is ShapeState.READY]

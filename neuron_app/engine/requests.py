@@ -1,0 +1,86 @@
+"""What a caller may ask, and the one validation every entry shares.
+
+The page, gradio_client, the OpenAI-compatible API, MCP, the command line and replicas all go
+through `validate`: a refusal reads the same everywhere and costs no model work.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_app.settings import Settings
+from neuron_app.shapes import Resolution, ShapeError
+
+MAX_SEED = 2**32 - 1
+
+
+class RequestError(ValueError):
+    """A request the UI would not offer; refused before any model work."""
+
+
+class ShuttingDown(RequestError):
+    """The server is draining for shutdown: new device work is refused with a clear message."""
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str
+    resolution: Resolution
+    steps: int
+    seed: int
+
+
+def validate(settings: Settings, offered: list[str], prompt: Any, resolution: Any, steps: Any, seed: Any) -> Request:
+    """Check a request against what the UI offers (`offered` shapes); raises `RequestError` with a clear message."""
+    return Request(
+        prompt=check_prompt(prompt, settings.max_prompt_chars),
+        resolution=check_resolution(resolution, offered),
+        steps=check_int("steps", steps, 1, settings.max_steps),
+        seed=check_int("seed", seed, 0, MAX_SEED),
+    )
+
+
+def check_prompt(prompt: Any, max_chars: int) -> str:
+    if not isinstance(prompt, str):
+        raise RequestError("prompt must be text")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError("prompt contains invalid characters (unpaired surrogates)") from None
+    # Control characters (other than newline and tab) are replaced by spaces.
+    cleaned = "".join(" " if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in prompt).strip()
+    if not cleaned:
+        raise RequestError("prompt is empty: describe the image you want")
+    if len(cleaned) > max_chars:
+        raise RequestError(f"prompt is {len(cleaned)} characters long; the limit is {max_chars}")
+    return cleaned
+
+
+def parse_resolution(resolution: Any) -> Resolution:
+    try:
+        return Resolution.parse(resolution)
+    except ShapeError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def check_resolution(resolution: Any, offered: list[str]) -> Resolution:
+    res = parse_resolution(resolution)
+    if str(res) not in offered:
+        raise RequestError(f"resolution {res} is not offered; choose one of {', '.join(offered)}")
+    return res
+
+
+def check_int(name: str, value: Any, low: int, high: int) -> int:
+    """Integers only (an integral float such as 4.0 is accepted: JSON clients send those)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a whole number between {low} and {high}, got {type(value).__name__}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise RequestError(f"{name} must be a whole number between {low} and {high}, got {value}")
+        value = int(value)
+    if not low <= value <= high:
+        raise RequestError(f"{name} must be between {low} and {high}, got {value}")
+    return value

@@ -1,0 +1,68 @@
+"""Background warm-up: compile the chosen shapes after the page is up, reporting progress as data."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from neuron_app.engine.records import CompileFailed
+from neuron_app.engine.requests import ShuttingDown
+
+log = logging.getLogger(__name__)
+
+
+class Warmup:
+    """Runs `warmup` (none | precompiled | all) for one manager in a daemon thread."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] = {"mode": manager.settings.warmup, "running": False, "pending": [], "done": []}
+        self.thread: threading.Thread | None = None
+
+    def order(self) -> list[str]:
+        """The shapes warm-up compiles: none, those valid in the manifest, or all (configured order)."""
+        manager = self.manager
+        mode = manager.settings.warmup
+        if mode == "none":
+            return []
+        names = [str(r) for r in manager.resolutions]
+        if mode == "all":
+            return names
+        entries = manager.manifest.entries()
+        return [n for n in names if manager.manifest.validity(n, manager.fingerprint, entries) == "precompiled"]
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {k: (list(v) if isinstance(v, list) else v) for k, v in self._state.items()}
+
+    def start(self) -> threading.Thread | None:
+        order = self.order()
+        if not order and not self.manager.settings.load_on_start:
+            return None
+        with self._lock:
+            self._state.update(running=True, pending=list(order), done=[])
+        self.thread = threading.Thread(target=self._work, args=(order,), name="warmup", daemon=True)
+        self.thread.start()
+        return self.thread
+
+    def _work(self, order: list[str]) -> None:
+        try:
+            self.manager.ensure_loaded()
+            for name in order:
+                try:
+                    self.manager.compile_shape(name)
+                except CompileFailed as exc:
+                    log.warning("warm-up: %s", exc)
+                except ShuttingDown:
+                    log.info("warm-up stopped: the server is shutting down")
+                    return
+                with self._lock:
+                    self._state["pending"].remove(name)
+                    self._state["done"].append(name)
+        except Exception:
+            log.exception("warm-up stopped")
+        finally:
+            with self._lock:
+                self._state["running"] = False

@@ -1,0 +1,1 @@
+"""How the engine spreads over cores and machines: torchrun lockstep (tensor parallel)."""

@@ -24,7 +24,7 @@ from neuron_app.shapes import Resolution, ShapeError
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "NEURON_APP_"
 SETTINGS_FILE_ENV = "NEURON_APP_SETTINGS"
-SECRET_FIELDS = ("auth_username", "auth_password", "hf_token")
+SECRET_FIELDS = ("auth_username", "auth_password", "hf_token", "api_key")
 TINY = "tiny"
 
 
@@ -144,6 +144,20 @@ class Settings(BaseSettings):
         "before the server closes.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
+
+    # --- other interfaces: OpenAI-compatible Images API, MCP, several images per request ----------
+    api_key: SecretStr | None = Field(
+        None,
+        description="Bearer key the OpenAI-compatible API asks for (environment only: NEURON_APP_API_KEY). "
+        "With page auth and no key the API refuses every request.",
+    )
+    max_images: int = Field(4, ge=1, le=16, description="Most images one request may ask for (n; one after another).")
+    image_url_ttl_s: float = Field(
+        3600.0, ge=600.0, description="How long images returned as `url` by the OpenAI API stay downloadable."
+    )
+    mcp_server: bool = Field(
+        True, description="Serve generate and status as MCP tools at /gradio_api/mcp/ (off while page auth is on)."
+    )
 
     @classmethod
     def settings_customise_sources(

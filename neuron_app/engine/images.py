@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from neuron_app import __version__
 
@@ -19,22 +19,9 @@ class ImageStore:
         self._lock = threading.Lock()
 
     def save(self, record: Any) -> Path:
-        from PIL.PngImagePlugin import PngInfo
-
-        meta = PngInfo()
-        fields = {
-            "prompt": record.prompt,
-            "seed": record.seed,
-            "steps": record.steps,
-            "size": record.resolution,
-            "model": record.model,
-            "software": f"neuron-app {__version__}",
-        }
-        for key, value in fields.items():
-            meta.add_itxt(key, str(value))
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{record.resolution}-{record.seed}-{uuid.uuid4().hex[:8]}.png"
-        record.image.save(path, format="PNG", pnginfo=meta)
+        write_png(record, path)
         self._prune()
         return path
 
@@ -43,3 +30,21 @@ class ImageStore:
             files = sorted(self.folder.glob("*.png"), key=lambda p: p.stat().st_mtime)
             for old in files[: max(0, len(files) - self.keep)]:
                 old.unlink(missing_ok=True)
+
+
+def write_png(record: Any, target: Path | IO[bytes]) -> None:
+    """The record's image as PNG with how it was made (prompt, seed, steps, size, model) in text chunks."""
+    from PIL.PngImagePlugin import PngInfo
+
+    meta = PngInfo()
+    fields = {
+        "prompt": record.prompt,
+        "seed": record.seed,
+        "steps": record.steps,
+        "size": record.resolution,
+        "model": record.model,
+        "software": f"neuron-app {__version__}",
+    }
+    for key, value in fields.items():
+        meta.add_itxt(key, str(value))
+    record.image.save(target, format="PNG", pnginfo=meta)

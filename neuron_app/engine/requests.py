@@ -84,3 +84,24 @@ def check_int(name: str, value: Any, low: int, high: int) -> int:
     if not low <= value <= high:
         raise RequestError(f"{name} must be between {low} and {high}, got {value}")
     return value
+
+
+# --- several images per request, and OpenAI's size names ------------------------------------------
+AUTO_SIZE = "auto"
+
+
+def check_images(n: Any, max_images: int) -> int:
+    """How many images one request makes (one after another, seeds seed, seed+1, ...)."""
+    return check_int("n", n, 1, max_images)
+
+
+def check_seed_run(seed: Any, n: int) -> int:
+    """The first of `n` consecutive seeds: every one of them must be a valid seed."""
+    return check_int("seed", seed, 0, MAX_SEED - (n - 1))
+
+
+def resolve_size(size: Any, default: str, offered: list[str]) -> Any:
+    """OpenAI's `size`: absent or "auto" means the default shape (or the first offered); others pass as given."""
+    if size is None or size == AUTO_SIZE:
+        return default if default in offered or not offered else offered[0]
+    return size

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -44,10 +45,11 @@ def gradio_queue_length(demo: Any) -> int | None:
 class Ops:
     """The operations endpoints of one app; `app_kwargs()` goes to `Blocks.launch(app_kwargs=...)`."""
 
-    def __init__(self, settings: Settings, manager: Any, demo: Any = None) -> None:
+    def __init__(self, settings: Settings, manager: Any, demo: Any = None, extra_routes: Sequence[Route] = ()) -> None:
         self.settings = settings
         self.manager = manager
         self.demo = demo
+        self.extra_routes = list(extra_routes)  # other APIs on the same server (web/openai_api.py)
         self.metrics = Metrics(manager, queue_length=self.queue_length)
 
     def queue_length(self) -> int:
@@ -113,6 +115,7 @@ class Ops:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+            *self.extra_routes,
         ]
 
     def app_kwargs(self) -> dict[str, Any]:

@@ -62,12 +62,22 @@ class App:
 def build_app(settings: Settings, manager: Any) -> App:
     """The Blocks with its queue: one device lane, bounded waiting room."""
     from neuron_app.engine.images import ImageStore
+    from neuron_app.web.openai_api import OpenAIImages
     from neuron_app.web.ops import Ops
     from neuron_app.web.ui import build_ui
 
     demo = build_ui(manager, ImageStore(settings.cache_dir / "outputs"))
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.concurrency_limit)
-    return App(settings, manager, demo, Ops(settings, manager, demo))
+    openai_api = OpenAIImages(settings, manager, demo)
+    return App(settings, manager, demo, Ops(settings, manager, demo, extra_routes=openai_api.routes()))
+
+
+def mcp_enabled(settings: Settings) -> bool:
+    """Gradio's MCP endpoint has no login of its own: it is served only while the page has no auth."""
+    if settings.mcp_server and settings.auth is not None:
+        log.warning("mcp_server is off: the page has basic auth and Gradio's MCP endpoint cannot ask for it")
+        return False
+    return settings.mcp_server
 
 
 def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
@@ -82,6 +92,7 @@ def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
         "show_error": False,
         "quiet": False,
         "app_kwargs": app.ops.app_kwargs() if app.ops is not None else None,
+        "mcp_server": mcp_enabled(settings),
     }
     kwargs.update(overrides)
     return app.demo.launch(**kwargs)

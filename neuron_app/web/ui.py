@@ -27,6 +27,7 @@ from neuron_app.engine.records import (
 from neuron_app.engine.requests import MAX_SEED, RequestError
 from neuron_app.errors import one_line
 from neuron_app.settings import Settings
+from neuron_app.web.batch import generate_many
 
 log = logging.getLogger(__name__)
 
@@ -166,29 +167,61 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             raise _user_error(exc) from exc
 
     def ui_generate(
-        prompt: str, resolution: str, steps: float, seed: float, randomize: bool, progress: gr.Progress = gr.Progress()
+        prompt: str,
+        resolution: str,
+        steps: float,
+        seed: float,
+        count: float,
+        randomize: bool,
+        progress: gr.Progress = gr.Progress(),
     ) -> tuple[Any, ...]:
-        if randomize:
-            seed = random.randint(0, MAX_SEED)
-        record = run(prompt, resolution, steps, seed, progress)
-        path = images.save(record)
+        if randomize:  # room for the consecutive seeds of the most images a request may ask for
+            seed = random.randint(0, MAX_SEED - (settings.max_images - 1))
+        try:
+            records = generate_many(manager, prompt, resolution, steps, seed, count, progress=progress_bridge(progress))
+        except Exception as exc:
+            raise _user_error(exc) from exc
+        paths = [str(images.save(record)) for record in records]
         status = manager.status()
         choices = dropdown_choices(status)
         return (
-            str(path),
-            info_markdown(record),
-            record.seed,
-            gr.update(choices=choices, value=record.resolution),
+            paths,
+            "\n\n".join(info_markdown(record) for record in records),
+            records[0].seed,
+            gr.update(choices=choices, value=records[0].resolution),
         )
 
-    def api_generate(
+    def generate(
         prompt: str, resolution: str, steps: float, seed: float, progress: gr.Progress = gr.Progress()
     ) -> tuple[str, dict[str, Any]]:
         record = run(prompt, resolution, steps, seed, progress)
         return str(images.save(record)), record.info()
 
-    def api_status() -> dict[str, Any]:
+    def status() -> dict[str, Any]:
         return manager.status().to_dict()
+
+    # The docstrings are the MCP tool descriptions (Gradio reads the description, Args, one line each, and Returns).
+    shapes = ", ".join(settings.resolutions)
+    generate.__doc__ = "\n".join(
+        [
+            "Generate one image with FLUX.2-klein from a text prompt; the same inputs give the same image.",
+            "",
+            "Args:",
+            f"    prompt: What the image shows, at most {settings.max_prompt_chars} characters.",
+            f"    resolution: WIDTHxHEIGHT, one of {shapes}. The status tool says which are offered and compiled;"
+            " another shape compiles on first use (minutes on Neuron).",
+            f"    steps: Denoising steps, a whole number from 1 to {settings.max_steps}"
+            f" ({settings.default_steps} suits the step-distilled klein).",
+            f"    seed: A whole number from 0 to {MAX_SEED}; the same seed gives the same image.",
+            "",
+            "Returns:",
+            "    The PNG image, and a JSON record: resolution, steps, seed, cache (miss, memory or disk), seconds.",
+        ]
+    )
+    status.__doc__ = (
+        "The server's state: model, device, whether the model is loaded, and per shape its state"
+        " (ready, compiling, not_compiled, failed), hits and compile seconds.\n\nReturns:\n    The status as JSON."
+    )
 
     def refresh(current: str | None, shown: list[Any] | None) -> tuple[Any, ...]:
         status = manager.status()
@@ -239,11 +272,20 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
                     )
                 with gr.Row():
                     seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed")
+                    count = gr.Slider(
+                        label="Images",
+                        info="seeds seed, seed+1, ...: one after another, no new compile",
+                        minimum=1,
+                        maximum=settings.max_images,
+                        step=1,
+                        value=1,
+                        elem_id="images",
+                    )
                     randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
                 generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
                 gr.Examples(examples=[[e] for e in EXAMPLES], inputs=[prompt])
             with gr.Column(scale=3):
-                image = gr.Image(label="Image", type="filepath", format="png", interactive=False, elem_id="image")
+                gallery = gr.Gallery(label="Images", format="png", columns=2, interactive=False, elem_id="gallery")
                 info = gr.Markdown(elem_id="info")
         with gr.Accordion("Server status", open=True):
             status_md = gr.Markdown(status_markdown(initial), elem_id="status")
@@ -254,8 +296,8 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         gr.on(
             [generate_btn.click, prompt.submit],
             ui_generate,
-            inputs=[prompt, resolution, steps, seed, randomize],
-            outputs=[image, info, seed, resolution],
+            inputs=[prompt, resolution, steps, seed, count, randomize],
+            outputs=[gallery, info, seed, resolution],
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=settings.concurrency_limit,
             api_visibility="private",
@@ -274,7 +316,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             api_btn = gr.Button()
             status_btn = gr.Button()
         api_btn.click(
-            api_generate,
+            generate,
             inputs=[api_prompt, api_resolution, api_steps, api_seed],
             outputs=[api_image, api_info],
             api_name="generate",
@@ -282,7 +324,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             concurrency_limit=settings.concurrency_limit,
         )
         # Status never waits behind a compile: its own unlimited lane, outside the queue.
-        status_btn.click(api_status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)
+        status_btn.click(status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)
 
         shown = gr.State(dropdown_choices(initial))
         timer = gr.Timer(STATUS_REFRESH_S)

@@ -1,0 +1,364 @@
+"""An OpenAI-compatible Images API on the page's server: `POST /v1/images/generations`, `/v1/images/edits`.
+
+Scripts, the `openai` SDKs, LangChain tools and Open WebUI speak this API. The routes are added like
+`/healthz` (see web/ops.py), so they live on the same port and behind the share link. They add no
+second path to the device: every image goes through the manager's `generate` (run in a worker thread),
+which validates with engine/requests.py, waits on the same device lock as the page, and reports to
+/metrics and the shape hits. Several images (`n`) are `generate` calls with consecutive seeds.
+
+Errors have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, and the status codes its
+clients expect: 400 invalid request, 401 key missing or wrong, 404 unknown file, 413 body too large,
+429 queue full, 501 editing unavailable, 503 loading or shutting down, 500 a failure on the server.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hmac
+import inspect
+import io
+import json
+import logging
+import random
+import re
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from neuron_app.engine.images import write_png
+from neuron_app.engine.loader import ModelLoadError
+from neuron_app.engine.records import CompileFailed, GenerationFailed, GenerationRecord, ProgressEvent
+from neuron_app.engine.requests import MAX_SEED, RequestError, ShuttingDown, check_images, resolve_size
+from neuron_app.errors import one_line
+from neuron_app.settings import Settings
+from neuron_app.web.batch import generate_many, offered_shapes, validate_many
+from neuron_app.web.ops import gradio_queue_length
+
+log = logging.getLogger(__name__)
+
+OPENAI_PATHS = ("/v1/models", "/v1/images/generations", "/v1/images/edits", "/v1/images/files/{name}")
+#: A JSON request is a prompt and a few numbers; edits carry reference images.
+GENERATION_BODY_LIMIT = 1 << 20
+EDIT_BODY_LIMIT = 50 << 20
+MAX_EDIT_IMAGES = 16
+RESPONSE_FORMATS = ("b64_json", "url")
+#: OpenAI parameters accepted and without effect here (FLUX.2-klein has no such knobs).
+IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
+#: Which request field a validation message is about, by its first word (engine/requests.py messages).
+PARAM_OF = {"prompt": "prompt", "resolution": "size", "steps": "num_inference_steps", "seed": "seed", "n": "n"}
+_FILE_NAME = re.compile(r"[A-Za-z0-9_-]{43}\.png")
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def refusal(exc: RequestError) -> ApiError:
+    """A validation refusal as OpenAI reports it (400, naming the field), or 503 while shutting down."""
+    if isinstance(exc, ShuttingDown):
+        return ApiError(503, str(exc), type="server_error", code="shutting_down", headers={"Retry-After": "5"})
+    param = PARAM_OF.get(str(exc).split(" ", 1)[0])
+    return ApiError(400, str(exc), param=param, code="invalid_value")
+
+
+def failure(exc: Exception) -> ApiError:
+    """Anything else raised by `generate`: a 500 with the manager's one-line reason."""
+    if isinstance(exc, RequestError):
+        return refusal(exc)
+    if isinstance(exc, CompileFailed | GenerationFailed | ModelLoadError):
+        return ApiError(500, str(exc), type="server_error", code="generation_failed")
+    log.exception("unexpected error in the OpenAI-compatible API")
+    return ApiError(500, one_line(exc, limit=200), type="server_error")
+
+
+class UrlStore:
+    """PNGs handed out as `url`: unguessable names, each downloadable for `ttl_s` seconds, then deleted."""
+
+    def __init__(self, folder: Path, ttl_s: float) -> None:
+        self.folder = folder
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+
+    def save(self, record: GenerationRecord) -> str:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.prune()
+        name = secrets.token_urlsafe(32) + ".png"
+        write_png(record, self.folder / name)
+        return name
+
+    def find(self, name: str) -> Path | None:
+        """The file for a name this store handed out and that has not expired; None for anything else."""
+        if not _FILE_NAME.fullmatch(name):
+            return None
+        path = self.folder / name
+        try:
+            fresh = time.time() - path.stat().st_mtime <= self.ttl_s
+        except OSError:
+            return None
+        return path if fresh else None
+
+    def prune(self) -> None:
+        cutoff = time.time() - self.ttl_s
+        with self._lock:
+            for path in self.folder.glob("*.png"):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 beyond `limit` bytes (declared or actually sent)."""
+    declared = request.headers.get("content-length", "")
+    too_large = ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _form_value(value: Any) -> Any:
+    """Multipart fields arrive as text: numbers become numbers, the rest stays as sent (and is validated)."""
+    if not isinstance(value, str):
+        return value
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(value)
+    return value
+
+
+class OpenAIImages:
+    """The API of one app; `routes()` go to Ops (and from there to `launch(app_kwargs=...)`)."""
+
+    def __init__(self, settings: Settings, manager: Any, demo: Any = None) -> None:
+        self.settings = settings
+        self.manager = manager
+        self.demo = demo
+        self.urls = UrlStore(settings.cache_dir / "outputs" / "api", settings.image_url_ttl_s)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    @property
+    def editing(self) -> bool:
+        """Whether `generate` takes reference images (the editing path) or forwards any option (a replica client)."""
+        params = inspect.signature(self.manager.generate).parameters
+        return "references" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+    # --- checks, in the order a request meets them --------------------------------------------------
+    def check_auth(self, request: Request) -> None:
+        key = self.settings.api_key
+        if key is None:
+            if self.settings.auth is not None:  # the page is protected: never serve the API unauthenticated
+                raise ApiError(
+                    401,
+                    "this server's page needs a login and no API key is configured: set NEURON_APP_API_KEY on the "
+                    "server and send it as 'Authorization: Bearer <key>'",
+                    code="api_key_required",
+                )
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        matches = hmac.compare_digest(token.strip().encode(), key.get_secret_value().encode())
+        if scheme.lower() != "bearer" or not matches:
+            raise ApiError(
+                401,
+                "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    def check_model(self, model: Any) -> None:
+        if model is not None and model != self.settings.model:
+            raise ApiError(
+                400,
+                f"model {model!r} is not served here; this server serves {self.settings.model!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """503 while loading or shutting down, 429 when the shared queue is full; counts this request in."""
+        if self.manager.draining:
+            raise refusal(ShuttingDown("the server is shutting down; try again in a moment"))
+        if self.manager.status().loading:
+            raise ApiError(
+                503,
+                "the model is loading; try again in a moment",
+                type="server_error",
+                code="loading",
+                headers={"Retry-After": "10"},
+            )
+        with self._lock:
+            gradio = gradio_queue_length(self.demo) if self.demo is not None else None
+            waiting = self.manager.in_flight if gradio is None else gradio + self._in_flight
+            if waiting >= self.settings.queue_max_size + self.settings.concurrency_limit:
+                raise ApiError(
+                    429,
+                    f"the queue is full ({waiting} requests waiting or running); try again in a moment",
+                    type="rate_limit_error",
+                    code="queue_full",
+                    headers={"Retry-After": "5"},
+                )
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    # --- the shared path of generations and edits ---------------------------------------------------
+    async def serve(self, request: Request, fields: dict[str, Any], **options: Any) -> Response:
+        for name in ("stream", "partial_images"):
+            if fields.get(name):
+                raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported")
+        if fields.get("output_format") not in (None, "png"):
+            raise ApiError(400, "output_format must be 'png'", param="output_format", code="invalid_value")
+        self.check_model(fields.get("model"))
+        response_format = fields.get("response_format") or "b64_json"
+        if response_format not in RESPONSE_FORMATS:
+            raise ApiError(
+                400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}", param="response_format"
+            )
+        try:
+            count = check_images(fields.get("n", 1), self.settings.max_images)
+            offered = offered_shapes(self.manager.status())
+            size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
+            steps = fields.get("num_inference_steps", self.settings.default_steps)
+            seed = fields.get("seed")
+            if seed is None:
+                seed = random.randint(0, MAX_SEED - (count - 1))
+            prompt = fields.get("prompt")
+            validate_many(self.manager, prompt, size, steps, seed, count, **options)  # refused: nothing ran
+        except RequestError as exc:
+            log.info("openai api refused: %s", exc)
+            raise refusal(exc) from None
+
+        def on_progress(event: ProgressEvent) -> None:
+            log.info("openai api %s: %s", event.resolution or "", event.message)
+
+        with self.admitted():
+            try:
+                records = await run_in_threadpool(
+                    generate_many, self.manager, prompt, size, steps, seed, count, on_progress, **options
+                )
+            except Exception as exc:
+                raise failure(exc) from None
+        data = [self.image_item(request, record, response_format) for record in records]
+        answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
+        return JSONResponse(answer)
+
+    def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:
+        """One image of the answer; `provenance` (ignored by the OpenAI SDK's parsing) says how it was made."""
+        item: dict[str, Any] = {"revised_prompt": None, "provenance": record.info()}
+        if response_format == "url":
+            name = self.urls.save(record)
+            item["url"] = str(request.url_for("openai_image_file", name=name))
+        else:
+            buffer = io.BytesIO()
+            write_png(record, buffer)
+            item["b64_json"] = base64.b64encode(buffer.getvalue()).decode("ascii")
+        return item
+
+    # --- endpoints --------------------------------------------------------------------------------
+    async def generations(self, request: Request) -> Response:
+        try:
+            self.check_auth(request)
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > GENERATION_BODY_LIMIT:
+                await read_body(request, GENERATION_BODY_LIMIT)  # raises 413
+            if _content_type(request) != "application/json":
+                raise ApiError(400, "Content-Type must be application/json", code="invalid_content_type")
+            body = await read_body(request, GENERATION_BODY_LIMIT)
+            try:
+                fields = json.loads(body)
+            except (ValueError, UnicodeDecodeError):
+                raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+            if not isinstance(fields, dict):
+                raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+            return await self.serve(request, fields)
+        except ApiError as exc:
+            return exc.response()
+
+    async def edits(self, request: Request) -> Response:
+        try:
+            self.check_auth(request)
+            if not self.editing:
+                raise ApiError(
+                    501, "image editing is not available on this server", type="server_error", code="not_implemented"
+                )
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > EDIT_BODY_LIMIT:
+                await read_body(request, EDIT_BODY_LIMIT)  # raises 413
+            if _content_type(request) != "multipart/form-data":
+                raise ApiError(400, "Content-Type must be multipart/form-data", code="invalid_content_type")
+            request._body = await read_body(request, EDIT_BODY_LIMIT)  # starlette parses the form from it
+            form = await request.form(max_files=MAX_EDIT_IMAGES + 1, max_fields=64)
+            uploads = [v for key in ("image", "image[]") for v in form.getlist(key) if isinstance(v, UploadFile)]
+            if not uploads:
+                raise ApiError(400, "image is required: one or more image files", param="image")
+            if len(uploads) > MAX_EDIT_IMAGES:
+                raise ApiError(400, f"at most {MAX_EDIT_IMAGES} images", param="image")
+            references = [await upload.read() for upload in uploads]
+            fields = {key: _form_value(value) for key, value in form.items() if isinstance(value, str)}
+            fields["prompt"] = form.get("prompt")  # text stays text
+            return await self.serve(request, fields, references=references)
+        except ApiError as exc:
+            return exc.response()
+
+    async def image_file(self, request: Request) -> Response:
+        path = self.urls.find(request.path_params["name"])
+        if path is None:
+            return ApiError(404, "no such image (or it expired)", code="not_found").response()
+        return FileResponse(path, media_type="image/png")
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self.check_auth(request)
+        except ApiError as exc:
+            return exc.response()
+        model = {"id": self.settings.model, "object": "model", "created": 0, "owned_by": "neuron-app"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/images/generations", self.generations, methods=["POST"]),
+            Route("/v1/images/edits", self.edits, methods=["POST"]),
+            Route("/v1/images/files/{name}", self.image_file, methods=["GET"], name="openai_image_file"),
+        ]

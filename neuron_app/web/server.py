@@ -87,7 +87,7 @@ def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
         "server_port": settings.server_port,
         "share": settings.share,
         "auth": resolve_auth(settings),
-        "prevent_thread_lock": not block,
+        "prevent_thread_lock": True,
         "allowed_paths": [str(settings.cache_dir / "outputs")],
         "show_error": False,
         "quiet": False,
@@ -95,7 +95,13 @@ def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
         "mcp_server": mcp_enabled(settings),
     }
     kwargs.update(overrides)
-    return app.demo.launch(**kwargs)
+    result = app.demo.launch(**kwargs)
+    from neuron_app.web.mcp_tools import mend_multi_output
+
+    mend_multi_output(app.demo)
+    if block:
+        app.demo.block_thread()
+    return result
 
 
 def _wait_for_gradio(demo: Any, deadline: float) -> bool:

@@ -1,0 +1,67 @@
+"""The MCP tool server, driven by the official `mcp` Python SDK over Gradio's streamable HTTP endpoint."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import io
+from typing import Any
+
+from mcp import ClientSession
+from mcp.client.streamable_http import streamablehttp_client
+from PIL import Image
+
+
+async def _session(url: str, work: Any) -> Any:
+    async with (
+        streamablehttp_client(url + "gradio_api/mcp/") as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        return await work(session)
+
+
+def test_mcp_client_lists_and_calls_generate(launched_app: Any) -> None:
+    """The tools are `generate` and `status`, typed and documented (shapes and step range in the description);
+    calling `generate` returns the PNG and its record, through the same manager as the page."""
+
+    progress: list[str] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    async def work(session: ClientSession) -> Any:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        args = {"prompt": "a fox", "resolution": "64x64", "steps": 2, "seed": 9}
+        called = await session.call_tool("generate", args)
+        # With a progress token Gradio takes its streaming path: the same answer, and progress on the way.
+        again = await session.call_tool("generate", args, progress_callback=on_progress)
+        status = await session.call_tool("status", {})
+        return tools, called, again, status
+
+    tools, called, again, status = asyncio.run(_session(launched_app.url, work))
+    assert set(tools) == {"generate", "status"}
+    generate = tools["generate"]
+    assert generate.inputSchema["required"] == ["prompt", "resolution", "steps", "seed"]
+    properties = generate.inputSchema["properties"]
+    assert properties["prompt"]["type"] == "string" and properties["steps"]["type"] == "number"
+    assert "64x64, 128x64, 64x128, 128x128" in properties["resolution"]["description"]
+    assert "from 1 to 8" in properties["steps"]["description"]
+    assert "Generate one image" in generate.description
+
+    pixels = []
+    for result in (called, again):
+        assert not result.isError, result.content
+        images = [c for c in result.content if c.type == "image"]
+        assert len(images) == 1 and images[0].mimeType == "image/png"
+        image = Image.open(io.BytesIO(base64.b64decode(images[0].data)))
+        assert image.size == (64, 64)
+        pixels.append(image.convert("RGB").tobytes())
+        texts = [c.text for c in result.content if c.type == "text" and c.text.startswith("{")]
+        record = ast.literal_eval(texts[0])  # Gradio writes the JSON output as a Python dict's text
+        assert (record["seed"], record["resolution"], record["steps"]) == (9, "64x64", 2)
+    assert pixels[0] == pixels[1]  # same inputs, same image
+    assert progress  # Gradio forwarded queue and progress updates
+    assert launched_app.manager.status().shapes["64x64"].hits == 2
+    assert not status.isError and "64x64" in status.content[0].text

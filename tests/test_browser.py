@@ -1,7 +1,8 @@
 """End to end in a real headless browser (Debian's chromium driven by Playwright).
 
 Types a prompt, picks a resolution, clicks Generate, sees the image and the cache line, and
-watches the dropdown label turn `ready`. Saves the screenshot the README shows.
+watches the dropdown label turn `ready`; then asks for two images and sees both in the gallery.
+Saves the screenshot the README shows.
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ def choose_resolution(page: Any, shape: str) -> None:
     page.locator("ul[role='listbox'] li", has_text=shape).first.click()
 
 
-def generate(page: Any, prompt: str, shape: str, expect: str, *, press_enter: bool = False) -> str:
+def generate(page: Any, prompt: str, shape: str, expect: str, *, press_enter: bool = False, images: int = 1) -> str:
     choose_resolution(page, shape)
+    count = page.locator("#images input[type='number']")
+    count.fill(str(images))
+    count.press("Tab")
     page.locator("#randomize input").uncheck()
     box = page.locator("#prompt textarea")
     box.fill(prompt)
@@ -72,15 +76,18 @@ def test_type_pick_generate_see_image_and_ready_label(page: Any) -> None:
 
     first = generate(page, "a lighthouse at dawn", "128x64", expect="cache: miss")
     assert "compiled 1 graph" in first
-    image = page.locator("#image img")
-    image.wait_for()
-    assert image.get_attribute("src")
+    image = page.locator("#gallery img")
+    image.first.wait_for()
+    assert image.count() == 1 and image.first.get_attribute("src")
     page.wait_for_function(
         "() => document.querySelector('#resolution input').value.includes('128x64 - ready')", timeout=TIMEOUT_MS
     )
 
-    second = generate(page, "a lighthouse at dusk", "128x64", expect="cache: memory", press_enter=True)
-    assert "compiled" not in second
+    # Two images at once: consecutive seeds, both from the graph compiled above, shown in the gallery.
+    page.locator("#seed input").fill("7")
+    second = generate(page, "a lighthouse at dusk", "128x64", expect="seed 8", press_enter=True, images=2)
+    assert "compiled" not in second and second.count("cache: memory") == 2 and "seed 7" in second
+    page.wait_for_function("() => document.querySelectorAll('#gallery img').length >= 2", timeout=TIMEOUT_MS)
     # The status table (refreshed by the timer) shows the shape ready with two hits.
     page.locator("#shapes").filter(has_text="ready").wait_for()
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)

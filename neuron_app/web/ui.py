@@ -273,8 +273,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
                 with gr.Row():
                     seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed")
                     count = gr.Slider(
-                        label="Images",
-                        info="seeds seed, seed+1, ...: one after another, no new compile",
+                        label="Images",  # seeds seed, seed+1, ...: one after another, no new compile
                         minimum=1,
                         maximum=settings.max_images,
                         step=1,

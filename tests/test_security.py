@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AuthenticationError
+from openai import OpenAI
 from PIL import Image
 from pydantic import SecretStr
 
@@ -31,7 +33,8 @@ from tests.conftest import ROOT, AppProcess
 USER = "alice"
 PASSWORD = f"pw-{uuid.uuid4().hex}"
 HF_TOKEN = f"hf_{uuid.uuid4().hex}"
-SECRETS = (PASSWORD, HF_TOKEN)
+API_KEY = f"sk-{uuid.uuid4().hex}"
+SECRETS = (PASSWORD, HF_TOKEN, API_KEY)
 #: Words that would mean an event lets a caller choose what is loaded or where it runs.
 FORBIDDEN_INPUTS = ("model", "revision", "token", "backend", "device", "cache", "path")
 
@@ -39,7 +42,7 @@ FORBIDDEN_INPUTS = ("model", "revision", "token", "backend", "device", "cache", 
 @pytest.fixture(scope="module")
 def auth_app(launch_tiny: Callable[..., Any]) -> Any:
     """The tiny app with basic auth and a Hub token (unused by the local tiny model, but configured)."""
-    return launch_tiny(auth_username=USER, auth_password=PASSWORD, hf_token=HF_TOKEN)
+    return launch_tiny(auth_username=USER, auth_password=PASSWORD, hf_token=HF_TOKEN, api_key=API_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +98,9 @@ def test_app_py_refuses_public_link_without_auth(tmp_path: Path) -> None:
 
 def test_secrets_are_secretstr_and_never_shown(make_settings: Callable[..., Settings]) -> None:
     """auth_password and hf_token are SecretStr: repr, str and JSON dumps of the settings mask them."""
-    settings = make_settings(auth_username=USER, auth_password=PASSWORD, hf_token=HF_TOKEN)
+    settings = make_settings(auth_username=USER, auth_password=PASSWORD, hf_token=HF_TOKEN, api_key=API_KEY)
     assert isinstance(settings.auth_password, SecretStr) and isinstance(settings.hf_token, SecretStr)
+    assert isinstance(settings.api_key, SecretStr)
     for shown in (repr(settings), str(settings), settings.model_dump_json(), str(settings.model_dump())):
         for secret in SECRETS:
             assert secret not in shown
@@ -126,6 +130,10 @@ def test_no_secret_in_logs_while_serving(
         Client(auth_app.url, auth=(USER, PASSWORD), verbose=False)  # a fresh login
         _path, info = auth_client.predict("a red fox", "64x64", 4, 3, api_name="/generate")
         status = auth_client.predict(api_name="/status")
+        api = OpenAI(base_url=auth_app.url + "v1", api_key=API_KEY, max_retries=0)
+        assert api.images.generate(prompt="a red fox", size="64x64", extra_body={"seed": 3}).data[0].b64_json
+        with pytest.raises(openai.AuthenticationError):  # a wrong key is refused without echoing the right one
+            OpenAI(base_url=auth_app.url + "v1", api_key=API_KEY[:-1], max_retries=0).models.list()
     assert info["resolution"] == "64x64" and status["loaded"]
     out, err = capfd.readouterr()
     everything = caplog.text + out + err + str(status) + str(info)

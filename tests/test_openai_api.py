@@ -113,16 +113,16 @@ def test_n_images_have_consecutive_seeds_and_cost_no_compile(api_app: Any, clien
     """n=3 on a ready shape: three different images, seeds s, s+1, s+2, zero graphs compiled, three hits and
     three requests in /metrics (they went through `generate`)."""
     manager = api_app.manager
-    client.images.generate(prompt=PROMPT, size="128x64", extra_body={"seed": 0, "num_inference_steps": 1})
-    graphs, hits, ok = manager.counter.graphs, manager.status().shapes["128x64"].hits, ok_requests(api_app)
+    client.images.generate(prompt=PROMPT, size="64x64", extra_body={"seed": 0, "num_inference_steps": 1})
+    graphs, hits, ok = manager.counter.graphs, manager.status().shapes["64x64"].hits, ok_requests(api_app)
 
-    result = client.images.generate(prompt=PROMPT, size="128x64", n=3, extra_body={"seed": 40})
+    result = client.images.generate(prompt=PROMPT, size="64x64", n=3, extra_body={"seed": 40})
     assert [d.model_extra["provenance"]["seed"] for d in result.data] == [40, 41, 42]
     images = [png(base64.b64decode(d.b64_json)) for d in result.data]
-    assert all(image.size == (128, 64) for image in images)
+    assert all(image.size == (64, 64) for image in images)
     assert len({image.convert("RGB").tobytes() for image in images}) == 3
     assert manager.counter.graphs == graphs
-    assert manager.status().shapes["128x64"].hits == hits + 3
+    assert manager.status().shapes["64x64"].hits == hits + 3
     assert ok_requests(api_app) == ok + 3
 
 
@@ -195,9 +195,15 @@ def test_edits_answer_a_clear_501_until_the_editing_path_exists(client: OpenAI) 
 # --- auth, queue, shutdown ----------------------------------------------------------------------------
 
 
-def test_api_key_is_required_when_set(launch_tiny: Callable[..., Any]) -> None:
+@pytest.fixture(scope="module")
+def keyed_app(launch_tiny: Callable[..., Any]) -> Any:
+    """An API key, and a queue holding one waiting request (with one running)."""
+    return launch_tiny(api_key=KEY, queue_max_size=1)
+
+
+def test_api_key_is_required_when_set(keyed_app: Any) -> None:
     """With an API key: no key or a wrong one is 401 (nothing runs); the right one generates."""
-    app = launch_tiny(api_key=KEY)
+    app = keyed_app
     for wrong in ("unused", KEY + "x", KEY[:-1]):
         with pytest.raises(openai.AuthenticationError) as caught:
             sdk(app, wrong).images.generate(prompt=PROMPT, size="64x64")
@@ -219,11 +225,11 @@ def test_page_auth_without_api_key_refuses_the_api_and_mcp(launch_tiny: Callable
     assert not app.manager.loaded
 
 
-def test_full_queue_is_429_and_shutdown_is_503(launch_tiny: Callable[..., Any]) -> None:
+def test_full_queue_is_429_and_shutdown_is_503(keyed_app: Any) -> None:
     """API requests wait on the same device as the page: with the device held and the queue full (one running,
     one waiting), the next is 429 at once; the held ones finish. While draining, 503."""
-    app = launch_tiny(queue_max_size=1)
-    client = sdk(app)
+    app = keyed_app
+    client = sdk(app, KEY)
     client.images.generate(prompt=PROMPT, size="64x64", extra_body={"num_inference_steps": 1})  # load + compile
     results: list[Any] = []
 

@@ -256,10 +256,11 @@ class OpenAIImages:
                 400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}", param="response_format"
             )
         try:
-            count = check_images(fields.get("n", 1), self.settings.max_images)
+            n, steps = fields.get("n"), fields.get("num_inference_steps")  # absent or null: the defaults
+            count = check_images(1 if n is None else n, self.settings.max_images)
             offered = offered_shapes(self.manager.status())
             size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
-            steps = fields.get("num_inference_steps", self.settings.default_steps)
+            steps = self.settings.default_steps if steps is None else steps
             seed = fields.get("seed")
             if seed is None:
                 seed = random.randint(0, MAX_SEED - (count - 1))

@@ -198,13 +198,23 @@ def test_api_extra_inputs_are_ignored(client: Client, launched_app: Any, warm: i
 @pytest.mark.parametrize(
     "data, expected",
     [
-        (["x", "1024x1024", 4, 0, False], "Value: 1024x1024 is not in the list of choices"),
-        (["x", "64x64", 400, 0, False], "Value 400 is greater than maximum value 8."),
-        (["x", "64x64", 0, 0, False], "Value 0 is less than minimum value 1."),
-        (["x", "64x64", 4, -5, False], "Value -5 is less than minimum value 0."),
-        (["", "64x64", 4, 0, False], "prompt is empty: describe the image you want"),
+        (["x", "1024x1024", 4, 0, 1, False], "Value: 1024x1024 is not in the list of choices"),
+        (["x", "64x64", 400, 0, 1, False], "Value 400 is greater than maximum value 8."),
+        (["x", "64x64", 0, 0, 1, False], "Value 0 is less than minimum value 1."),
+        (["x", "64x64", 4, -5, 1, False], "Value -5 is less than minimum value 0."),
+        (["", "64x64", 4, 0, 1, False], "prompt is empty: describe the image you want"),
+        (["x", "64x64", 4, 0, 5, False], "Value 5 is greater than maximum value 4."),
+        (["", "64x64", 4, 0, 3, False], "prompt is empty: describe the image you want"),
     ],
-    ids=["res-not-in-dropdown", "steps-above-slider", "steps-below-slider", "seed-below-min", "prompt-empty"],
+    ids=[
+        "res-not-in-dropdown",
+        "steps-above-slider",
+        "steps-below-slider",
+        "seed-below-min",
+        "prompt-empty",
+        "images-above-slider",
+        "prompt-empty-3-images",
+    ],
 )
 def test_page_bad_input_is_refused_clearly(
     client: Client, launched_app: Any, warm: int, data: list[Any], expected: str
@@ -220,7 +230,7 @@ def test_page_bad_input_is_refused_clearly(
 
 def test_page_fractional_seed_is_rounded(launched_app: Any, warm: int) -> None:
     """Documented normalization on the page: the seed box has precision 0, so 1.5 is rounded (to 2)."""
-    message = _page_generate(launched_app, ["x", "64x64", 4, 1.5, False])
+    message = _page_generate(launched_app, ["x", "64x64", 4, 1.5, 1, False])
     assert message["success"] is True
     assert message["output"]["data"][2] == 2
 

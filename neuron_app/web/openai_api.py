@@ -38,7 +38,14 @@ from starlette.routing import Route
 from neuron_app.engine.images import write_png
 from neuron_app.engine.loader import ModelLoadError
 from neuron_app.engine.records import CompileFailed, GenerationFailed, GenerationRecord, ProgressEvent
-from neuron_app.engine.requests import MAX_SEED, RequestError, ShuttingDown, check_images, resolve_size
+from neuron_app.engine.requests import (
+    AUTO_SIZE,
+    MAX_SEED,
+    RequestError,
+    ShuttingDown,
+    check_images,
+    resolve_size,
+)
 from neuron_app.errors import one_line
 from neuron_app.settings import Settings
 from neuron_app.web.batch import generate_many, offered_shapes, validate_many
@@ -85,7 +92,8 @@ def refusal(exc: RequestError) -> ApiError:
     """A validation refusal as OpenAI reports it (400, naming the field), or 503 while shutting down."""
     if isinstance(exc, ShuttingDown):
         return ApiError(503, str(exc), type="server_error", code="shutting_down", headers={"Retry-After": "5"})
-    param = PARAM_OF.get(str(exc).split(" ", 1)[0])
+    message = str(exc)
+    param = "image" if "reference" in message or "editing" in message else PARAM_OF.get(message.split(" ", 1)[0])
     return ApiError(400, str(exc), param=param, code="invalid_value")
 
 
@@ -176,9 +184,11 @@ class OpenAIImages:
 
     @property
     def editing(self) -> bool:
-        """Whether `generate` takes reference images (the editing path) or forwards any option (a replica client)."""
+        """Whether `generate` takes reference images (the editing path) or forwards any option (a replica client),
+        and editing is not switched off (`max_references = 0`)."""
         params = inspect.signature(self.manager.generate).parameters
-        return "references" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        takes = "references" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        return takes and getattr(self.settings, "max_references", 1) > 0
 
     # --- checks, in the order a request meets them --------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -259,7 +269,10 @@ class OpenAIImages:
             n, steps = fields.get("n"), fields.get("num_inference_steps")  # absent or null: the defaults
             count = check_images(1 if n is None else n, self.settings.max_images)
             offered = offered_shapes(self.manager.status())
-            size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
+            if options.get("references") is None:
+                size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
+            else:  # an edit: "auto" follows the first reference's aspect ratio (engine/requests.py)
+                size = fields.get("size") or AUTO_SIZE
             steps = self.settings.default_steps if steps is None else steps
             seed = fields.get("seed")
             if seed is None:

@@ -244,6 +244,8 @@ def test_full_queue_is_429_and_shutdown_is_503(keyed_app: Any) -> None:
         while app.manager.in_flight < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert app.manager.in_flight == 2
+        metrics = httpx.get(app.url + "metrics", timeout=10).text
+        assert "neuron_app_queue_length 2.0" in metrics.splitlines()  # API requests count in the queue gauge
         with pytest.raises(openai.RateLimitError) as caught:
             client.images.generate(prompt=PROMPT, size="64x64")
         assert caught.value.body["code"] == "queue_full" and caught.value.response.headers["retry-after"]

@@ -183,6 +183,11 @@ class OpenAIImages:
         self._in_flight = 0
 
     @property
+    def in_flight(self) -> int:
+        """API requests admitted and not answered (they wait for the device outside Gradio's queue)."""
+        return self._in_flight
+
+    @property
     def editing(self) -> bool:
         """Whether `generate` takes reference images (the editing path) or forwards any option (a replica client),
         and editing is not switched off (`max_references = 0`)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -45,16 +45,25 @@ def gradio_queue_length(demo: Any) -> int | None:
 class Ops:
     """The operations endpoints of one app; `app_kwargs()` goes to `Blocks.launch(app_kwargs=...)`."""
 
-    def __init__(self, settings: Settings, manager: Any, demo: Any = None, extra_routes: Sequence[Route] = ()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        manager: Any,
+        demo: Any = None,
+        extra_routes: Sequence[Route] = (),
+        extra_waiting: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.settings = settings
         self.manager = manager
         self.demo = demo
-        self.extra_routes = list(extra_routes)  # other APIs on the same server (web/openai_api.py)
+        # Other APIs on the same server (web/openai_api.py): their routes, and their requests outside Gradio's queue.
+        self.extra_routes = list(extra_routes)
+        self.extra_waiting = extra_waiting
         self.metrics = Metrics(manager, queue_length=self.queue_length)
 
     def queue_length(self) -> int:
         length = gradio_queue_length(self.demo) if self.demo is not None else None
-        return self.manager.in_flight if length is None else length
+        return self.manager.in_flight if length is None else length + self.extra_waiting()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready = the model is loaded and at least one shape is compiled (and the TP group is whole)."""

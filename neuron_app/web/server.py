@@ -69,7 +69,8 @@ def build_app(settings: Settings, manager: Any) -> App:
     demo = build_ui(manager, ImageStore(settings.cache_dir / "outputs"))
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.concurrency_limit)
     openai_api = OpenAIImages(settings, manager, demo)
-    return App(settings, manager, demo, Ops(settings, manager, demo, extra_routes=openai_api.routes()))
+    ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
+    return App(settings, manager, demo, ops)
 
 
 def mcp_enabled(settings: Settings) -> bool:

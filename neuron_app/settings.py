@@ -111,6 +111,18 @@ class Settings(BaseSettings):
     )
     max_prompt_chars: int = Field(2000, ge=1, description="Longer prompts are refused before any model work.")
 
+    # --- LoRA styles (engine/lora.py) ------------------------------------------------------------
+    loras: dict[str, str] = Field(
+        {},
+        description="LoRA styles offered per request, name -> source: a .safetensors file, a folder "
+        "(folder:weight.safetensors), a Hub id (owner/repo:weight.safetensors), or tiny:<seed> (a random "
+        "LoRA for the tiny model). Switched in place without recompiling.",
+    )
+    max_lora_rank: int = Field(
+        64, ge=1, le=1024, description="Hotswap target rank: every adapter is padded to it; higher ranks are refused."
+    )
+    max_lora_scale: float = Field(2.0, gt=0.0, le=100.0, description="Largest LoRA scale a request may ask for.")
+
     # --- cache and start-up ----------------------------------------------------------------
     cache_dir: Path = Field(
         default_factory=_default_cache_dir,
@@ -195,6 +207,11 @@ class Settings(BaseSettings):
             raise ValueError(f"default_resolution {self.default_resolution!r} is not in resolutions {self.resolutions}")
         if self.default_steps > self.max_steps:
             raise ValueError(f"default_steps {self.default_steps} is above max_steps {self.max_steps}")
+        for name in self.loras:
+            if name.strip() != name or not name or name == "none" or len(name) > 64:
+                raise ValueError(
+                    f"LoRA name {name!r} is not allowed (1-64 characters, no surrounding spaces, not 'none')"
+                )
         if bool(self.auth_username) != bool(self.auth_password):
             raise ValueError("auth needs both NEURON_APP_AUTH_USERNAME and NEURON_APP_AUTH_PASSWORD")
         return self

@@ -139,3 +139,13 @@ def test_smoke_markdown_and_benchmarks_are_generated_from_the_json(smoke: dict[s
     benchmarks.unlink()
     assert bench_main(["render", "--benchmarks", str(benchmarks)]) == 0
     assert benchmarks.read_text() == text
+
+
+@pytest.mark.slow
+def test_smoke_lora_switches_compile_nothing(smoke: dict[str, Any]) -> None:
+    """The lora section: a server without LoRA, then two `tiny:` styles; switching compiled no graph."""
+    lora = smoke["results"]["sections"]["lora"]
+    assert [run["loras"] for run in lora["runs"]] == [0, 2]
+    assert lora["ok"] and all(run["graphs_after_compile"] == 0 for run in lora["runs"])
+    assert lora["runs"][0]["switch"] is None and lora["runs"][1]["switch"]["median_s"] > 0
+    assert "LoRA style switch" in smoke["markdown"]

@@ -29,6 +29,7 @@ from tests.conftest import ROOT, TINY_OVERRIDES, free_port, link_models
 
 PROMPT = "a lighthouse on a cliff"
 SHAPES = ["64x64", "128x64"]
+LORAS = {"red": "tiny:1"}  # followers must switch to the style rank 0 sends with each call
 START_TIMEOUT_S = 180  # generous: the 2 cores may be shared; an idle machine starts in ~20 s
 STOP_TIMEOUT_S = 40  # torchrun itself SIGKILLs its ranks 30 s after forwarding SIGTERM
 
@@ -40,10 +41,11 @@ def tp_env(cache_dir: Path, port: int, settings_file: Path) -> dict[str, str]:
         "cache_dir": str(cache_dir),
         "server_port": port,
         "server_name": "127.0.0.1",
+        "loras": LORAS,
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
     for key, value in values.items():
-        env[f"NEURON_APP_{key.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
+        env[f"NEURON_APP_{key.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
     env |= {
         "NEURON_APP_SETTINGS": str(settings_file),  # an empty file: nothing from the project's settings.toml
         "GLOO_SOCKET_IFNAME": "lo",
@@ -113,8 +115,10 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
         )
     try:
         # The single-process reference, computed while the ranks start (same settings, same seed).
-        single = PipelineManager(load_settings(**(TINY_OVERRIDES | {"resolutions": SHAPES, "cache_dir": cache_dir})))
+        overrides = {"resolutions": SHAPES, "cache_dir": cache_dir, "loras": LORAS}
+        single = PipelineManager(load_settings(**(TINY_OVERRIDES | overrides)))
         expected = np.asarray(single.generate(PROMPT, "64x64", 2, 7).image.convert("RGB"))
+        styled = np.asarray(single.generate(PROMPT, "64x64", 2, 7, lora="red", lora_scale=0.5).image.convert("RGB"))
 
         wait_until_serving(proc, url, log_path)
         started = time.monotonic()
@@ -124,6 +128,9 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
         assert got.shape == expected.shape == (64, 64, 3)
         assert np.array_equal(got, expected), f"max pixel difference {np.abs(got.astype(int) - expected).max()}"
         assert info["cache"] == "miss" and info["compiled"] is True
+        path, info = Client(url, verbose=False).predict(PROMPT, "64x64", 2, 7, "red", 0.5, api_name="/generate")
+        assert info["lora"] == "red" and info["compiled"] is False
+        assert np.array_equal(np.asarray(Image.open(path).convert("RGB")), styled)
 
         ready = httpx.get(url + "readyz", timeout=5)
         assert ready.status_code == 200 and ready.json()["ready_shapes"] == ["64x64"]
@@ -133,6 +140,7 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
         for rank in (0, 1):  # the compile's one-step warm-up call, then the request itself
             assert rank_lines(log, rank, "executing 64x64 steps=1 seed=0"), log[-4000:]
             assert rank_lines(log, rank, "executing 64x64 steps=2 seed=7"), log[-4000:]
+            assert rank_lines(log, rank, "executing 64x64 steps=2 seed=7 lora=red x0.5"), log[-4000:]
         pids = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"rank (\d) of 2 started \(pid (\d+)\)", log)}
         assert set(pids) == {0, 1}
 

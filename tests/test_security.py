@@ -172,8 +172,8 @@ def test_files_outside_the_app_folders_are_not_served(auth_app: Any) -> None:
 
 
 def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Client) -> None:
-    """The named API is exactly `generate(prompt, resolution, steps, seed)` and `status()`; no unnamed
-    endpoint; no event anywhere (page included) takes an input that could pick the model, its revision,
+    """The named API is exactly `generate(prompt, resolution, steps, seed[, lora, lora_scale])` and `status()`;
+    no unnamed endpoint; no event anywhere (page included) takes an input that could pick the model, its revision,
     a token, the device or a path."""
     api = auth_client.view_api(return_format="dict", print_info=False)
     assert set(api["named_endpoints"]) == {"/generate", "/status"}
@@ -184,6 +184,8 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("resolution", "Textbox"),
         ("steps", "Number"),
         ("seed", "Number"),
+        ("lora", "Textbox"),  # a configured LoRA style name, validated against the list (#15)
+        ("lora_scale", "Number"),
     ]
     assert api["named_endpoints"]["/status"]["parameters"] == []
     for fn in auth_app.demo.fns.values():

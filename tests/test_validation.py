@@ -79,7 +79,8 @@ def _status(client: Client) -> dict[str, Any]:
 
 def _rest_generate(url: str, data: list[Any], timeout: float = 60.0) -> tuple[str, Any]:
     """Call `generate` through Gradio's plain REST route, as any HTTP client can (`json.dumps` escapes lone
-    surrogates as `\\udXXX`, which the server decodes back into a lone surrogate). Returns (event, data)."""
+    surrogates as `\\udXXX`, which the server decodes back into a lone surrogate). Returns (event, data).
+    Raw HTTP sends all six inputs (lora, lora_scale included): only gradio_client fills in the defaults."""
     body = json.dumps({"data": data})
     reply = httpx.post(
         f"{url}gradio_api/call/generate", content=body, headers={"content-type": "application/json"}, timeout=timeout
@@ -99,9 +100,11 @@ def _rest_generate(url: str, data: list[Any], timeout: float = 60.0) -> tuple[st
 
 
 def _page_generate(app: Any, data: list[Any], timeout: float = 60.0) -> dict[str, Any]:
-    """Send the page's own Generate event (private to the API, sent by the browser through the queue)."""
+    """Send the page's own Generate event (private to the API, sent by the browser through the queue).
+    `data` is prompt, resolution, steps, seed, images, randomize; the LoRA style and scale follow at their defaults."""
     fn_index = next(fid for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
     session = uuid.uuid4().hex
+    data = [*data, "none", 1.0]
     body = {"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None, "event_data": None}
     httpx.post(f"{app.url}gradio_api/queue/join", json=body, timeout=timeout).raise_for_status()
     with httpx.stream("GET", f"{app.url}gradio_api/queue/data?session_hash={session}", timeout=timeout) as stream:
@@ -146,7 +149,7 @@ def test_api_lone_surrogate_is_refused_clearly(client: Client, launched_app: Any
     with pytest.raises(UnicodeEncodeError):
         client.predict("a\ud800b", "64x64", 4, 0, api_name="/generate")
     for prompt in ("a\ud800b", "\udfff", "ok \udc80 ok"):
-        event, data = _rest_generate(launched_app.url, [prompt, "64x64", 4, 0])
+        event, data = _rest_generate(launched_app.url, [prompt, "64x64", 4, 0, "none", 1.0])
         assert event == "error"
         assert data["error"] == "prompt contains invalid characters (unpaired surrogates)"
     assert launched_app.manager.counter.graphs == warm
@@ -157,11 +160,11 @@ def test_api_raw_json_oddities_are_refused(launched_app: Any, warm: int) -> None
     """Values no form can send but raw JSON can (NaN, a list, an object) get clear errors too; a call with
     too few inputs is refused by Gradio itself; nothing compiles."""
     url = launched_app.url
-    event, data = _rest_generate(url, ["x", "64x64", float("nan"), 0])
+    event, data = _rest_generate(url, ["x", "64x64", float("nan"), 0, "none", 1.0])
     assert (event, data["error"]) == ("error", "steps must be a whole number between 1 and 8, got nan")
-    event, data = _rest_generate(url, ["x", "64x64", [4], 0])
+    event, data = _rest_generate(url, ["x", "64x64", [4], 0, "none", 1.0])
     assert (event, data["error"]) == ("error", "steps must be a whole number between 1 and 8, got list")
-    event, data = _rest_generate(url, ["x", {"width": 64}, 4, 0])
+    event, data = _rest_generate(url, ["x", {"width": 64}, 4, 0, "none", 1.0])
     assert event == "error" and "is not of the form WIDTHxHEIGHT" in data["error"]
     # too few inputs: Gradio itself refuses before the app runs, with no detail (show_error is off)
     event, data = _rest_generate(url, ["x", "64x64", 4])
@@ -185,9 +188,12 @@ def test_api_integral_floats_are_accepted(client: Client, launched_app: Any, war
 
 
 def test_api_extra_inputs_are_ignored(client: Client, launched_app: Any, warm: int) -> None:
-    """An extra argument (say, a model id) cannot change anything: the endpoint takes four inputs and the
-    model stays the configured one."""
-    _path, info = client.predict("x", "64x64", 4, 0, "evil/other-model", api_name="/generate")
+    """An extra argument (say, a model id) cannot change anything: the endpoint takes six inputs (the last two,
+    LoRA style and scale, optional), a model id in the style's place is refused, and the model stays the
+    configured one."""
+    with pytest.raises(AppError, match="LoRA style 'evil/other-model' is not offered; choose one of none"):
+        client.predict("x", "64x64", 4, 0, "evil/other-model", api_name="/generate")
+    _path, info = client.predict("x", "64x64", 4, 0, "none", 1.0, "evil/other-model", api_name="/generate")
     assert info["model"] == "tiny"
     assert _status(client)["model"] == "tiny"
 

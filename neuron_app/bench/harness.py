@@ -30,7 +30,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from neuron_app.bench import SCHEMA_VERSION
+from neuron_app.bench import SCHEMA_VERSION, lora
 from neuron_app.bench.common import (
     DIRECT_TAG,
     PROMPT,
@@ -708,9 +708,12 @@ class Harness:
             tasks["serving"] = self.serving_and_concurrency
         if "startup" in sections:
             tasks["startup"] = lambda: self.section("startup", self.section_startup)
+        if "lora" in sections:
+            tasks["lora"] = lambda: self.section("lora", lambda: lora.section(self))
         # With --jobs > 1 (the smoke run) independent processes run side by side, each in a fresh folder
         # but the warm restart, which needs the cold run's folder. Timings are then not comparable.
-        phases = [["modes", "recompile", "startup", "serving"], ["restart"]] if self.parallel else [[t] for t in tasks]
+        parallel_phases = [["modes", "recompile", "startup", "serving"], ["restart", "lora"]]
+        phases = parallel_phases if self.parallel else [[t] for t in tasks]
         try:
             self.prepare()
             for phase in phases:

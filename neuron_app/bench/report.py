@@ -8,6 +8,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from neuron_app.bench import lora
+
 #: Where BENCHMARKS.md keeps the JSON it is generated from, relative to its own folder.
 DATA_DIR = "benchmarks"
 TRN_MODEL = "black-forest-labs/FLUX.2-klein-4B"
@@ -246,6 +248,7 @@ SECTION_TITLES = {
     "concurrency": ("5. Concurrency", concurrency_md),
     "memory": ("6. Memory", memory_md),
     "startup": ("7. Start-up", startup_md),
+    "lora": ("8. LoRA style switch", lora.render),
 }
 
 

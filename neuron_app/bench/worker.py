@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from neuron_app.bench import lora
 from neuron_app.bench.common import (
     DIRECT_TAG,
     OTHER_PROMPT,
@@ -190,7 +191,7 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-KINDS = {"prepare": prepare, "measure": measure, "sequence": sequence, "serve": serve}
+KINDS = {"prepare": prepare, "measure": measure, "sequence": sequence, "serve": serve, "lora": lora.measure}
 
 
 def main(argv: list[str]) -> int:

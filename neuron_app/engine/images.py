@@ -33,7 +33,7 @@ class ImageStore:
 
 
 def write_png(record: Any, target: Path | IO[bytes]) -> None:
-    """The record's image as PNG with how it was made (prompt, seed, steps, size, model) in text chunks."""
+    """The record's image as PNG with how it was made (prompt, seed, steps, size, model, LoRA) in text chunks."""
     from PIL.PngImagePlugin import PngInfo
 
     meta = PngInfo()
@@ -43,6 +43,8 @@ def write_png(record: Any, target: Path | IO[bytes]) -> None:
         "steps": record.steps,
         "size": record.resolution,
         "model": record.model,
+        "lora": getattr(record, "lora", "none"),
+        "lora_scale": getattr(record, "lora_scale", 1.0),
         "software": f"neuron-app {__version__}",
     }
     for key, value in fields.items():

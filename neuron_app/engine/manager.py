@@ -23,6 +23,7 @@ from neuron_app.engine.admission import Admission
 from neuron_app.engine.cache import Manifest, ManifestEntry, fingerprint_of, folder_size
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
 from neuron_app.engine.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
+from neuron_app.engine.lora import AdapterSet
 from neuron_app.engine.records import (
     CacheResult,
     CompileFailed,
@@ -116,6 +117,7 @@ class PipelineManager:
         self.dtype_name = self.backend.default_dtype if settings.dtype == "auto" else settings.dtype
         self.source: ModelSource = resolve_source(settings)
         self.manifest = Manifest(settings.cache_dir)
+        self.adapters = AdapterSet(settings)  # LoRA styles; bad adapter files stop the start here
         self.fingerprint_fields = self._fingerprint_fields()
         self.fingerprint = fingerprint_of(self.fingerprint_fields)
         self.counter = CountingBackend(self.compile_backend)
@@ -149,6 +151,8 @@ class PipelineManager:
             "torch": _dist_version("torch"),
             "diffusers": _dist_version("diffusers"),
         }
+        if lora := self.adapters.fingerprint():
+            fields["lora"] = lora
         if self.backend.name == "neuron":
             for dist in ("torch-neuronx", "neuronx-cc"):
                 fields[dist] = _dist_version(dist)
@@ -191,9 +195,9 @@ class PipelineManager:
         status = self.status()
         return [n for n in names if status.shapes[n].offered]
 
-    def validate(self, prompt: Any, resolution: Any, steps: Any, seed: Any) -> Request:
+    def validate(self, prompt: Any, resolution: Any, steps: Any, seed: Any, **options: Any) -> Request:
         """Check a request against what the UI offers; raises `RequestError` with a clear message."""
-        return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed)
+        return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
 
     # --- loading -------------------------------------------------------------------------------
     @property
@@ -225,6 +229,7 @@ class PipelineManager:
                     getattr(torch, self.dtype_name),
                     tp_mesh=getattr(self.lockstep, "mesh", None),
                 )
+                self.adapters.prepare(pipe)  # the LoRA slot goes in before compiling
                 apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)
             except Exception as exc:
                 with self._state_lock:
@@ -256,6 +261,7 @@ class PipelineManager:
         error: BaseException | None = None
         result = None
         try:
+            self.adapters.activate(call.lora, call.lora_scale)  # in place: the graph never changes
             with recompile_room(len(self.resolutions)):
                 result = run_call(
                     self._pipe,
@@ -348,9 +354,12 @@ class PipelineManager:
         steps: Any,
         seed: Any,
         progress: ProgressCallback | None = None,
+        *,
+        lora: Any = "none",
+        lora_scale: Any = 1.0,
     ) -> GenerationRecord:
         """Validate, compile the shape if needed, generate. Same inputs give the same image."""
-        req = self.validate(prompt, resolution, steps, seed)
+        req = self.validate(prompt, resolution, steps, seed, lora=lora, lora_scale=lora_scale)
         start = time.perf_counter()
         self.ensure_loaded(progress)
         with self._device_lock:
@@ -364,10 +373,8 @@ class PipelineManager:
 
             t0 = time.perf_counter()
             try:
-                image = self._execute(
-                    PipelineCall(req.prompt, req.resolution.width, req.resolution.height, req.steps, req.seed),
-                    on_step,
-                )
+                image = self._execute(req.call(), on_step)
+                switch_s = self.adapters.last_switch_s
             except Exception as exc:
                 log.error("generation failed %s steps=%d: %s", req.resolution, req.steps, one_line(exc))
                 raise GenerationFailed(f"generation failed: {one_line(exc)}") from exc
@@ -387,6 +394,9 @@ class PipelineManager:
             graphs_compiled=outcome.graphs,
             model=self.settings.model,
             image=image,
+            lora=req.lora,
+            lora_scale=req.lora_scale,
+            lora_switch_s=round(switch_s, 6),
         )
         log.info(
             "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f",
@@ -472,6 +482,7 @@ class PipelineManager:
                 fingerprint=self.fingerprint,
                 warmup=self.warmup.snapshot(),
                 shapes=shapes,
+                loras=self.adapters.describe(),
             )
 
 

@@ -69,6 +69,9 @@ class GenerationRecord:
     graphs_compiled: int
     model: str
     image: Any = field(default=None, repr=False)
+    lora: str = "none"
+    lora_scale: float = 1.0
+    lora_switch_s: float = 0.0  # the in-place LoRA switch before this call (0 when the slot already held it)
 
     def info(self) -> dict[str, Any]:
         """The JSON-able record the API returns next to the image."""
@@ -119,6 +122,7 @@ class ManagerStatus:
     fingerprint: str
     warmup: dict[str, Any]
     shapes: dict[str, ShapeStatus]
+    loras: list[dict[str, Any]] = field(default_factory=list)  # name, rank, source of each configured adapter
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

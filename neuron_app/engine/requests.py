@@ -11,6 +11,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_app.engine.runner import PipelineCall
 from neuron_app.settings import Settings
 from neuron_app.shapes import Resolution, ShapeError
 
@@ -31,16 +32,57 @@ class Request:
     resolution: Resolution
     steps: int
     seed: int
+    lora: str = "none"
+    lora_scale: float = 1.0
+
+    def call(self) -> PipelineCall:
+        """The pipeline call this request makes (what tensor-parallel followers replay)."""
+        res = self.resolution
+        return PipelineCall(
+            self.prompt, res.width, res.height, self.steps, self.seed, lora=self.lora, lora_scale=self.lora_scale
+        )
 
 
-def validate(settings: Settings, offered: list[str], prompt: Any, resolution: Any, steps: Any, seed: Any) -> Request:
+def validate(
+    settings: Settings,
+    offered: list[str],
+    prompt: Any,
+    resolution: Any,
+    steps: Any,
+    seed: Any,
+    *,
+    lora: Any = "none",
+    lora_scale: Any = 1.0,
+) -> Request:
     """Check a request against what the UI offers (`offered` shapes); raises `RequestError` with a clear message."""
     return Request(
         prompt=check_prompt(prompt, settings.max_prompt_chars),
         resolution=check_resolution(resolution, offered),
         steps=check_int("steps", steps, 1, settings.max_steps),
         seed=check_int("seed", seed, 0, MAX_SEED),
+        lora=check_lora(lora, ["none", *settings.loras]),
+        lora_scale=check_float("lora_scale", lora_scale, 0.0, settings.max_lora_scale),
     )
+
+
+def check_lora(lora: Any, offered: list[str]) -> str:
+    """A configured style name (or `none`); an unknown one is refused with the list of styles."""
+    if lora is None:
+        return "none"
+    if not isinstance(lora, str) or lora.strip() not in offered:
+        shown = repr(lora) if isinstance(lora, str) and len(lora) <= 80 else f"a {type(lora).__name__}"
+        raise RequestError(f"LoRA style {shown} is not offered; choose one of {', '.join(offered)}")
+    return lora.strip()
+
+
+def check_float(name: str, value: Any, low: float, high: float) -> float:
+    """A finite number in [low, high] (JSON clients may send integers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a number between {low:g} and {high:g}, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or not low <= value <= high:
+        raise RequestError(f"{name} must be between {low:g} and {high:g}, got {value:g}")
+    return value
 
 
 def check_prompt(prompt: Any, max_chars: int) -> str:

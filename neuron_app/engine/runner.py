@@ -17,6 +17,8 @@ class PipelineCall:
     steps: int
     seed: int
     output_type: str = "pil"
+    lora: str = "none"  # the LoRA style in the adapter slot for this call (engine/lora.py)
+    lora_scale: float = 1.0
 
 
 def run_call(

@@ -79,7 +79,8 @@ def launched_by_torchrun() -> bool:
 
 def describe_call(call: PipelineCall) -> str:
     """How a call appears in the logs: the shape and numbers, never the prompt."""
-    return f"{call.width}x{call.height} steps={call.steps} seed={call.seed}"
+    style = f" lora={call.lora} x{call.lora_scale:g}" if call.lora != "none" else ""
+    return f"{call.width}x{call.height} steps={call.steps} seed={call.seed}{style}"
 
 
 # --- start-up checks ---------------------------------------------------------------------------------
@@ -314,6 +315,7 @@ def follow(manager: Any, lockstep: Lockstep) -> int:
         log.info("rank %d: executing %s", lockstep.rank, describe_call(call))
         error: BaseException | None = None
         try:
+            manager.adapters.activate(call.lora, call.lora_scale)  # the same LoRA style as rank 0
             with recompile_room(len(manager.resolutions)):
                 run_call(
                     manager.pipe,

@@ -62,7 +62,17 @@ RESPONSE_FORMATS = ("b64_json", "url")
 #: OpenAI parameters accepted and without effect here (FLUX.2-klein has no such knobs).
 IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
 #: Which request field a validation message is about, by its first word (engine/requests.py messages).
-PARAM_OF = {"prompt": "prompt", "resolution": "size", "steps": "num_inference_steps", "seed": "seed", "n": "n"}
+PARAM_OF = {
+    "prompt": "prompt",
+    "resolution": "size",
+    "steps": "num_inference_steps",
+    "seed": "seed",
+    "n": "n",
+    "LoRA": "lora",
+    "lora_scale": "lora_scale",
+}
+#: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength).
+EXTENSIONS = ("lora", "lora_scale")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_-]{43}\.png")
 
 
@@ -259,6 +269,7 @@ class OpenAIImages:
 
     # --- the shared path of generations and edits ---------------------------------------------------
     async def serve(self, request: Request, fields: dict[str, Any], **options: Any) -> Response:
+        options |= {name: fields[name] for name in EXTENSIONS if fields.get(name) is not None}
         for name in ("stream", "partial_images"):
             if fields.get(name):
                 raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported")

@@ -48,7 +48,13 @@ class ManagerLike(Protocol):
     settings: Settings
 
     def generate(
-        self, prompt: Any, resolution: Any, steps: Any, seed: Any, progress: ProgressCallback | None = None
+        self,
+        prompt: Any,
+        resolution: Any,
+        steps: Any,
+        seed: Any,
+        progress: ProgressCallback | None = None,
+        **options: Any,  # keyword-only features: lora, lora_scale, ...
     ) -> GenerationRecord: ...
 
     def status(self) -> ManagerStatus: ...
@@ -101,7 +107,16 @@ def status_markdown(status: ManagerStatus) -> str:
         f"**Model** `{status.model}` ({model_state}) · **graphs compiled** {status.compiles}"
         f"{warm_line}\n\n"
         f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}) · fingerprint `{status.fingerprint}`"
+        f"{lora_markdown(status)}"
     )
+
+
+def lora_markdown(status: ManagerStatus) -> str:
+    """The configured LoRA styles with rank and source (nothing when none are configured)."""
+    if not status.loras:
+        return ""
+    rows = ", ".join(f"`{a['name']}` (rank {a['rank'] or '?'}, {a['source']})" for a in status.loras)
+    return f"\n\n**LoRA styles** {rows}"
 
 
 def shapes_table(status: ManagerStatus) -> list[list[Any]]:
@@ -134,6 +149,7 @@ def info_markdown(record: GenerationRecord) -> str:
     return (
         f"**cache: {record.cache}**{compiled} · inference {record.inference_s:.2f} s"
         f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
+        + (f" · LoRA {record.lora} x{record.lora_scale:g}" if record.lora != "none" else "")
     )
 
 
@@ -160,9 +176,11 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
 
         return on_event
 
-    def run(prompt: Any, resolution: Any, steps: Any, seed: Any, progress: gr.Progress) -> GenerationRecord:
+    def run(
+        prompt: Any, resolution: Any, steps: Any, seed: Any, progress: gr.Progress, **options: Any
+    ) -> GenerationRecord:
         try:
-            return manager.generate(prompt, resolution, steps, seed, progress=progress_bridge(progress))
+            return manager.generate(prompt, resolution, steps, seed, progress=progress_bridge(progress), **options)
         except Exception as exc:
             raise _user_error(exc) from exc
 
@@ -173,12 +191,24 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         seed: float,
         count: float,
         randomize: bool,
+        lora: str,
+        lora_scale: float,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[Any, ...]:
         if randomize:  # room for the consecutive seeds of the most images a request may ask for
             seed = random.randint(0, MAX_SEED - (settings.max_images - 1))
         try:
-            records = generate_many(manager, prompt, resolution, steps, seed, count, progress=progress_bridge(progress))
+            records = generate_many(
+                manager,
+                prompt,
+                resolution,
+                steps,
+                seed,
+                count,
+                progress=progress_bridge(progress),
+                lora=lora,
+                lora_scale=lora_scale,
+            )
         except Exception as exc:
             raise _user_error(exc) from exc
         paths = [str(images.save(record)) for record in records]
@@ -192,9 +222,15 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         )
 
     def generate(
-        prompt: str, resolution: str, steps: float, seed: float, progress: gr.Progress = gr.Progress()
+        prompt: str,
+        resolution: str,
+        steps: float,
+        seed: float,
+        lora: str = "none",
+        lora_scale: float = 1.0,
+        progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
-        record = run(prompt, resolution, steps, seed, progress)
+        record = run(prompt, resolution, steps, seed, progress, lora=lora, lora_scale=lora_scale)
         return str(images.save(record)), record.info()
 
     def status() -> dict[str, Any]:
@@ -213,6 +249,8 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             f"    steps: Denoising steps, a whole number from 1 to {settings.max_steps}"
             f" ({settings.default_steps} suits the step-distilled klein).",
             f"    seed: A whole number from 0 to {MAX_SEED}; the same seed gives the same image.",
+            f"    lora: The LoRA style, one of {', '.join(['none', *settings.loras])} (optional, default none).",
+            f"    lora_scale: The style's strength, from 0 to {settings.max_lora_scale:g} (optional, default 1).",
             "",
             "Returns:",
             "    The PNG image, and a JSON record: resolution, steps, seed, cache (miss, memory or disk), seconds.",
@@ -270,6 +308,18 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
                         value=settings.default_steps,
                         elem_id="steps",
                     )
+                with gr.Row(visible=bool(settings.loras)):  # LoRA styles, switched without recompiling
+                    lora = gr.Dropdown(
+                        label="Style (LoRA)", choices=["none", *settings.loras], value="none", elem_id="lora"
+                    )
+                    lora_scale = gr.Slider(
+                        label="LoRA scale",
+                        minimum=0.0,
+                        maximum=settings.max_lora_scale,
+                        step=0.05,
+                        value=1.0,
+                        elem_id="lora-scale",
+                    )
                 with gr.Row():
                     seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed")
                     count = gr.Slider(
@@ -295,7 +345,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         gr.on(
             [generate_btn.click, prompt.submit],
             ui_generate,
-            inputs=[prompt, resolution, steps, seed, count, randomize],
+            inputs=[prompt, resolution, steps, seed, count, randomize, lora, lora_scale],
             outputs=[gallery, info, seed, resolution],
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=settings.concurrency_limit,
@@ -309,6 +359,8 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             api_resolution = gr.Textbox()
             api_steps = gr.Number()
             api_seed = gr.Number()
+            api_lora = gr.Textbox(value="none")  # optional: 4-argument callers keep working
+            api_lora_scale = gr.Number(value=1.0)
             api_image = gr.Image(type="filepath", format="png")
             api_info = gr.JSON()
             api_status_out = gr.JSON()
@@ -316,7 +368,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             status_btn = gr.Button()
         api_btn.click(
             generate,
-            inputs=[api_prompt, api_resolution, api_steps, api_seed],
+            inputs=[api_prompt, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
             outputs=[api_image, api_info],
             api_name="generate",
             concurrency_id=DEVICE_QUEUE,

@@ -1,0 +1,365 @@
+"""LoRA styles switched per request by copying weights into one compiled adapter slot.
+
+Neuron (like any torch.compile backend) compiles a graph per shape; a LoRA fused into the weights, or
+a new adapter injected after compiling, would change the graph. Instead, before the transformer is
+compiled, ONE adapter slot is injected with diffusers' hotswap preparation (`enable_lora_hotswap`:
+ranks padded to `max_lora_rank`, scalings turned into tensors) over the union of every configured
+adapter's target modules. Each configured adapter is then loaded once through diffusers'
+`load_lora_weights(..., hotswap=True)` (its format conversion, rank and alpha handling) and its slot
+weights and scalings are kept in memory. A request's switch is an in-place copy of those tensors
+into the slot, and the style `none` zeroes it: the graph's inputs change, its structure never does.
+A server with no adapters configured injects nothing and pays nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_app.engine.loader import ModelLoadError
+from neuron_app.errors import one_line
+from neuron_app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: The style that means "no LoRA": an all-zero slot (same graph as every other style).
+NONE = "none"
+#: The one adapter name in the transformer; every style is copied into it.
+SLOT = "style"
+#: Weight file diffusers saves a LoRA folder with (`save_lora_weights`).
+DEFAULT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+#: Bump when the tiny adapter recipe changes so older files are rebuilt.
+TINY_LORA_VERSION = 1
+#: The tiny transformer's attention projections a `tiny:<seed>` adapter targets (the usual FLUX LoRA targets).
+TINY_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "attn.to_qkv_mlp_proj",
+    "attn.to_out",
+)
+_LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
+
+
+class LoraError(ModelLoadError):
+    """A configured adapter cannot be served; the message names the adapter and the reason."""
+
+
+def tiny_rank(seed: int) -> int:
+    """`tiny:<seed>` adapters have rank 4 (odd seeds) or 8 (even seeds): two ranks exercise the padding."""
+    return 4 if seed % 2 else 8
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One configured adapter: where its weights come from, parsed without reading them."""
+
+    name: str
+    source: str  # as configured
+    kind: str  # tiny | file | hub
+    location: str  # tiny: the seed; file: an absolute .safetensors path; hub: the repo id
+    weight_name: str | None = None
+
+    @classmethod
+    def parse(cls, name: str, source: str) -> AdapterSpec:
+        """`tiny:<seed>`; a `.safetensors` file; a folder (optionally `folder:weight.safetensors`); a Hub
+        `owner/repo` (optionally `owner/repo:weight.safetensors`)."""
+        text = source.strip()
+        if text.startswith("tiny:"):
+            seed = text.removeprefix("tiny:")
+            if not seed.isdigit():
+                raise LoraError(f"LoRA {name!r}: source {source!r}: tiny adapters are written tiny:<seed>, e.g. tiny:1")
+            return cls(name, source, "tiny", seed)
+        base, _, weight = text.rpartition(":") if text.endswith(".safetensors") and ":" in text else (text, "", "")
+        base, weight = (base, weight) if base else (text, "")
+        path = Path(base).expanduser()
+        if path.is_absolute() or base.startswith(".") or path.exists():
+            if path.is_dir():
+                path = path / (weight or DEFAULT_WEIGHT_NAME)
+            elif weight:
+                raise LoraError(f"LoRA {name!r}: {path} is not a folder, so it cannot hold {weight}")
+            if not path.is_file():
+                raise LoraError(f"LoRA {name!r}: file {path} does not exist")
+            if path.suffix != ".safetensors":
+                raise LoraError(f"LoRA {name!r}: {path} is not a .safetensors file (pickled weights are refused)")
+            return cls(name, source, "file", str(path.resolve()))
+        if base.count("/") != 1:
+            raise LoraError(
+                f"LoRA {name!r}: source {source!r} is neither an existing path, a Hub id (owner/repo) nor tiny:<seed>"
+            )
+        return cls(name, source, "hub", base, weight or None)
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The tensor names and shapes of a .safetensors file, without torch and without reading the weights."""
+    with path.open("rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise ValueError("file is too short to be safetensors")
+        (size,) = struct.unpack("<Q", raw)
+        if size > 100 * 2**20:
+            raise ValueError(f"header of {size} bytes is not plausible")
+        header = json.loads(fh.read(size))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    return header
+
+
+def header_rank(header: dict[str, Any]) -> int:
+    """The largest LoRA rank in a header: dim 0 of the down/A matrices (diffusers, peft and kohya names)."""
+    ranks = [
+        int(info["shape"][0])
+        for key, info in header.items()
+        if (".lora_A." in key or ".lora_down." in key) and len(info.get("shape", [])) >= 2
+    ]
+    if not ranks:
+        raise ValueError("no LoRA matrices (lora_A / lora_down) in it")
+    return max(ranks)
+
+
+@dataclass
+class _Prepared:
+    """An adapter's slot contents, kept in memory so a switch is a copy, not a file read."""
+
+    rank: int
+    weights: list[Any]
+    scalings: list[float]
+
+
+@dataclass
+class AdapterSet:
+    """The configured adapters (`loras`), their checks, the slot they share and the switch."""
+
+    settings: Settings
+    specs: list[AdapterSpec] = field(init=False)
+    ranks: dict[str, int | None] = field(init=False)
+    _prepared: dict[str, _Prepared] = field(init=False, default_factory=dict)
+    _params: list[Any] = field(init=False, default_factory=list)
+    _modules: list[Any] = field(init=False, default_factory=list)
+    _current: tuple[str, float] = field(init=False, default=(NONE, 1.0))
+    last_switch_s: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        """Cheap start-up checks (before anything loads): sources parse, files exist, headers read, ranks fit."""
+        self.specs = [AdapterSpec.parse(name, source) for name, source in self.settings.loras.items()]
+        self.ranks = {}
+        for spec in self.specs:
+            rank: int | None = None
+            if spec.kind == "tiny":
+                rank = tiny_rank(int(spec.location))
+            elif spec.kind == "file":
+                try:
+                    rank = header_rank(read_safetensors_header(Path(spec.location)))
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    raise LoraError(f"LoRA {spec.name!r}: {spec.location} is unreadable ({one_line(exc)})") from None
+            if rank is not None:
+                self._check_rank(spec, rank)
+            self.ranks[spec.name] = rank
+
+    @property
+    def names(self) -> list[str]:
+        return [spec.name for spec in self.specs]
+
+    @property
+    def target_rank(self) -> int:
+        return self.settings.max_lora_rank
+
+    def _check_rank(self, spec: AdapterSpec, rank: int) -> None:
+        if rank > self.target_rank:
+            raise LoraError(
+                f"LoRA {spec.name!r}: rank {rank} is above max_lora_rank {self.target_rank} "
+                "(raise NEURON_APP_MAX_LORA_RANK: every adapter is padded to it, a new value recompiles)"
+            )
+
+    def fingerprint(self) -> dict[str, Any] | None:
+        """What the adapters change in the compiled graph: the target rank and the slot's shapes, never the
+        weights. None with no adapters (then the graph is the plain transformer's)."""
+        if not self.specs:
+            return None
+        shapes: set[str] = set()
+        for spec in self.specs:
+            if spec.kind == "file":
+                header = read_safetensors_header(Path(spec.location))
+                shapes |= {f"{k}:{len(v.get('shape', []))}" for k, v in header.items()}
+            elif spec.kind == "tiny":
+                shapes.add(f"tiny:v{TINY_LORA_VERSION}")
+            else:
+                shapes.add(f"hub:{spec.location}:{spec.weight_name}")
+        digest = hashlib.sha256("\n".join(sorted(shapes)).encode()).hexdigest()[:16]
+        return {"target_rank": self.target_rank, "targets": digest}
+
+    def describe(self) -> list[dict[str, Any]]:
+        """For the status panel: name, rank (None until a Hub adapter is read) and source."""
+        return [{"name": s.name, "rank": self.ranks.get(s.name), "source": s.source} for s in self.specs]
+
+    # --- preparation (before compiling) -----------------------------------------------------------------
+    def prepare(self, pipe: Any) -> None:
+        """Inject the slot over every adapter's targets, load each adapter once through diffusers' hotswap
+        path, keep its slot contents in memory, and leave the slot at `none`. Must run before compiling."""
+        if not self.specs:
+            return
+        import torch
+
+        start = time.perf_counter()
+        transformer = pipe.transformer
+        sources = {spec.name: self._materialize(spec, transformer) for spec in self.specs}
+        union: dict[str, Any] = {}
+        for spec in self.specs:
+            for module_name in self._targets(spec, pipe, sources[spec.name], transformer):
+                union[module_name] = transformer.get_submodule(module_name)
+        zero: dict[str, Any] = {}
+        dtype = transformer.dtype
+        for module_name, module in union.items():
+            zero[f"transformer.{module_name}.lora_A.weight"] = torch.zeros(
+                self.target_rank, module.in_features, dtype=dtype
+            )
+            zero[f"transformer.{module_name}.lora_B.weight"] = torch.zeros(
+                module.out_features, self.target_rank, dtype=dtype
+            )
+        pipe.enable_lora_hotswap(target_rank=self.target_rank)
+        try:
+            pipe.load_lora_weights(zero, adapter_name=SLOT)
+        except Exception as exc:  # e.g. diffusers refuses adapters on a tensor-parallel (sharded) transformer
+            raise LoraError(f"LoRA adapters cannot be added to this transformer ({one_line(exc)})") from exc
+        from peft.tuners.lora import LoraLayer
+
+        self._modules = [m for m in transformer.modules() if isinstance(m, LoraLayer) and SLOT in m.lora_A]
+        self._params = []
+        for module in self._modules:
+            self._params += [module.lora_A[SLOT].weight, module.lora_B[SLOT].weight]
+        for spec in self.specs:
+            location, kwargs = sources[spec.name]
+            try:
+                pipe.load_lora_weights(location, adapter_name=SLOT, hotswap=True, **kwargs)
+            except Exception as exc:
+                raise LoraError(f"LoRA {spec.name!r}: cannot be hotswapped ({one_line(exc)})") from exc
+            self._prepared[spec.name] = _Prepared(
+                rank=self.ranks[spec.name] or 0,
+                weights=[p.detach().clone() for p in self._params],
+                scalings=[float(m.scaling[SLOT]) for m in self._modules],
+            )
+        self._current = ("", 0.0)  # the slot holds the last adapter: force the switch below
+        self.activate(NONE, 1.0)
+        log.info(
+            "LoRA: %d adapter(s) ready in one slot over %d module(s), rank %d, in %.2fs",
+            len(self.specs),
+            len(self._modules),
+            self.target_rank,
+            time.perf_counter() - start,
+        )
+
+    def _materialize(self, spec: AdapterSpec, transformer: Any) -> tuple[str, dict[str, Any]]:
+        """Where `load_lora_weights` reads the adapter from (a `tiny:` adapter is written to the cache first)."""
+        if spec.kind == "tiny":
+            return str(self._write_tiny(int(spec.location), transformer)), {}
+        if spec.kind == "file":
+            return spec.location, {}
+        token = self.settings.hf_token.get_secret_value() if self.settings.hf_token else None
+        return spec.location, {"weight_name": spec.weight_name, "token": token}
+
+    def _write_tiny(self, seed: int, transformer: Any) -> Path:
+        """A random LoRA for the tiny transformer's attention projections, saved as .safetensors."""
+        import torch
+        from safetensors.torch import save_file
+
+        targets = [
+            (name, module)
+            for name, module in transformer.named_modules()
+            if isinstance(module, torch.nn.Linear) and name.endswith(TINY_TARGETS) and "." in name
+        ]
+        # Named after the transformer's layout too: tiny and tiny-deep may share a cache folder.
+        layout = hashlib.sha256(repr([(n, m.in_features, m.out_features) for n, m in targets]).encode()).hexdigest()
+        folder = self.settings.cache_dir / "loras"
+        path = folder / f"tiny-{seed}-{layout[:8]}-v{TINY_LORA_VERSION}.safetensors"
+        if path.is_file():
+            return path
+        rank = tiny_rank(seed)
+        generator = torch.Generator().manual_seed(seed)
+        tensors = {}
+        for name, module in targets:
+            down = torch.randn(rank, module.in_features, generator=generator) / module.in_features**0.5
+            up = torch.randn(module.out_features, rank, generator=generator)
+            tensors[f"transformer.{name}.lora_A.weight"] = down.contiguous()
+            tensors[f"transformer.{name}.lora_B.weight"] = up.contiguous()
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp-{time.monotonic_ns()}")
+        save_file(tensors, str(tmp))
+        tmp.replace(path)
+        return path
+
+    def _targets(self, spec: AdapterSpec, pipe: Any, source: tuple[str, dict[str, Any]], transformer: Any) -> list[str]:
+        """The transformer modules an adapter targets, checked: plain LoRA, rank within the target, modules
+        that exist and are Linear (read through diffusers' own format conversion)."""
+        import torch
+
+        location, kwargs = source
+        try:
+            state = pipe.lora_state_dict(location, **kwargs)
+        except Exception as exc:
+            raise LoraError(f"LoRA {spec.name!r}: cannot be read from {spec.source} ({one_line(exc)})") from exc
+        others = sorted({k.split(".")[0] for k in state if not k.startswith("transformer.")})
+        if others:
+            raise LoraError(f"LoRA {spec.name!r}: targets {', '.join(others)}; only transformer adapters hotswap")
+        odd = [k for k in state if not k.endswith(_LORA_SUFFIXES)]
+        if odd:
+            raise LoraError(
+                f"LoRA {spec.name!r}: only plain LoRA (lora_A/lora_B weights) can be hotswapped; found {odd[0]}"
+            )
+        rank = max(v.shape[0] for k, v in state.items() if k.endswith(".lora_A.weight"))
+        self._check_rank(spec, rank)
+        self.ranks[spec.name] = rank
+        names = sorted({k.removeprefix("transformer.").rsplit(".", 2)[0] for k in state})
+        absent = []
+        for module_name in names:
+            try:
+                module = transformer.get_submodule(module_name)
+            except AttributeError:
+                absent.append(module_name)
+                continue
+            if not isinstance(module, torch.nn.Linear):
+                raise LoraError(f"LoRA {spec.name!r}: targets {module_name}, which is not a Linear layer")
+        if absent:
+            more = f" and {len(absent) - 3} more" if len(absent) > 3 else ""
+            raise LoraError(
+                f"LoRA {spec.name!r}: target modules absent from this transformer: {', '.join(absent[:3])}{more} "
+                "(an adapter for another model?)"
+            )
+        return names
+
+    # --- the switch (under the device lock) ---------------------------------------------------------------
+    @property
+    def active(self) -> tuple[str, float]:
+        return self._current
+
+    def activate(self, name: str, scale: float) -> float:
+        """Put `name` at `scale` into the slot, in place (no graph change); returns the seconds it took."""
+        if not self.specs or (name, scale) == self._current or (name == NONE and self._current[0] == NONE):
+            self.last_switch_s = 0.0
+            return 0.0
+        import torch
+
+        start = time.perf_counter()
+        with torch.no_grad():
+            if name == NONE:
+                torch._foreach_zero_(self._params)
+            else:
+                prepared = self._prepared[name]
+                if name != self._current[0]:
+                    torch._foreach_copy_(self._params, prepared.weights)
+                for module, base in zip(self._modules, prepared.scalings, strict=True):
+                    module.scaling[SLOT].fill_(base * scale)
+        self._current = (name, scale)
+        self.last_switch_s = time.perf_counter() - start
+        return self.last_switch_s

@@ -25,12 +25,13 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -357,8 +358,18 @@ class OpenAIImages:
                 await read_body(request, EDIT_BODY_LIMIT)  # raises 413
             if _content_type(request) != "multipart/form-data":
                 raise ApiError(400, "Content-Type must be multipart/form-data", code="invalid_content_type")
-            request._body = await read_body(request, EDIT_BODY_LIMIT)  # starlette parses the form from it
-            form = await request.form(max_files=MAX_EDIT_IMAGES + 1, max_fields=64)
+            body = await read_body(request, EDIT_BODY_LIMIT)
+
+            async def chunks() -> AsyncIterator[bytes]:
+                yield body
+
+            parser = MultiPartParser(request.headers, chunks(), max_files=MAX_EDIT_IMAGES, max_fields=64)
+            try:
+                form = await parser.parse()
+            except MultiPartException as exc:
+                raise ApiError(
+                    400, f"the multipart body is not valid: {exc.message}", code="invalid_multipart"
+                ) from exc
             uploads = [v for key in ("image", "image[]") for v in form.getlist(key) if isinstance(v, UploadFile)]
             if not uploads:
                 raise ApiError(400, "image is required: one or more image files", param="image")

@@ -147,6 +147,8 @@ BAD_REQUESTS = {
     "response-format": ({"response_format": "jpeg"}, "response_format", "response_format must be one of"),
     "model-other": ({"model": "dall-e-3"}, "model", "model 'dall-e-3' is not served here"),
     "stream": ({"extra_body": {"stream": True}}, "stream", "stream is not supported"),
+    "lora-unknown": ({"extra_body": {"lora": "anime"}}, "lora", "LoRA style 'anime' is not offered"),
+    "lora-scale": ({"extra_body": {"lora_scale": 99}}, "lora_scale", "lora_scale must be between 0 and"),
 }
 
 

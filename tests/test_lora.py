@@ -247,3 +247,15 @@ def test_openai_api_takes_lora_and_lora_scale_as_extensions(lora_app: Any, lora_
             api.images.generate(prompt=PROMPT, size="128x128", extra_body=fields)
         assert caught.value.body["param"] == param and message in caught.value.body["message"]
     assert lora_app.manager.status().compiles == compiles
+
+
+def test_the_page_sends_the_style_dropdown_and_scale_slider(lora_app: Any) -> None:
+    """The page's Generate event carries the style and scale to the manager (info line says so); a style the
+    dropdown does not list is refused by Gradio before the app runs."""
+    from tests.test_validation import _page_generate
+
+    message = _page_generate(lora_app, [PROMPT, SHAPE, STEPS, SEED, 1, False], style=("red", 0.5))
+    assert message["success"] is True, message
+    assert "LoRA red x0.5" in message["output"]["data"][1]
+    refused = _page_generate(lora_app, [PROMPT, SHAPE, STEPS, SEED, 1, False], style=("sepia", 1.0))
+    assert refused["success"] is False and "sepia" in refused["output"]["error"]

@@ -12,12 +12,14 @@ def main() -> None:
     if launched_by_torchrun():  # `torchrun --nproc_per_node=N app.py`: tensor-parallel ranks in lockstep
         raise SystemExit(serve_distributed())
 
+    from neuron_app.environment import prepare_process
     from neuron_app.settings import get_settings
     from neuron_app.web.server import build_app, configure_logging, launch, prepare_environment, resolve_auth
 
     settings = get_settings()
     check_single_process(settings)  # tp_degree > 1 needs torchrun
     configure_logging(settings)
+    prepare_process(settings)  # NEFF cache, fallback switches, cores: before anything imports torch
     resolve_auth(settings)  # refuse an unprotected public link before loading anything
     prepare_environment(settings)
 

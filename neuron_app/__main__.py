@@ -1,4 +1,4 @@
-"""Command line: `python -m neuron_app {serve,precompile,cache}`.
+"""Command line: `python -m neuron_app {serve,precompile,cache,doctor}`.
 
 `precompile` is what a deployment runs once before users come (or in an image build):
 it fills the persistent compile cache and the manifest, so the server starts warm.
@@ -24,11 +24,16 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def _manager() -> Any:
-    from neuron_app.engine.manager import get_manager
+    from neuron_app.environment import prepare_process
     from neuron_app.settings import get_settings
     from neuron_app.web.server import configure_logging
 
-    configure_logging(get_settings())
+    settings = get_settings()
+    configure_logging(settings)
+    prepare_process(settings)  # before the manager imports torch: TorchNeuron reads it at import
+
+    from neuron_app.engine.manager import get_manager
+
     return get_manager()
 
 
@@ -107,6 +112,12 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from neuron_app.doctor import run_doctor
+
+    return run_doctor(stack_only=args.stack, as_json=args.json)
+
+
 def cmd_serve(_args: argparse.Namespace) -> int:
     import app
 
@@ -119,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("precompile", help="compile shapes into the persistent cache and the manifest")
     pre.add_argument("--resolutions", nargs="+", metavar="WxH", help="default: every configured resolution")
+    pre.add_argument(
+        "--cores",
+        metavar="N-M",
+        help="NeuronCores to reserve (NEURON_RT_VISIBLE_CORES), e.g. 4-7 beside a server on 0-3",
+    )
     pre.set_defaults(func=cmd_precompile)
     cache = sub.add_parser("cache", help="list the cache folder; remove stale entries")
     group = cache.add_mutually_exclusive_group()
@@ -128,7 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     cache.set_defaults(func=cmd_cache)
     serve = sub.add_parser("serve", help="start the web app (same as python app.py)")
     serve.set_defaults(func=cmd_serve)
+    doctor = sub.add_parser("doctor", help="check this machine's Neuron stack; exit 0 only when serving would work")
+    doctor.add_argument("--stack", action="store_true", help="software only (no device, no instance): image builds")
+    doctor.add_argument("--json", action="store_true", help="machine-readable checks")
+    doctor.set_defaults(func=cmd_doctor)
     args = parser.parse_args(argv)
+    if getattr(args, "cores", None):
+        import os
+
+        from neuron_app.settings import ENV_PREFIX, get_settings
+
+        os.environ[ENV_PREFIX + "VISIBLE_CORES"] = args.cores  # validated with the other settings
+        get_settings.cache_clear()
 
     from neuron_app.backends import DeviceUnavailable
     from neuron_app.engine.loader import ModelLoadError

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     tp_degree: int = Field(
         1, ge=1, description="Tensor-parallel degree (NeuronCores per model); set by torchrun's WORLD_SIZE."
     )
+    visible_cores: str | None = Field(
+        None,
+        description="NeuronCores this process reserves, N or N-M (exported as NEURON_RT_VISIBLE_CORES); "
+        "unset = every core it can see. Not under torchrun, which gives each rank one core.",
+    )
 
     # --- requests --------------------------------------------------------------------------
     resolutions: list[str] = Field(
@@ -195,6 +200,16 @@ class Settings(BaseSettings):
         if len(set(value)) != len(value):
             raise ValueError("resolutions are listed more than once")
         return value
+
+    @field_validator("visible_cores")
+    @classmethod
+    def _check_visible_cores(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from neuron_app.environment import parse_cores
+
+        first, last = parse_cores(value)
+        return str(first) if first == last else f"{first}-{last}"
 
     @field_validator("cache_dir")
     @classmethod

@@ -11,8 +11,8 @@ import pytest
 
 from neuron_app.backends import DeviceUnavailable, resolve_backend
 from neuron_app.backends.base import FolderCacheProbe
-
-FAKE_SDK = Path(__file__).parent / "fake_neuron_sdk"
+from neuron_app.backends.neuron import NeuronCacheProbe
+from tests.neuron_fakes import FAKE_SDK, fake_sdk_on_path
 
 
 def test_auto_picks_cpu_here_and_points_inductor_cache_into_cache_dir(tmp_path: Path) -> None:
@@ -27,22 +27,20 @@ def test_neuron_without_sdk_refuses_with_install_hint(tmp_path: Path) -> None:
     with pytest.raises(DeviceUnavailable) as info:
         resolve_backend("neuron", tmp_path)
     message = str(info.value)
-    assert "torch-neuronx" in message and "awsdocs-neuron.readthedocs-hosted.com" in message
+    assert "torch-neuronx==2.13.*" in message and "awsdocs-neuron.readthedocs-hosted.com" in message
     assert "NEURON_APP_DEVICE=cpu" in message and "\n" not in message
 
 
 def test_neuron_cache_env_is_set_before_the_sdk_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a FAKE torch_neuronx (the real SDK cannot exist here), the NEFF folder is exported first."""
-    monkeypatch.syspath_prepend(str(FAKE_SDK))
-    monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
     monkeypatch.delenv("TORCH_NEURONX_NEFF_CACHE_DIR", raising=False)
-    backend = resolve_backend("neuron", tmp_path)
-    import torch_neuronx  # the fake
+    with fake_sdk_on_path(monkeypatch, FAKE_SDK):
+        backend = resolve_backend("neuron", tmp_path)
+        import torch_neuronx  # the fake
 
-    assert str(tmp_path / "neff") == torch_neuronx.NEFF_CACHE_AT_IMPORT
-    assert backend.default_compile_backend == "neuron" and backend.dist_backend == "neuron"
-    assert isinstance(backend.cache_probe("neuron", tmp_path), FolderCacheProbe)
-    monkeypatch.delitem(sys.modules, "torch_neuronx")
+        assert str(tmp_path / "neff") == torch_neuronx.NEFF_CACHE_AT_IMPORT
+        assert backend.default_compile_backend == "neuron" and backend.dist_backend == "neuron"
+        assert isinstance(backend.cache_probe("neuron", tmp_path), NeuronCacheProbe)
 
 
 def test_neff_folder_probe_judges_disk_only_when_no_new_artifact(tmp_path: Path) -> None:
@@ -86,10 +84,8 @@ def test_on_neuron_a_transposed_shape_is_its_own_compile(
     cpu = PipelineManager(make_settings())
     assert cpu.graph_key(wide) == cpu.graph_key(tall)
 
-    monkeypatch.syspath_prepend(str(FAKE_SDK))
-    monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
-    neuron = PipelineManager(make_settings(device="neuron", compile_backend=None))
-    assert neuron.backend.name == "neuron" and neuron.compile_backend == "neuron"
-    assert neuron.graph_key(wide) != neuron.graph_key(tall)
-    assert neuron.graph_key(wide).image_tokens == neuron.graph_key(tall).image_tokens
-    monkeypatch.delitem(sys.modules, "torch_neuronx")
+    with fake_sdk_on_path(monkeypatch, FAKE_SDK):
+        neuron = PipelineManager(make_settings(device="neuron", compile_backend=None))
+        assert neuron.backend.name == "neuron" and neuron.compile_backend == "neuron"
+        assert neuron.graph_key(wide) != neuron.graph_key(tall)
+        assert neuron.graph_key(wide).image_tokens == neuron.graph_key(tall).image_tokens

@@ -26,11 +26,12 @@ def get_backend(name: str) -> DeviceBackend:
     raise DeviceUnavailable(f"unknown device {name!r}: choose auto, neuron, cuda or cpu")
 
 
-def resolve_backend(name: str, cache_dir: Path) -> DeviceBackend:
+def resolve_backend(name: str, cache_dir: Path, *, check_device: bool = True) -> DeviceBackend:
     """`auto` picks neuron, then cuda, then cpu; an explicit choice must be available.
 
     The cache folder is prepared before the backend's SDK is imported: Neuron reads its
-    cache location once, when torch autoloads it.
+    cache location once, when torch autoloads it. `check_device=False` leaves the device checks
+    to the caller (torchrun ranks run them after init_process_group).
     """
     candidates = ("neuron", "cuda", "cpu") if name == "auto" else (name,)
     for candidate in candidates:
@@ -38,6 +39,9 @@ def resolve_backend(name: str, cache_dir: Path) -> DeviceBackend:
         if name == "auto" and not backend.is_available():
             continue
         backend.prepare_cache(cache_dir)
-        backend.require()
+        if check_device:
+            backend.require()
+        else:
+            backend.require_sdk()
         return backend
     raise DeviceUnavailable("no device available")  # unreachable: cpu is always available

@@ -79,6 +79,24 @@ class DeviceBackend(ABC):
         if not self.is_available():
             raise DeviceUnavailable(f"device {self.name!r} is not available on this machine")
 
+    def require_sdk(self) -> None:
+        """The checks that touch no device (under torchrun they run before init_process_group)."""
+        self.require()
+
+    def check_device(self) -> None:  # noqa: B027 (optional hook: most devices have nothing more to check)
+        """The device checks; under torchrun they run after init_process_group."""
+
+    def synchronize(self) -> None:  # noqa: B027 (optional hook: synchronous devices have nothing to wait for)
+        """Wait for queued device work, so an asynchronous failure surfaces in the call that caused it."""
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """Device-specific inputs of compiled graphs, added to the manifest fingerprint."""
+        return {}
+
+    def fallback_state(self) -> str:
+        """Whether failing device work can silently run elsewhere (shown in status)."""
+        return f"none on {self.name}"
+
     def torch_device(self) -> str:
         return self.name
 

@@ -15,6 +15,11 @@ class CudaBackend(DeviceBackend):
 
         return torch.cuda.is_available()
 
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
     def memory_stats(self) -> dict[str, float]:
         import torch
 

@@ -1,7 +1,11 @@
-"""AWS Trainium / Inferentia2 through torch-neuronx (the "neuron" device and compile backend).
+"""AWS Trainium (Trn2, Trn3) through TorchNeuron: the "neuron" device and compile backend.
 
-The SDK is imported only when this backend is chosen. `TORCH_NEURONX_NEFF_CACHE_DIR` must be
-set before `import torch`, because torch autoloads torch_neuronx as a device backend.
+Two products share the name `torch-neuronx`: up to Neuron 2.31 it was the PyTorch/XLA package
+(2.9.x, device `xla`, no `backend="neuron"`); from Neuron 2.33 the 2.13.3.0.* / 2.14.3.0.* releases
+are TorchNeuron, the native backend this app uses. `import torch_neuronx` succeeds with both, so
+the version family is checked first (torch-free, from package metadata) and the `neuron` device
+second. The SDK is imported only when this backend is chosen; `neuron_app.environment` has exported
+its cache folder and fallback switches before torch loads.
 """
 
 from __future__ import annotations
@@ -9,18 +13,115 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import logging
 import os
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any, Literal
 
-from neuron_app.backends.base import CacheProbe, DeviceBackend, DeviceUnavailable, FolderCacheProbe
+from neuron_app.backends.base import CacheProbe, CacheVerdict, DeviceBackend, DeviceUnavailable, FolderCacheProbe
+
+log = logging.getLogger(__name__)
 
 SDK_MODULE = "torch_neuronx"
+SDK_DIST = "torch-neuronx"
+#: The first torch-neuronx release family that is TorchNeuron (torch 2.13); the XLA package stopped at 2.9.
+TORCHNEURON_FROM = (2, 13)
 INSTALL_HINT = (
-    "device 'neuron' needs torch-neuronx from the AWS Neuron SDK, which is not on PyPI: use a Neuron "
-    "DLAMI or Deep Learning Container, or install it from the Neuron pip repository as the setup guide "
-    "says (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/setup/); "
-    "or choose another device with NEURON_APP_DEVICE=cpu"
+    "device 'neuron' needs TorchNeuron (torch-neuronx==2.13.* with torch==2.13.0, Neuron SDK 2.33+, Trn2/Trn3), "
+    "which is not on PyPI: pip install 'torch-neuronx==2.13.*' 'neuronx-cc==2.*' nki "
+    "--extra-index-url https://pip.repos.neuron.amazonaws.com (https://awsdocs-neuron.readthedocs-hosted.com/"
+    "en/v2.33.0/setup/pytorch/index.html); or choose another device with NEURON_APP_DEVICE=cpu"
 )
+XLA_FIX = (
+    "torch-neuronx {found} is the PyTorch/XLA package (device 'xla', no torch.compile backend 'neuron'), "
+    "not TorchNeuron: install torch-neuronx==2.13.* with torch==2.13.0 from Neuron SDK 2.33+ "
+    "(see README 'Deploy on a trn instance'), or choose another device with NEURON_APP_DEVICE=cpu"
+)
+
+SdkKind = Literal["torchneuron", "xla", "absent"]
+
+
+def installed_version() -> str | None:
+    try:
+        return version(SDK_DIST)
+    except PackageNotFoundError:
+        return None
+
+
+def sdk_kind(found: str | None) -> SdkKind:
+    """Which product a torch-neuronx version is: TorchNeuron (2.13+) or the PyTorch/XLA package (older)."""
+    if found is None:
+        return "absent"
+    parts = found.split(".")
+    try:
+        family = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return "xla"  # not a version this app knows: refuse rather than guess
+    return "torchneuron" if family >= TORCHNEURON_FROM else "xla"
+
+
+def check_sdk() -> str:
+    """The TorchNeuron version, or `DeviceUnavailable` naming the fix (torch-free: package metadata only)."""
+    found = installed_version()
+    if found is None:
+        if importlib.util.find_spec(SDK_MODULE) is not None:
+            raise DeviceUnavailable(
+                f"{SDK_MODULE} is importable but has no package metadata: reinstall it; {INSTALL_HINT}"
+            )
+        raise DeviceUnavailable(f"{SDK_MODULE} is not installed: {INSTALL_HINT}")
+    if sdk_kind(found) == "xla":
+        raise DeviceUnavailable(XLA_FIX.format(found=found))
+    return found
+
+
+def neuron_device_count() -> int:
+    """NeuronCores torch sees through TorchNeuron's `neuron` device module (0 when torch has none: the XLA
+    package never registers it)."""
+    import torch
+
+    module = getattr(torch, "neuron", None)
+    if module is None or not module.is_available():
+        return 0
+    return int(module.device_count())
+
+
+class NeuronCacheProbe(CacheProbe):
+    """TorchNeuron's own persistent-cache counters (private API, so guarded); the NEFF folder otherwise.
+
+    The counters count only this process's compiles, where new files in a shared folder can come
+    from another process compiling at the same time.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder_probe = FolderCacheProbe(folder)
+
+    @staticmethod
+    def _counters() -> tuple[int, int] | None:
+        try:
+            import torch_neuronx
+
+            c = torch_neuronx._C
+            if hasattr(c, "_neuron_set_metrics_enabled"):
+                c._neuron_set_metrics_enabled(True)
+            stats = c._get_compilation_cache_stats()
+            return int(stats["persistent_hits"]), int(stats["persistent_misses"])
+        except Exception:
+            return None
+
+    def snapshot(self) -> tuple[str, Any]:
+        counters = self._counters()
+        if counters is not None:
+            return ("counters", counters)
+        return ("folder", self.folder_probe.snapshot())
+
+    def judge(self, before: tuple[str, Any], after: tuple[str, Any]) -> CacheVerdict:
+        if before[0] == after[0] == "counters":
+            hits, misses = (a - b for a, b in zip(after[1], before[1], strict=True))
+            return "disk" if hits > 0 and misses == 0 else "miss"
+        if before[0] == after[0] == "folder":
+            return self.folder_probe.judge(before[1], after[1])
+        return "miss"
 
 
 class NeuronBackend(DeviceBackend):
@@ -31,34 +132,85 @@ class NeuronBackend(DeviceBackend):
     compiles_eager_ops_per_shape = True  # every op compiles to a NEFF on first use at each shape
 
     def is_available(self) -> bool:
-        return importlib.util.find_spec(SDK_MODULE) is not None
+        """Some torch-neuronx is installed; `require` tells TorchNeuron from the XLA package (so `auto`
+        never falls back to the CPU silently on a machine with the wrong stack)."""
+        return installed_version() is not None or importlib.util.find_spec(SDK_MODULE) is not None
 
     def require(self) -> None:
-        if not self.is_available():
-            raise DeviceUnavailable(f"{SDK_MODULE} is not installed: {INSTALL_HINT}")
+        self.require_sdk()
+        self.check_device()
+
+    def require_sdk(self) -> None:
+        """The package checks, no device touched (under torchrun this runs before init_process_group)."""
+        check_sdk()
         try:
             importlib.import_module(SDK_MODULE)
         except Exception as exc:  # a broken SDK install: say so in one line
             raise DeviceUnavailable(f"{SDK_MODULE} failed to import ({exc}): {INSTALL_HINT}") from exc
 
+    def check_device(self) -> None:
+        """torch has the `neuron` device with at least one NeuronCore; under torchrun call it only after
+        init_process_group (TorchNeuron asserts the runtime is not started before)."""
+        try:
+            count = neuron_device_count()
+        except Exception as exc:
+            raise DeviceUnavailable(
+                f"the neuron device could not be queried ({exc}); run python -m neuron_app doctor"
+            ) from exc
+        if count < 1:
+            cores = os.environ.get("NEURON_RT_VISIBLE_CORES")
+            raise DeviceUnavailable(
+                "torch has no usable 'neuron' device"
+                + (f" (NEURON_RT_VISIBLE_CORES={cores})" if cores else "")
+                + ": is this a Trn2/Trn3 instance with the Neuron driver, and are the cores free of other "
+                "processes? run python -m neuron_app doctor"
+            )
+
     def prepare_cache(self, cache_dir: Path) -> None:
         super().prepare_cache(cache_dir)
+        from neuron_app.environment import NEFF_CACHE_VAR, set_unless_user
+
         folder = cache_dir / "neff"
-        folder.mkdir(parents=True, exist_ok=True)
-        os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(folder)
+        if set_unless_user(NEFF_CACHE_VAR, str(folder)).origin == "app":
+            folder.mkdir(parents=True, exist_ok=True)
 
     def compiled_artifacts_dirs(self, cache_dir: Path) -> list[Path]:
-        return [cache_dir / "neff", cache_dir / "inductor"]
+        from neuron_app.environment import neff_cache_dir
+
+        return [neff_cache_dir(cache_dir), cache_dir / "inductor"]
 
     def cache_probe(self, compile_backend: str, cache_dir: Path) -> CacheProbe:
-        # Eager mode compiles ops into NEFFs too, so the folder is evidence in every mode.
-        return FolderCacheProbe(cache_dir / "neff")
+        # Eager mode compiles ops into NEFFs too, so the evidence holds in every mode.
+        from neuron_app.environment import neff_cache_dir
+
+        return NeuronCacheProbe(neff_cache_dir(cache_dir))
+
+    def synchronize(self) -> None:
+        """Wait for the device: NEFF compilation and execution are asynchronous, so an error surfaces here."""
+        import torch
+
+        torch.neuron.synchronize()
 
     def versions(self) -> dict[str, str]:
-        from importlib.metadata import PackageNotFoundError, version
-
         found = super().versions()
-        for dist in ("torch-neuronx", "neuronx-cc", "libneuronxla"):
+        for dist in (SDK_DIST, "neuronx-cc", "nki"):
             with contextlib.suppress(PackageNotFoundError):
                 found[dist] = version(dist)
         return found
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """What changes a NEFF besides the model and shapes: SDK versions, compiler flags, logical-core setting."""
+        fields: dict[str, Any] = {}
+        for dist in (SDK_DIST, "neuronx-cc", "nki"):
+            try:
+                fields[dist] = version(dist)
+            except PackageNotFoundError:
+                fields[dist] = "absent"
+        for var in ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG"):
+            fields[var] = os.environ.get(var, "")
+        return fields
+
+    def fallback_state(self) -> str:
+        from neuron_app.environment import fallback_state
+
+        return fallback_state()

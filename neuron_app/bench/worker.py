@@ -28,11 +28,20 @@ from neuron_app.bench.common import (
 )
 
 
-def _manager(spec: dict[str, Any]) -> Any:
-    from neuron_app.engine.manager import PipelineManager
+def _settings(spec: dict[str, Any]) -> Any:
+    """The measured settings, with the Neuron environment exported before anything imports torch."""
+    from neuron_app.environment import prepare_process
     from neuron_app.settings import load_settings
 
-    return PipelineManager(load_settings(**spec["settings"]))
+    settings = load_settings(**spec["settings"])
+    prepare_process(settings)
+    return settings
+
+
+def _manager(spec: dict[str, Any]) -> Any:
+    from neuron_app.engine.manager import PipelineManager
+
+    return PipelineManager(_settings(spec))
 
 
 def _timed_generate(manager: Any, shape: str, steps: int, seed: int, prompt: str = PROMPT) -> tuple[float, Any]:
@@ -150,10 +159,9 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
     direct and served calls interleave and see the same machine. "quit" ends it; the answer
     then carries this server process's peak memory.
     """
-    from neuron_app.settings import load_settings
     from neuron_app.web.server import build_app, launch, prepare_environment
 
-    settings = load_settings(**spec["settings"])
+    settings = _settings(spec)
     prepare_environment(settings)  # gradio's temp folder, before gradio is imported
     from neuron_app.engine.manager import PipelineManager
 

@@ -153,9 +153,7 @@ class PipelineManager:
         }
         if lora := self.adapters.fingerprint():
             fields["lora"] = lora
-        if self.backend.name == "neuron":
-            for dist in ("torch-neuronx", "neuronx-cc"):
-                fields[dist] = _dist_version(dist)
+        fields.update(self.backend.fingerprint_fields())  # neuron: SDK versions, NEURON_CC_FLAGS, logical cores
         return fields
 
     def graph_key(self, res: Resolution) -> GraphKey:
@@ -270,6 +268,7 @@ class PipelineManager:
                     max_sequence_length=self.settings.max_sequence_length,
                     on_step=on_step,
                 )
+            self.backend.synchronize()  # asynchronous device errors surface here, before the ranks agree
         except Exception as exc:
             error = exc
         if self.lockstep is not None:
@@ -316,8 +315,9 @@ class PipelineManager:
         needs_run = self.settings.compile_mode != "eager" or self.backend.name == "neuron"
         try:
             if needs_run:
-                # One step at the target shape compiles the transformer (and, on Neuron, every op).
-                self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, 1, 0))
+                # The serving step count at the target shape compiles the transformer and, on Neuron, every
+                # eager op a real request runs (scheduler ops included); `_execute` waits for the device.
+                self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, self.settings.default_steps, 0))
         except Exception as exc:
             with self._state_lock:
                 graph.state, graph.error = ShapeState.FAILED, one_line(exc)
@@ -480,6 +480,7 @@ class PipelineManager:
                 compiles=self.counter.graphs,
                 compile_failures=self.counter.failures,
                 fingerprint=self.fingerprint,
+                fallback=self.backend.fallback_state(),
                 warmup=self.warmup.snapshot(),
                 shapes=shapes,
                 loras=self.adapters.describe(),

@@ -123,6 +123,8 @@ class ManagerStatus:
     warmup: dict[str, Any]
     shapes: dict[str, ShapeStatus]
     loras: list[dict[str, Any]] = field(default_factory=list)  # name, rank, source of each configured adapter
+    #: Can failing device work silently run elsewhere (TorchNeuron's fallbacks)? "off (...)" is the truthful setting.
+    fallback: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

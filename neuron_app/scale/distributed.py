@@ -323,6 +323,7 @@ def follow(manager: Any, lockstep: Lockstep) -> int:
                     guidance_scale=settings.guidance_scale,
                     max_sequence_length=settings.max_sequence_length,
                 )
+            manager.backend.synchronize()  # an asynchronous device error must count before the ranks agree
         except Exception as exc:
             error = exc
             log.error("rank %d: call %s failed: %s", lockstep.rank, describe_call(call), one_line(exc))
@@ -374,6 +375,9 @@ def serve_distributed() -> int:
     settings = settings_for_world(info.world_size)
     configure_rank_logging(settings, info)
     log.info("rank %d of %d started (pid %d)", info.rank, info.world_size, os.getpid())
+    from neuron_app.environment import prepare_process
+
+    prepare_process(settings)  # before the tiny model, torch.distributed or TorchNeuron import torch
     check_tp_degree(info.world_size, transformer_heads(settings))
     if info.rank == 0:
         from neuron_app.web.server import prepare_environment, resolve_auth
@@ -386,8 +390,10 @@ def serve_distributed() -> int:
     from neuron_app.backends import resolve_backend
     from neuron_app.engine.manager import PipelineManager
 
-    lockstep = init_group(resolve_backend(settings.device, settings.cache_dir), info)
+    backend = resolve_backend(settings.device, settings.cache_dir, check_device=False)
+    lockstep = init_group(backend, info)
     try:
+        backend.check_device()  # TorchNeuron asserts its runtime is not started before init_process_group
         manager = PipelineManager(settings, lockstep=lockstep)
         # Every rank loads at start, in the same order: a sharded load may talk to the other ranks.
         start = time.perf_counter()

@@ -103,7 +103,7 @@ def status_markdown(status: ManagerStatus) -> str:
         warm_line = f" · warm-up ({warm['mode']}): {state}, {len(warm['done'])} done, {len(warm['pending'])} pending"
     return (
         f"**Device** {status.device} · **dtype** {status.dtype} · **compile** {status.compile_mode}"
-        f" / {status.compile_backend} · **TP** {status.tp_degree}\n\n"
+        f" / {status.compile_backend} · **TP** {status.tp_degree} · **fallback** {status.fallback or '-'}\n\n"
         f"**Model** `{status.model}` ({model_state}) · **graphs compiled** {status.compiles}"
         f"{warm_line}\n\n"
         f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}) · fingerprint `{status.fingerprint}`"

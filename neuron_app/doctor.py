@@ -1,0 +1,274 @@
+"""`python -m neuron_app doctor`: the first command to run on a new trn instance.
+
+One verdict per check (ok / problem with its fix, or info), exit 0 only when serving on the
+neuron device would work. `--stack` checks the installed software only (no device, no instance,
+no cache volume): what an image build can check. Nothing here reaches the network, and torch is
+imported only when a TorchNeuron package is installed (after the environment is exported, as the
+app does it); any failure becomes a problem line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Literal
+
+Verdict = Literal["ok", "problem", "info"]
+
+SUPPORTED_PYTHON = ((3, 12), (3, 14))
+SUPPORTED_INSTANCES = ("trn2", "trn3")
+#: Where EC2 Nitro instances expose their type without a network call (IMDS is not used: it can hang).
+PRODUCT_NAME = Path("/sys/devices/virtual/dmi/id/product_name")
+VOLATILE_FS = ("tmpfs", "ramfs", "overlay")
+EXIT_OK, EXIT_PROBLEM = 0, 1
+
+
+@dataclass
+class Check:
+    name: str
+    verdict: Verdict
+    found: str
+    fix: str = ""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def check_python() -> Check:
+    found = sys.version.split()[0]
+    low, high = SUPPORTED_PYTHON
+    if low <= sys.version_info[:2] <= high:
+        return Check("python", "ok", found)
+    return Check(
+        "python",
+        "problem",
+        found,
+        "TorchNeuron ships for Python 3.12-3.14: use Ubuntu 24.04's python3.12 venv, the Neuron DLAMI or this "
+        "project's Docker image",
+    )
+
+
+def check_torch_neuronx() -> tuple[Check, str | None]:
+    from neuron_app.backends.neuron import INSTALL_HINT, XLA_FIX, installed_version, sdk_kind
+
+    found = installed_version()
+    kind = sdk_kind(found)
+    if kind == "torchneuron":
+        return Check("torch-neuronx", "ok", f"{found} (TorchNeuron)"), found
+    if kind == "xla":
+        return Check("torch-neuronx", "problem", f"{found} (PyTorch/XLA package)", XLA_FIX.format(found=found)), None
+    return Check("torch-neuronx", "problem", "absent", INSTALL_HINT), None
+
+
+def check_torch(neuronx: str | None) -> Check:
+    found = _version("torch")
+    if found is None:
+        return Check("torch", "problem", "absent", "install torch==2.13.0 with torch-neuronx==2.13.*")
+    if neuronx is not None:
+        family = ".".join(neuronx.split(".")[:2])
+        if ".".join(found.split("+")[0].split(".")[:2]) != family:
+            return Check(
+                "torch",
+                "problem",
+                found,
+                f"torch-neuronx {neuronx} needs torch {family}.*: install the matching pair (torch==2.13.0 with "
+                "torch-neuronx==2.13.*)",
+            )
+    return Check("torch", "ok", found)
+
+
+def check_compiler() -> list[Check]:
+    cc = _version("neuronx-cc")
+    checks = [
+        Check("neuronx-cc", "ok", cc)
+        if cc
+        else Check(
+            "neuronx-cc",
+            "problem",
+            "absent",
+            "pip install 'neuronx-cc==2.*' --extra-index-url https://pip.repos.neuron.amazonaws.com",
+        )
+    ]
+    checks.append(Check("nki", "info", _version("nki") or "absent"))
+    return checks
+
+
+def check_device(torchneuron: bool) -> Check:
+    """NeuronCores torch sees through the `neuron` device; imports torch only with TorchNeuron installed."""
+    nodes = sorted(p.name for p in Path("/dev").glob("neuron[0-9]*"))
+    devices = f"{len(nodes)} /dev/neuron* device(s)"
+    if not torchneuron:
+        return Check(
+            "neuron device", "problem", f"not checked without TorchNeuron; {devices}", "install TorchNeuron first"
+        )
+    try:
+        from neuron_app.backends.neuron import neuron_device_count
+
+        count = neuron_device_count()
+    except Exception as exc:  # the runtime or driver failing: one line, no traceback
+        from neuron_app.errors import one_line
+
+        return Check("neuron device", "problem", f"query failed: {one_line(exc)}; {devices}", _DEVICE_FIX)
+    if count < 1:
+        return Check("neuron device", "problem", f"torch sees no NeuronCore; {devices}", _DEVICE_FIX)
+    return Check("neuron device", "ok", f"{count} NeuronCore(s) visible to torch; {devices}")
+
+
+_DEVICE_FIX = (
+    "run on a Trn2/Trn3 instance with the Neuron driver (aws-neuronx-dkms) loaded; in Docker pass "
+    "--device=/dev/neuron0 (one per Neuron device); check that no other process holds the cores (neuron-ls, neuron-top)"
+)
+
+
+def check_cores(settings: Any) -> Check:
+    from neuron_app.environment import VISIBLE_CORES_VAR, launched_by_torchrun, parse_cores
+
+    value = os.environ.get(VISIBLE_CORES_VAR)
+    if launched_by_torchrun() and value:
+        return Check(
+            "visible cores",
+            "problem",
+            f"{VISIBLE_CORES_VAR}={value} under torchrun",
+            "unset it: TorchNeuron gives each torchrun rank one core from LOCAL_RANK",
+        )
+    if value is None:
+        return Check("visible cores", "ok", "all cores this process can see (NEURON_RT_VISIBLE_CORES unset)")
+    try:
+        first, last = parse_cores(value)
+    except ValueError as exc:
+        return Check("visible cores", "problem", f"{VISIBLE_CORES_VAR}={value}", str(exc))
+    return Check("visible cores", "ok", f"{VISIBLE_CORES_VAR}={value} ({last - first + 1} core(s) reserved)")
+
+
+def read_instance_type(path: Path = PRODUCT_NAME) -> str | None:
+    try:
+        return path.read_text(errors="replace").strip() or None
+    except OSError:
+        return None
+
+
+def check_instance(path: Path = PRODUCT_NAME) -> Check:
+    found = read_instance_type(path)
+    if found is None:
+        return Check("instance", "info", f"unknown ({path} not readable)")
+    family = found.split(".")[0].lower()
+    if family.startswith(SUPPORTED_INSTANCES):
+        return Check("instance", "ok", found)
+    if family.startswith(("trn1", "inf1", "inf2")):
+        return Check(
+            "instance", "problem", found, "TorchNeuron runs on Trn2 and Trn3 only: launch a trn2 or trn3 instance"
+        )
+    return Check("instance", "problem", f"{found} (not a Trainium instance)", "launch a trn2 or trn3 instance")
+
+
+def _mount_type(path: Path) -> str | None:
+    """The filesystem type of the mount holding `path`, from /proc/mounts (longest matching mount point)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    best, fstype = "", None
+    target = str(path.resolve())
+    for line in mounts:
+        parts = line.split()
+        inside = len(parts) >= 3 and (target == parts[1] or target.startswith(parts[1].rstrip("/") + "/"))
+        if inside and len(parts[1]) > len(best):
+            best, fstype = parts[1], parts[2]
+    return fstype
+
+
+def check_cache(folder: Path, name: str, origin: str) -> Check:
+    """Writable, and on storage that survives a reboot (not /tmp, not a tmpfs)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".doctor-"):
+            pass
+    except OSError as exc:
+        return Check(name, "problem", f"{folder} not writable ({exc.strerror})", "choose a writable folder")
+    fstype = _mount_type(folder)
+    where = f"{folder} ({origin}, {fstype or 'unknown filesystem'})"
+    resolved = str(folder.resolve())
+    if resolved == "/tmp" or resolved.startswith("/tmp/") or fstype in ("tmpfs", "ramfs"):
+        return Check(
+            name,
+            "problem",
+            where,
+            "wiped on reboot: every restart recompiles for minutes; point NEURON_APP_CACHE_DIR (or your "
+            "TORCH_NEURONX_NEFF_CACHE_DIR) at a persistent volume (EBS, a Docker named volume)",
+        )
+    if fstype == "overlay":
+        return Check(name, "problem", where, "a container's own layer is lost with the container: mount a volume there")
+    return Check(name, "ok", where)
+
+
+def run_checks(stack_only: bool = False) -> list[Check]:
+    from neuron_app.settings import SettingsError, load_settings
+
+    checks = [check_python()]
+    neuronx_check, neuronx = check_torch_neuronx()
+    checks += [neuronx_check, check_torch(neuronx), *check_compiler()]
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        return [*checks, Check("settings", "problem", str(exc), "fix the settings file or NEURON_APP_* variables")]
+    from neuron_app.environment import NEFF_CACHE_VAR, fallback_state, neff_cache_dir, origin, prepare_process
+
+    try:
+        prepare_process(settings)  # as the app does it, before torch is imported below
+    except SettingsError as exc:
+        checks.append(Check("settings", "problem", str(exc), "fix the core reservation"))
+    state = fallback_state()
+    checks.append(
+        Check("fallback", "ok", state)
+        if state.startswith("off")
+        else Check(
+            "fallback",
+            "problem",
+            state,
+            "unset them (the app then sets both to 1) so that a failed compile marks its shape failed",
+        )
+    )
+    checks.append(check_cores(settings))
+    if not stack_only:
+        checks.append(check_instance())
+        checks.append(check_device(neuronx is not None))
+        who = "your TORCH_NEURONX_NEFF_CACHE_DIR" if origin(NEFF_CACHE_VAR) == "user" else "set by the app"
+        checks.append(check_cache(neff_cache_dir(settings.cache_dir), "NEFF cache", who))
+    return checks
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        lines.append(f"{c.name.ljust(width)}  {c.verdict:<7}  {c.found}")
+        if c.fix:
+            lines.append(f"{' ' * width}  {'':<7}  fix: {c.fix}")
+    problems = [c for c in checks if c.verdict == "problem"]
+    if problems:
+        lines.append(
+            f"verdict: {len(problems)} problem(s) ({', '.join(c.name for c in problems)}): "
+            "serving on the neuron device would not work here"
+        )
+    else:
+        lines.append("verdict: ok, serving on the neuron device should work here")
+    return "\n".join(lines)
+
+
+def run_doctor(stack_only: bool = False, as_json: bool = False) -> int:
+    checks = run_checks(stack_only)
+    ok = not any(c.verdict == "problem" for c in checks)
+    if as_json:
+        print(json.dumps({"ok": ok, "stack_only": stack_only, "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(render(checks))
+    return EXIT_OK if ok else EXIT_PROBLEM

@@ -1,0 +1,51 @@
+"""Helpers for tests that put the FAKE Neuron SDK (tests/fake_neuron_sdk) on the path.
+
+The fake carries package metadata like the real wheel, so the version family decides whether it
+passes for TorchNeuron (2.13.3.0) or for the PyTorch/XLA torch-neuronx (2.9.x).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+FAKE_SDK = Path(__file__).parent / "fake_neuron_sdk"
+TORCHNEURON_VERSION = "2.13.3.0"
+XLA_VERSION = "2.9.0.2.15.32035"
+
+
+def fake_sdk_dir(root: Path, sdk_version: str = TORCHNEURON_VERSION) -> Path:
+    """A site folder holding the fake package with metadata of `sdk_version`."""
+    if sdk_version == TORCHNEURON_VERSION:
+        return FAKE_SDK
+    site = root / f"fake-sdk-{sdk_version}"
+    if not site.exists():
+        shutil.copytree(FAKE_SDK / "torch_neuronx", site / "torch_neuronx")
+        info = site / f"torch_neuronx-{sdk_version}.dist-info"
+        info.mkdir()
+        metadata = (FAKE_SDK / f"torch_neuronx-{TORCHNEURON_VERSION}.dist-info" / "METADATA").read_text()
+        (info / "METADATA").write_text(metadata.replace(TORCHNEURON_VERSION, sdk_version))
+    return site
+
+
+@contextmanager
+def fake_sdk_on_path(monkeypatch: pytest.MonkeyPatch, site: Path) -> Iterator[None]:
+    """Put the fake on sys.path for this process; afterwards nothing of it is left in torch or sys.modules."""
+    import torch
+
+    had_neuron = hasattr(torch, "neuron")
+    monkeypatch.syspath_prepend(str(site))
+    for name in [m for m in sys.modules if m.split(".")[0] == "torch_neuronx"]:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        yield
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "torch_neuronx"]:
+            del sys.modules[name]
+        if not had_neuron and hasattr(torch, "neuron"):
+            del torch.neuron

@@ -111,8 +111,11 @@ def check_device(torchneuron: bool) -> Check:
             "neuron device", "problem", f"not checked without TorchNeuron; {devices}", "install TorchNeuron first"
         )
     try:
-        from neuron_app.backends.neuron import neuron_device_count
+        import importlib
 
+        from neuron_app.backends.neuron import SDK_MODULE, neuron_device_count
+
+        importlib.import_module(SDK_MODULE)  # torch autoloads it; explicit where autoload is off
         count = neuron_device_count()
     except Exception as exc:  # the runtime or driver failing: one line, no traceback
         from neuron_app.errors import one_line

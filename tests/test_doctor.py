@@ -1,0 +1,126 @@
+"""`python -m neuron_app doctor` and `precompile --cores`, run as users run them (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from neuron_app.doctor import check_instance
+from tests.conftest import ROOT
+from tests.neuron_fakes import FAKE_SDK, XLA_VERSION, fake_sdk_dir
+from tests.test_neuron_stack import PROBE, WATCHED
+
+#: Not under /tmp (the doctor rightly calls /tmp a problem): the project's ignored .cache folder.
+PERSISTENT = ROOT / ".cache" / "doctor-tests"
+
+
+def doctor(*args: str, pythonpath: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in WATCHED and not k.startswith(("NEURON_APP_", "_NEURON"))}
+    base |= {"NEURON_APP_CACHE_DIR": str(PERSISTENT)} | env
+    if pythonpath is not None:
+        base["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_app", "doctor", *args],
+        cwd=ROOT,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def verdicts(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+
+
+def test_on_this_cpu_machine_it_says_neuron_is_unavailable_without_a_traceback() -> None:
+    result = doctor()
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:3] == ["torch-neuronx", "problem", "absent"] for line in lines)
+    assert lines[-1].startswith("verdict: ") and "would not work" in lines[-1]
+    assert "fix: device 'neuron' needs TorchNeuron" in result.stdout
+    checks = verdicts(doctor("--json"))
+    assert checks["neuron device"]["verdict"] == "problem"
+    assert {"python", "torch", "neuronx-cc", "nki", "fallback", "visible cores", "instance", "NEFF cache"} <= set(
+        checks
+    )
+
+
+def test_with_torchneuron_installed_the_stack_and_device_checks_pass() -> None:
+    """FAKE TorchNeuron with two cores: every software and device check is ok; what is left is this
+    machine (python 3.11 here, no neuronx-cc, not a trn instance), so it still exits 1."""
+    checks = verdicts(doctor("--json", pythonpath=FAKE_SDK, FAKE_NEURON_CORES="2"))
+    assert checks["torch-neuronx"]["verdict"] == "ok" and "TorchNeuron" in checks["torch-neuronx"]["found"]
+    assert checks["torch"]["verdict"] == "ok"
+    assert checks["neuron device"]["verdict"] == "ok" and "2 NeuronCore(s)" in checks["neuron device"]["found"]
+    assert checks["fallback"] == {"name": "fallback", "verdict": "ok", "found": "off (set by the app)", "fix": ""}
+    assert checks["NEFF cache"]["verdict"] == "ok" and str(PERSISTENT / "neff") in checks["NEFF cache"]["found"]
+    stack = verdicts(doctor("--json", "--stack", pythonpath=FAKE_SDK))
+    assert "neuron device" not in stack and "instance" not in stack  # an image build has neither
+
+
+def test_the_xla_package_a_silent_fallback_and_a_tmp_cache_are_problems(tmp_path: Path) -> None:
+    result = doctor(
+        "--json",
+        pythonpath=fake_sdk_dir(tmp_path, XLA_VERSION),
+        TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION="0",
+        NEURON_APP_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    checks = verdicts(result)
+    assert result.returncode == 1
+    assert checks["torch-neuronx"]["verdict"] == "problem" and "PyTorch/XLA" in checks["torch-neuronx"]["found"]
+    assert "torch-neuronx==2.13.*" in checks["torch-neuronx"]["fix"]
+    assert checks["neuron device"]["verdict"] == "problem" and "not checked" in checks["neuron device"]["found"]
+    assert checks["fallback"]["verdict"] == "problem" and "DISABLE_FALLBACK_EXECUTION=0" in checks["fallback"]["found"]
+    assert checks["NEFF cache"]["verdict"] == "problem" and "wiped on reboot" in checks["NEFF cache"]["fix"]
+
+
+@pytest.mark.parametrize(
+    ("product", "verdict", "fragment"),
+    [
+        ("trn2.48xlarge\n", "ok", ""),
+        ("trn3.3xlarge", "ok", ""),
+        ("trn1.32xlarge", "problem", "Trn2 and Trn3 only"),
+        ("inf2.xlarge", "problem", "Trn2 and Trn3 only"),
+        ("m7i.large", "problem", "launch a trn2 or trn3"),
+        (None, "info", ""),
+    ],
+)
+def test_instance_type_verdicts(tmp_path: Path, product: str | None, verdict: str, fragment: str) -> None:
+    path = tmp_path / "product_name"
+    if product is not None:
+        path.write_text(product)
+    check = check_instance(path)
+    assert check.verdict == verdict and fragment in check.fix
+
+
+def test_precompile_cores_reserves_them_before_torch_loads_and_bad_ranges_are_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in WATCHED and not k.startswith("NEURON_APP_")}
+    env |= {"NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path / "cache")}
+    argv = ["-m", "neuron_app", "precompile", "--cores", "4-7"]
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE % {"watched": WATCHED, "argv": argv}],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    seen = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("PROBE "))[6:])
+    assert seen["NEURON_RT_VISIBLE_CORES"] == "4-7", out.stderr[-2000:]
+    bad = subprocess.run(
+        [sys.executable, "-m", "neuron_app", "precompile", "--cores", "7-4"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "visible_cores" in bad.stderr and "Traceback" not in bad.stderr

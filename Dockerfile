@@ -1,14 +1,16 @@
-# FLUX.2-klein on AWS Trainium, on an AWS Neuron PyTorch inference Deep Learning Container, which
-# brings torch, torch-neuronx and the Neuron compiler (tags: https://github.com/aws-neuron/deep-learning-containers).
+# FLUX.2-klein on AWS Trainium (Trn2, Trn3) with TorchNeuron (Neuron SDK 2.33+, torch-neuronx 2.13.* with
+# torch 2.13.0, Python 3.12): Ubuntu 24.04 plus the manual install from the Neuron repositories, because the
+# Neuron 2.33 containers carry TorchNeuron only in their vLLM and training images.
 # Every command here is explained in README.md ("Deploy on a trn instance").
 #
 #   docker build -t flux2-klein-trn .
 #   docker run --device=/dev/neuron0 -p 7860:7860 -v neuron-app-cache:/var/cache/neuron-app flux2-klein-trn
-ARG BASE_IMAGE=public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.31.0-ubuntu24.04
+ARG BASE_IMAGE=ubuntu:24.04
 FROM ${BASE_IMAGE}
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
     GRADIO_ANALYTICS_ENABLED=False \
     NEURON_APP_DEVICE=neuron \
     NEURON_APP_SERVER_NAME=0.0.0.0 \
@@ -17,10 +19,13 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HOME=/var/cache/neuron-app/huggingface
 
 WORKDIR /app
-# The app's packages only: requirements-neuron.txt pins no torch, so the image's Neuron build stays.
+# The Neuron runtime (apt) and a venv with torch, torch-neuronx, neuronx-cc, nki and the app's packages.
+COPY scripts/install-neuron.sh scripts/
 COPY requirements-common.txt requirements-neuron.txt ./
-RUN pip install --no-cache-dir -r requirements-neuron.txt
+RUN scripts/install-neuron.sh
 COPY . .
+# The build fails on a wrong stack (the PyTorch/XLA torch-neuronx, a torch that does not match, no compiler).
+RUN python -m neuron_app doctor --stack
 
 # Compiled graphs (NEFF), the manifest and the downloaded model: mount a named volume or an EBS-backed
 # folder here, or every new container compiles every shape again. Precompiling needs the Neuron device,
@@ -33,5 +38,8 @@ EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('NEURON_APP_SERVER_PORT', '7860'), timeout=4)"]
 
+# No wrapper entrypoint: the command is the container's main process (the launch script execs the app), so
+# `docker stop`'s SIGTERM reaches the app (graceful drain) and one-off commands such as precompile exit.
+ENTRYPOINT []
 # TP=N (tensor-parallel ranks, torchrun) and PRECOMPILE=1 are read by the launch script.
 CMD ["scripts/launch-trn.sh"]

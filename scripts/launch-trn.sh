@@ -8,9 +8,11 @@
 #                 `python -m neuron_app precompile`; TP>1: the served ranks compile them at start, warmup=all)
 #   PRECOMPILE_RESOLUTIONS="1024x1024 768x1344"   only these shapes (default: every configured one)
 #
-# On a Neuron DLAMI, activate the SDK's PyTorch environment and install the app's packages first:
-#   source /opt/aws_neuronx_venv_pytorch_*/bin/activate     (the name depends on the DLAMI release)
-#   pip install -r requirements-neuron.txt
+#   NEURON_APP_VISIBLE_CORES=4-7  reserve only these NeuronCores (TP=1 only; torchrun gives each rank one core)
+#
+# Needs the TorchNeuron stack (Neuron SDK 2.33+, torch-neuronx==2.13.* with torch==2.13.0, Python 3.12+):
+# the Docker image, a Neuron DLAMI's TorchNeuron environment, or scripts/install-neuron.sh. It is checked
+# first with `python -m neuron_app doctor --stack`, which refuses the PyTorch/XLA torch-neuronx.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,9 +32,9 @@ if ! [[ "$TP" =~ ^[1-9][0-9]*$ ]]; then
     echo "error: TP must be a positive whole number, got '$TP'" >&2
     exit 2
 fi
-if [[ "$NEURON_APP_DEVICE" == neuron ]] && ! python -c "import torch_neuronx" 2>/dev/null; then
-    echo "error: torch_neuronx is not importable from $(command -v python): activate the Neuron PyTorch" \
-        "environment (source /opt/aws_neuronx_venv_pytorch_*/bin/activate) or use the Docker image" >&2
+if [[ "$NEURON_APP_DEVICE" == neuron ]] && ! python -m neuron_app doctor --stack >&2; then
+    echo "error: the TorchNeuron stack is not ready in $(command -v python) (see the doctor's lines above):" \
+        "use the Docker image, a Neuron DLAMI's TorchNeuron environment or scripts/install-neuron.sh" >&2
     exit 2
 fi
 

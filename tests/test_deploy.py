@@ -89,7 +89,8 @@ def test_neuron_requirements_are_one_torchneuron_stack() -> None:
     and the app's common packages, which pin no torch of their own."""
     lines = [line.strip() for line in (ROOT / "requirements-neuron.txt").read_text().splitlines()]
     requirements = [line for line in lines if line and not line.startswith("#")]
-    torch_pin = next(line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith("torch=="))
+    cpu_install = (ROOT / "requirements.txt").read_text().splitlines()
+    torch_pin = next(line for line in cpu_install if line.startswith("torch=="))
     assert torch_pin in requirements and "torch-neuronx==2.13.*" in requirements
     assert torch_pin == "torch==2.13.0"  # torch-neuronx 2.13.* is built for it
     assert "--extra-index-url https://pip.repos.neuron.amazonaws.com" in requirements

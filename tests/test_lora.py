@@ -259,3 +259,22 @@ def test_the_page_sends_the_style_dropdown_and_scale_slider(lora_app: Any) -> No
     assert "LoRA red x0.5" in message["output"]["data"][1]
     refused = _page_generate(lora_app, [PROMPT, SHAPE, STEPS, SEED, 1, False], style=("sepia", 1.0))
     assert refused["success"] is False and "sepia" in refused["output"]["error"]
+
+
+def test_fingerprint_follows_rank_and_targets_not_weights(make_settings: Callable[..., Any], tmp_path: Path) -> None:
+    """Precompiled shapes stay valid when an adapter's weights change, not when the slot's rank or targets do."""
+    from neuron_app.engine.manager import PipelineManager
+
+    def fingerprint(**overrides: Any) -> str:
+        return PipelineManager(make_settings(**overrides)).fingerprint
+
+    plain = fingerprint()
+    red = fingerprint(loras={"red": "tiny:1"})
+    assert red != plain
+    assert fingerprint(loras={"other": "tiny:3"}) == red  # other weights, same shapes
+    assert fingerprint(loras={"red": "tiny:1"}, max_lora_rank=32) != red
+    q = _write_lora(tmp_path / "q.safetensors", "transformer_blocks.0.attn.to_q")
+    q_again = _write_lora(tmp_path / "q2.safetensors", "transformer_blocks.0.attn.to_q", rank=2)
+    k = _write_lora(tmp_path / "k.safetensors", "transformer_blocks.0.attn.to_k")
+    assert fingerprint(loras={"a": str(q)}) == fingerprint(loras={"b": str(q_again)})
+    assert fingerprint(loras={"a": str(q)}) != fingerprint(loras={"a": str(k)})

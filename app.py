@@ -23,10 +23,10 @@ def main() -> None:
     resolve_auth(settings)  # refuse an unprotected public link before loading anything
     prepare_environment(settings)
 
-    from neuron_app.engine.manager import get_manager
+    from neuron_app.scale import make_manager
     from neuron_app.web.server import install_signal_handlers
 
-    manager = get_manager()
+    manager = make_manager(settings)  # in-process, or Ray Serve replicas when replicas > 1 / ray_address
     app = build_app(settings, manager)
     install_signal_handlers(app, settings.shutdown_grace_s)  # SIGTERM: finish running requests, then exit
     launch(app, block=False)

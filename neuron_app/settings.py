@@ -176,6 +176,26 @@ class Settings(BaseSettings):
         True, description="Serve generate and status as MCP tools at /gradio_api/mcp/ (off while page auth is on)."
     )
 
+    # --- replicas (Ray Serve) ---------------------------------------------------------------
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Model replicas serving in parallel, each with its own cores, behind Ray Serve; "
+        "1 (and no ray_address) serves in this process without Ray.",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster to join ('auto', 'host:port', 'ray://...'); unset: with replicas > 1 the app "
+        "starts a local Ray instance itself and stops it on exit.",
+    )
+    cores_per_replica: int = Field(
+        1,
+        ge=1,
+        description="Cores each replica asks Ray for: NeuronCores (the neuron_cores resource) on Neuron, "
+        "GPUs on CUDA, CPUs (and torch threads) on CPU.",
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -229,12 +249,22 @@ class Settings(BaseSettings):
                 )
         if bool(self.auth_username) != bool(self.auth_password):
             raise ValueError("auth needs both NEURON_APP_AUTH_USERNAME and NEURON_APP_AUTH_PASSWORD")
+        if self.replicas > 1 and self.tp_degree > 1:
+            raise ValueError(
+                f"replicas={self.replicas} with tp_degree={self.tp_degree} is not supported: replicas are data "
+                "parallel with one model copy each; use torchrun for tensor parallelism, or set replicas=1"
+            )
         return self
 
     # --- derived -----------------------------------------------------------------------------
     @property
     def parsed_resolutions(self) -> list[Resolution]:
         return [Resolution.parse(r) for r in self.resolutions]
+
+    @property
+    def uses_replicas(self) -> bool:
+        """Serve through Ray Serve replicas instead of an in-process manager."""
+        return self.replicas > 1 or bool(self.ray_address)
 
     @property
     def is_tiny(self) -> bool:

@@ -129,6 +129,34 @@ class Manifest:
         return "precompiled" if entry.fingerprint == fingerprint else "stale"
 
 
+def _tokens(resolution: str) -> int | None:
+    width, _, height = resolution.partition("x")
+    try:
+        return (int(width) // 16) * (int(height) // 16)
+    except ValueError:
+        return None
+
+
+def estimate_compile_s(entries: dict[str, ManifestEntry], resolution: str, fingerprint: str) -> float | None:
+    """Predict a shape's compile seconds from the history in the manifest, so a cold shape can say what it costs.
+
+    The shape's own entry under this fingerprint wins (a disk load); else the entry under this fingerprint with
+    the nearest image-token count, scaled by the token ratio (clamped to 0.5x..2x: compile time grows slower
+    than the tokens); else the mean of every recorded compile. None when there is no history at all.
+    """
+    if not entries:
+        return None
+    same = {name: e for name, e in entries.items() if e.fingerprint == fingerprint}
+    if resolution in same:
+        return same[resolution].compile_s
+    tokens = _tokens(resolution)
+    sized = [(t, e) for e in same.values() if (t := _tokens(e.resolution))]
+    if tokens and sized:
+        nearest_tokens, nearest = min(sized, key=lambda pair: abs(pair[0] - tokens))
+        return nearest.compile_s * min(2.0, max(0.5, tokens / nearest_tokens))
+    return sum(e.compile_s for e in entries.values()) / len(entries)
+
+
 def folder_size(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):

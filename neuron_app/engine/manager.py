@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission
-from neuron_app.engine.cache import Manifest, ManifestEntry, fingerprint_of, folder_size
+from neuron_app.engine.cache import Manifest, ManifestEntry, estimate_compile_s, fingerprint_of, folder_size
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
 from neuron_app.engine.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.lora import AdapterSet
@@ -463,6 +463,7 @@ class PipelineManager:
                     offered=(not self.settings.only_precompiled)
                     or graph.state is ShapeState.READY
                     or validity == "precompiled",
+                    estimate_s=estimate_compile_s(entries, name, self.fingerprint),
                 )
             return ManagerStatus(
                 model=self.settings.model,

@@ -72,6 +72,7 @@ class GenerationRecord:
     lora: str = "none"
     lora_scale: float = 1.0
     lora_switch_s: float = 0.0  # the in-place LoRA switch before this call (0 when the slot already held it)
+    replica: str | None = None  # which replica served it (Ray Serve); None in-process
 
     def info(self) -> dict[str, Any]:
         """The JSON-able record the API returns next to the image."""
@@ -101,6 +102,8 @@ class ShapeStatus:
     manifest: Validity
     shared_with: str | None  # ready because this other shape compiled the same graph
     offered: bool
+    estimate_s: float | None = None  # predicted compile seconds from the manifest's history; None: no history
+    ready_replicas: int | None = None  # replicas that have it ready (Ray Serve); None in-process
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ class ManagerStatus:
     loras: list[dict[str, Any]] = field(default_factory=list)  # name, rank, source of each configured adapter
     #: Can failing device work silently run elsewhere (TorchNeuron's fallbacks)? "off (...)" is the truthful setting.
     fallback: str = ""
+    replicas: list[dict[str, Any]] = field(default_factory=list)  # [{id, healthy, in_flight, ready_shapes}]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -1,1 +1,17 @@
-"""How the engine spreads over cores and machines: torchrun lockstep (tensor parallel)."""
+"""How the engine spreads over cores and machines: torchrun lockstep (tensor parallel), Ray Serve replicas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def make_manager(settings: Any) -> Any:
+    """The app's manager: Ray Serve replicas when `replicas > 1` or `ray_address` is set, else the in-process
+    `PipelineManager` (Ray is not imported on that path)."""
+    if settings.uses_replicas:
+        from neuron_app.scale.replicas import start_replicas
+
+        return start_replicas(settings)
+    from neuron_app.engine.manager import get_manager
+
+    return get_manager()

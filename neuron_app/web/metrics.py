@@ -64,11 +64,34 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_cache_size_bytes", "Size of the persistent cache folder.", value=status.cache_size_bytes
         )
+        yield from _replica_gauges(status.replicas)
         length = self.queue_length()
         if length is not None:
             yield GaugeMetricFamily(
                 f"{PREFIX}_queue_length", "Generation requests waiting or running in the queue.", value=length
             )
+
+
+def _replica_gauges(replicas: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per-replica gauges (Ray Serve replicas); nothing in-process."""
+    if not replicas:
+        return
+    families = {
+        "healthy": GaugeMetricFamily(
+            f"{PREFIX}_replica_healthy", "1 while the replica publishes its status.", labels=["replica"]
+        ),
+        "in_flight": GaugeMetricFamily(
+            f"{PREFIX}_replica_in_flight", "Requests running or waiting on the replica.", labels=["replica"]
+        ),
+        "ready_shapes": GaugeMetricFamily(
+            f"{PREFIX}_replica_ready_shapes", "Shapes the replica has compiled and ready.", labels=["replica"]
+        ),
+    }
+    for rep in replicas:
+        families["healthy"].add_metric([rep["id"]], int(rep["healthy"]))
+        families["in_flight"].add_metric([rep["id"]], rep["in_flight"])
+        families["ready_shapes"].add_metric([rep["id"]], len(rep["ready_shapes"]))
+    yield from families.values()
 
 
 class Metrics:

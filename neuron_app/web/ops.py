@@ -85,6 +85,9 @@ class Ops:
             body["reason"] = "no shape is compiled yet (precompile, set warmup, or send a first request)"
         else:
             body["ready"] = True
+        if status.replicas:  # Ray Serve: ready once one replica is; the count tells how many serve
+            body["replicas"] = len(status.replicas)
+            body["ready_replicas"] = sum(1 for r in status.replicas if r["healthy"] and r["ready_shapes"])
         return body["ready"], body
 
     # --- endpoints -----------------------------------------------------------------------------

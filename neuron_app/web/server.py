@@ -59,6 +59,11 @@ class App:
     ops: Any = None  # neuron_app.web.ops.Ops: /healthz, /readyz, /metrics on the same server
 
 
+def device_lanes(settings: Settings) -> int:
+    """Device events the queue runs at once: one per replica (each replica takes one request at a time)."""
+    return max(settings.concurrency_limit, settings.replicas)
+
+
 def build_app(settings: Settings, manager: Any) -> App:
     """The Blocks with its queue: one device lane, bounded waiting room."""
     from neuron_app.engine.images import ImageStore
@@ -67,7 +72,7 @@ def build_app(settings: Settings, manager: Any) -> App:
     from neuron_app.web.ui import build_ui
 
     demo = build_ui(manager, ImageStore(settings.cache_dir / "outputs"))
-    demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.concurrency_limit)
+    demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=device_lanes(settings))
     openai_api = OpenAIImages(settings, manager, demo)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
     return App(settings, manager, demo, ops)
@@ -132,6 +137,9 @@ def shutdown(app: App, grace_s: float) -> bool:
     if not (idle and delivered):
         log.error("shutdown grace period of %.0f s ran out with requests still running; they are cut off", grace_s)
     app.demo.close()
+    close = getattr(app.manager, "close", None)  # replicas: stop them, and the Ray instance the app started
+    if close is not None:
+        close()
     log.warning("server closed")
     return idle and delivered
 

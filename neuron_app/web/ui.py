@@ -60,17 +60,25 @@ class ManagerLike(Protocol):
     def status(self) -> ManagerStatus: ...
 
 
+def estimate_text(shape: ShapeStatus) -> str:
+    """What a compile of this shape should take, from the manifest's history; says so when there is none."""
+    if shape.estimate_s is None:
+        return "no history for an estimate"
+    seconds = shape.estimate_s
+    return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
+
+
 def shape_label(shape: ShapeStatus) -> str:
     """The dropdown label: the shape and what choosing it will cost."""
     if shape.state is ShapeState.READY:
         return f"{shape.resolution} - ready"
     if shape.state is ShapeState.COMPILING:
-        return f"{shape.resolution} - compiling now"
+        return f"{shape.resolution} - compiling now, {estimate_text(shape)}"
     if shape.state is ShapeState.FAILED:
         return f"{shape.resolution} - failed, will retry"
     if shape.manifest == "precompiled":
-        return f"{shape.resolution} - precompiled, loads from cache"
-    return f"{shape.resolution} - compiles on first use"
+        return f"{shape.resolution} - precompiled, loads from cache, {estimate_text(shape)}"
+    return f"{shape.resolution} - compiles on first use, {estimate_text(shape)}"
 
 
 def dropdown_choices(status: ManagerStatus) -> list[tuple[str, str]]:
@@ -125,6 +133,10 @@ def shapes_table(status: ManagerStatus) -> list[list[Any]]:
         state = str(shape.state)
         if shape.shared_with:
             state += f" (shares {shape.shared_with})"
+        if shape.ready_replicas is not None:
+            state += f" on {shape.ready_replicas} replica(s)"
+        if shape.state in (ShapeState.NOT_COMPILED, ShapeState.COMPILING):
+            state += f", {estimate_text(shape)}"
         rows.append(
             [
                 shape.resolution,
@@ -166,11 +178,15 @@ def _user_error(exc: Exception) -> gr.Error:
 
 def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
     settings = manager.settings
+    lanes = max(settings.concurrency_limit, settings.replicas)  # one device event per replica
 
     def progress_bridge(progress: gr.Progress) -> ProgressCallback:
         def on_event(event: ProgressEvent) -> None:
             if event.phase == "denoising":
                 progress((event.step, event.total), desc=event.message)
+            elif event.phase == "compiling" and event.resolution and "elapsed" not in event.message:
+                shape = manager.status().shapes.get(event.resolution)  # the in-process manager says it once
+                progress(None, desc=event.message + (f" ({estimate_text(shape)})" if shape else ""))
             else:
                 progress(None, desc=event.message)
 
@@ -348,7 +364,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             inputs=[prompt, resolution, steps, seed, count, randomize, lora, lora_scale],
             outputs=[gallery, info, seed, resolution],
             concurrency_id=DEVICE_QUEUE,
-            concurrency_limit=settings.concurrency_limit,
+            concurrency_limit=lanes,
             api_visibility="private",
         )
 
@@ -372,7 +388,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             outputs=[api_image, api_info],
             api_name="generate",
             concurrency_id=DEVICE_QUEUE,
-            concurrency_limit=settings.concurrency_limit,
+            concurrency_limit=lanes,
         )
         # Status never waits behind a compile: its own unlimited lane, outside the queue.
         status_btn.click(status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)

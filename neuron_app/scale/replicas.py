@@ -1,0 +1,531 @@
+"""Many replicas on Ray Serve: every core set serving, requests routed to the replica that has the graph ready.
+
+Each replica is a Ray Serve deployment replica that owns one `PipelineManager` (settings passed in, the cache
+folder shared). Routing uses Ray Serve's model multiplexing with the compiled graph as the "model": the
+multiplexed id of a request is its graph (`graph-<first configured shape with that graph>`), Serve sends it to a
+replica that has that id loaded (or is loading it) and falls back to the replica with the fewest graphs when
+those are busy. Loading a graph is compiling it, once per cluster: a per-graph file lock in the cache folder
+lets one replica compile while the others wait and then load the result from the compiler's disk cache.
+
+The Gradio process runs `ReplicaClient`, shaped like the manager (`ManagerLike` in web/ui.py): web/ needs no
+branch of its own. Replicas publish their status to a small `StatusBoard` actor every half second, so `status`
+never queues behind a compile (each replica takes one request at a time) and a dead replica shows as unhealthy.
+
+Ray is imported only here, and this module is imported only when `replicas > 1` or `ray_address` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from neuron_app.engine import requests
+from neuron_app.engine.records import (
+    CompileOutcome,
+    GenerationFailed,
+    GenerationRecord,
+    ManagerStatus,
+    ProgressCallback,
+    ProgressEvent,
+    RequestFailed,
+    ShapeState,
+    ShapeStatus,
+)
+from neuron_app.engine.requests import RequestError, ShuttingDown
+from neuron_app.errors import one_line
+from neuron_app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "neuron_app"
+DEPLOYMENT_NAME = "FluxReplica"
+NAMESPACE = "neuron_app"
+#: How often a replica publishes its status, and when a silent one counts as unhealthy or is forgotten.
+PUBLISH_INTERVAL_S = 0.5
+UNHEALTHY_AFTER_S = 5.0
+FORGET_AFTER_S = 60.0
+#: Seconds between progress lines while a request waits for its replica.
+PROGRESS_TICK_S = 1.0
+
+
+def graph_ids(settings: Settings, per_orientation: bool) -> dict[str, str]:
+    """Shape -> multiplexed id of its compiled graph: shapes that share a graph share an id (the first such shape)."""
+    from neuron_app.shapes import GraphKey
+
+    first: dict[GraphKey, str] = {}
+    ids = {}
+    for res in settings.parsed_resolutions:
+        key = GraphKey.for_shape(
+            res, batch_size=1, max_sequence_length=settings.max_sequence_length, per_orientation=per_orientation
+        )
+        ids[str(res)] = f"graph-{first.setdefault(key, str(res))}"
+    return ids
+
+
+def human_seconds(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+# --- the status board (a plain Ray actor) ----------------------------------------------------------------------
+class StatusBoard:
+    """Last status each replica published, with the board's clock: status never waits for a busy replica."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def put(self, replica_id: str, data: dict[str, Any]) -> None:
+        self._entries[replica_id] = (time.time(), data)
+
+    def snapshot(self) -> tuple[float, dict[str, tuple[float, dict[str, Any]]]]:
+        now = time.time()
+        for rid in [r for r, (stamp, _d) in self._entries.items() if now - stamp > FORGET_AFTER_S]:
+            del self._entries[rid]
+        return now, dict(self._entries)
+
+
+# --- one replica -------------------------------------------------------------------------------------------------
+class ReplicaServer:
+    """The deployment body: one `PipelineManager`, loaded at start, one request at a time."""
+
+    async def __init__(self, settings: Settings, board: Any) -> None:
+        from ray import serve
+
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id if context is not None else f"pid{os.getpid()}"
+        # Loading off the event loop: Serve's health checks keep answering meanwhile.
+        self.manager = await asyncio.to_thread(self._load, settings)
+        self.board = board
+        self.ids = graph_ids(settings, self.manager.backend.compiles_eager_ops_per_shape)
+        self._first_of = {gid: shape for shape, gid in reversed(list(self.ids.items()))}
+        self._fresh: dict[str, CompileOutcome] = {}  # graph id -> the compile its loading did, for the record
+        self._stop = threading.Event()
+        self._publisher = threading.Thread(target=self._publish_loop, name="status-publisher", daemon=True)
+        self._publisher.start()
+
+        async def load(graph_id: str) -> str:
+            return await self._load_graph(graph_id)
+
+        self._graph = serve.multiplexed(max_num_models_per_replica=len(self.ids) + 1)(load)
+        self._warmup = asyncio.get_running_loop().create_task(self._warm())
+        log.info("replica %s ready (pid %d)", self.replica_id, os.getpid())
+
+    @staticmethod
+    def _load(settings: Settings) -> Any:
+        from neuron_app.engine.manager import PipelineManager
+
+        manager = PipelineManager(settings)
+        if manager.backend.name == "cpu":
+            import torch
+
+            torch.set_num_threads(settings.cores_per_replica)  # one model per core set: no oversubscription
+        manager.ensure_loaded()  # a bad model fails the replica's start with the manager's own message
+        return manager
+
+    # Serve's multiplexing calls this once per graph id on this replica, and tells the router it has it.
+    async def _load_graph(self, graph_id: str) -> str:
+        shape = self._first_of.get(graph_id)
+        if shape is None:
+            raise RequestError(f"unknown graph {graph_id!r}")
+        outcome = await asyncio.to_thread(self._compile_once, shape)
+        if outcome.compiled:
+            self._fresh[graph_id] = outcome
+        return graph_id
+
+    def _compile_once(self, shape: str) -> CompileOutcome:
+        """Compile once per cluster: the per-graph lock lets one replica compile; the others then load from disk."""
+        from filelock import FileLock
+
+        folder = self.manager.settings.cache_dir / "locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder / f"{self.manager.fingerprint}-{shape}.lock")):
+            return self.manager.compile_shape(shape)
+
+    async def _warm(self) -> None:
+        for shape in self.manager.warmup_order():
+            try:
+                await self._graph(self.ids[shape])
+            except Exception as exc:  # a failed shape is marked failed in status; warm the others
+                log.error("warm-up of %s failed: %s", shape, one_line(exc))
+
+    async def generate(self, args: Sequence[Any], options: dict[str, Any]) -> GenerationRecord:
+        """One request: load (compile) its graph if this replica lacks it, then the manager's own `generate`."""
+        from ray import serve
+
+        start = time.perf_counter()
+        graph_id = serve.get_multiplexed_model_id()
+        if graph_id:
+            await self._graph(graph_id)
+        record: GenerationRecord = await asyncio.to_thread(self.manager.generate, *args, None, **options)
+        fresh = self._fresh.pop(graph_id, None) if graph_id else None
+        if fresh is not None:  # this request paid for the compile: say so, as the in-process manager would
+            record = replace(
+                record,
+                cache=fresh.cache,
+                compiled=True,
+                compile_s=round(fresh.compile_s, 4),
+                graphs_compiled=fresh.graphs,
+                total_s=round(time.perf_counter() - start, 4),
+            )
+        return replace(record, replica=self.replica_id)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.replica_id,
+            "pid": os.getpid(),
+            "in_flight": self.manager.in_flight,
+            "graph_ids": self.ids,
+            "status": self.manager.status(),
+        }
+
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(PUBLISH_INTERVAL_S):
+            try:
+                self.board.put.remote(self.replica_id, self.describe())
+            except Exception as exc:  # the board went away (the front end stopped): keep serving
+                log.debug("status publish failed: %s", exc)
+
+    async def check_health(self) -> None:
+        """Serve calls this periodically; a replica whose publisher died is restarted."""
+        if not self._publisher.is_alive():
+            raise RuntimeError("status publisher stopped")
+
+    def __del__(self) -> None:
+        self._stop.set()
+
+
+# --- the front end's client ------------------------------------------------------------------------------------
+class ReplicaClient:
+    """Manager-shaped front for the replicas (`ManagerLike`): web/ uses it exactly like a `PipelineManager`."""
+
+    def __init__(self, settings: Settings, handle: Any, board: Any, *, owns_ray: bool) -> None:
+        from neuron_app.engine.admission import Admission
+
+        self.settings = settings
+        self.handle = handle
+        self.board = board
+        self.owns_ray = owns_ray
+        self.admission = Admission()
+        self._listeners: list[Callable[[Any], None]] = []
+        self._lock = threading.Lock()
+        self._last: ManagerStatus | None = None
+        self._closed = False
+
+    # --- observers (metrics) -------------------------------------------------------------------------------
+    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
+        with self._lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _emit(self, event: Any) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("listener failed")
+
+    # --- device work -----------------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return self.admission.in_flight
+
+    @property
+    def draining(self) -> bool:
+        return self.admission.draining
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse new requests and wait for the ones sent to replicas; `close` then stops the replicas."""
+        return self.admission.drain(timeout)
+
+    def start_warmup(self) -> None:
+        """Each replica warms up itself (settings.warmup) right after it loads."""
+        return None
+
+    def offered_resolutions(self) -> list[str]:
+        if not self.settings.only_precompiled:
+            return list(self.settings.resolutions)
+        return [name for name, shape in self.status().shapes.items() if shape.offered]
+
+    def generate(
+        self,
+        prompt: Any,
+        resolution: Any,
+        steps: Any,
+        seed: Any,
+        progress: ProgressCallback | None = None,
+        **options: Any,
+    ) -> GenerationRecord:
+        """Validate here (a refusal costs no replica work), then run on a replica; every option is forwarded.
+
+        A replica that dies mid-request costs this request one retry on another replica (seeded requests are
+        deterministic, so the retry gives the same image); a second death is a clear error.
+        """
+        try:
+            with self.admission.admit():
+                req = requests.validate(
+                    self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options
+                )
+                record = self._run(req, (prompt, resolution, steps, seed), options, progress)
+        except Exception as exc:
+            self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", one_line(exc)))
+            raise
+        if record.compiled:
+            self._emit(CompileOutcome(record.resolution, record.cache, True, record.compile_s, record.graphs_compiled))
+        self._emit(record)
+        return record
+
+    def _run(
+        self, req: Any, args: tuple[Any, ...], options: dict[str, Any], progress: ProgressCallback | None
+    ) -> GenerationRecord:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        shape = str(req.resolution)
+        status = self.status()
+        shape_status = status.shapes.get(shape)
+        cold = shape_status is None or shape_status.state is not ShapeState.READY
+        estimate = shape_status.estimate_s if shape_status else None
+        graph_id = self._graph_id(shape)
+        # The replica re-validates with the same rules; it receives what the caller sent (options unchanged).
+        call_args = (req.prompt, shape, req.steps, req.seed)
+        for attempt in (1, 2):
+            response = self.handle.options(multiplexed_model_id=graph_id).generate.remote(call_args, options)
+            try:
+                return self._wait(response, shape, cold, estimate, progress)
+            except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
+                if attempt == 2:
+                    raise GenerationFailed(
+                        f"generation failed: the replica serving it stopped twice ({one_line(exc, limit=120)})"
+                    ) from exc
+                log.warning("replica died while serving %s; retrying once on another replica", shape)
+            except Exception as exc:
+                raise _unwrap(exc) from exc
+        raise AssertionError("unreachable")
+
+    def _wait(
+        self, response: Any, shape: str, cold: bool, estimate: float | None, progress: ProgressCallback | None
+    ) -> GenerationRecord:
+        """Wait for the replica's answer, telling the caller what is happening every second."""
+        start = time.monotonic()
+        while True:
+            try:
+                return response.result(timeout_s=PROGRESS_TICK_S)
+            except TimeoutError:
+                pass
+            if progress is None:
+                continue
+            elapsed = time.monotonic() - start
+            if cold:
+                expected = f"about {human_seconds(estimate)}" if estimate is not None else "no history for an estimate"
+                message = f"Compiling {shape} on a replica: {human_seconds(elapsed)} elapsed, {expected}"
+                progress(ProgressEvent("compiling", shape, message=message))
+            else:
+                progress(ProgressEvent("generating", shape, message=f"Generating {shape} on a replica"))
+
+    def _graph_id(self, shape: str) -> str:
+        for data in self._board_entries().values():
+            ids = data[1].get("graph_ids", {})
+            if shape in ids:
+                return ids[shape]
+        return f"graph-{shape}"
+
+    # --- status ------------------------------------------------------------------------------------------------
+    def _board_entries(self) -> dict[str, tuple[float, dict[str, Any]]]:
+        import ray
+
+        try:
+            now, entries = ray.get(self.board.snapshot.remote(), timeout=10)
+        except Exception as exc:
+            log.warning("status board unreachable: %s", one_line(exc))
+            return {}
+        return {rid: (now - stamp, data) for rid, (stamp, data) in entries.items()}
+
+    def status(self) -> ManagerStatus:
+        """All replicas merged into the manager's status contract, plus `replicas` and per-shape `ready_replicas`."""
+        entries = self._board_entries()
+        replicas = []
+        statuses: list[ManagerStatus] = []
+        for rid, (age, data) in sorted(entries.items()):
+            status: ManagerStatus = data["status"]
+            healthy = age < UNHEALTHY_AFTER_S
+            replicas.append(
+                {
+                    "id": rid,
+                    "healthy": healthy,
+                    "in_flight": data["in_flight"],
+                    "ready_shapes": status.ready,
+                    "pid": data["pid"],
+                    "seen_s_ago": round(age, 1),
+                }
+            )
+            if healthy:
+                statuses.append(status)
+        return merge_statuses(self.settings, statuses, replicas, self._last)
+
+    # --- shutdown ----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the replicas; shut down the Ray instance only if this app started it (never a joined cluster)."""
+        if self._closed:
+            return
+        self._closed = True
+        import ray
+        from ray import serve
+
+        with contextlib.suppress(Exception):
+            serve.delete(APP_NAME)
+        if self.owns_ray:
+            with contextlib.suppress(Exception):
+                serve.shutdown()
+            ray.shutdown()
+        else:
+            with contextlib.suppress(Exception):
+                ray.kill(self.board)
+            ray.shutdown()  # disconnects this driver; the cluster keeps running
+
+
+def merge_statuses(
+    settings: Settings, statuses: list[ManagerStatus], replicas: list[dict[str, Any]], last: ManagerStatus | None
+) -> ManagerStatus:
+    """A shape is ready where at least one replica has it ready; counters are summed over replicas."""
+    shapes = {}
+    base = statuses[0] if statuses else None
+    for name in settings.resolutions:
+        per = [s.shapes[name] for s in statuses if name in s.shapes]
+        states = [p.state for p in per]
+        ready = sum(1 for st in states if st is ShapeState.READY)
+        for state in (ShapeState.READY, ShapeState.COMPILING, ShapeState.FAILED, ShapeState.NOT_COMPILED):
+            if state in states:
+                break
+        else:
+            state = ShapeState.NOT_COMPILED
+        first = next((p for p in per if p.state is state), None)
+        shapes[name] = ShapeStatus(
+            resolution=name,
+            state=state,
+            hits=sum(p.hits for p in per),
+            compile_s=first.compile_s if first else None,
+            graphs=first.graphs if first else 0,
+            cache=first.cache if first else None,
+            last_error=next((p.last_error for p in per if p.last_error), None),
+            manifest=first.manifest if first else "absent",
+            shared_with=first.shared_with if first else None,
+            offered=(not settings.only_precompiled) or any(p.offered for p in per),
+            estimate_s=next((p.estimate_s for p in per if p.estimate_s is not None), None),
+            ready_replicas=ready,
+        )
+    return ManagerStatus(
+        model=settings.model,
+        device=base.device if base else settings.device,
+        dtype=base.dtype if base else settings.dtype,
+        compile_mode=settings.compile_mode,
+        compile_backend=base.compile_backend if base else (settings.compile_backend or "default"),
+        tp_degree=settings.tp_degree,
+        cache_dir=str(settings.cache_dir),
+        cache_size_bytes=max((s.cache_size_bytes for s in statuses), default=0),
+        loaded=any(s.loaded for s in statuses),
+        loading=not statuses,
+        load_s=base.load_s if base else None,
+        load_error=next((s.load_error for s in statuses if s.load_error), None),
+        compiles=sum(s.compiles for s in statuses),
+        compile_failures=sum(s.compile_failures for s in statuses),
+        fingerprint=base.fingerprint if base else "",
+        warmup=base.warmup if base else {"mode": settings.warmup, "running": False, "done": [], "pending": []},
+        shapes=shapes,
+        replicas=replicas,
+    )
+
+
+_REMOTE_ERROR = re.compile(r"(RequestError|ShuttingDown|CompileFailed|GenerationFailed|ModelLoadError): (.+)")
+
+
+def _unwrap(exc: Exception) -> Exception:
+    """Turn a replica's exception (wrapped by Ray) back into the manager's own error with its one-line message."""
+    from neuron_app.engine.loader import ModelLoadError
+    from neuron_app.engine.records import CompileFailed
+
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, RequestError | CompileFailed | GenerationFailed | ModelLoadError):
+        return cause
+    match = _REMOTE_ERROR.search(str(exc))
+    if match:
+        kinds = {
+            "RequestError": RequestError,
+            "ShuttingDown": ShuttingDown,
+            "CompileFailed": CompileFailed,
+            "GenerationFailed": GenerationFailed,
+            "ModelLoadError": ModelLoadError,
+        }
+        return kinds[match.group(1)](match.group(2).strip())
+    return GenerationFailed(f"generation failed on a replica: {one_line(exc, limit=200)}")
+
+
+# --- start ---------------------------------------------------------------------------------------------------------
+def _actor_options(settings: Settings) -> dict[str, Any]:
+    """Each replica asks Ray for its own cores: NeuronCores as the `neuron_cores` resource, else GPUs or CPUs."""
+    cores = settings.cores_per_replica
+    if settings.device == "neuron":
+        return {"num_cpus": 1, "resources": {"neuron_cores": cores}}
+    if settings.device == "cuda":
+        return {"num_cpus": 1, "num_gpus": cores}
+    return {"num_cpus": cores}
+
+
+def start_replicas(settings: Settings) -> ReplicaClient:
+    """Start (or join) Ray, deploy `replicas` replicas and wait until they are up; returns the manager-shaped client.
+
+    A replica that cannot load the model fails the start with the manager's own one-line `ModelLoadError`.
+    """
+    from neuron_app.engine.loader import ModelLoadError, resolve_source
+    from neuron_app.settings import PROJECT_ROOT
+
+    resolve_source(settings)  # a bad model path: the same one-line error as the single-process app, before Ray
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from ray import serve
+
+    owns_ray = not settings.ray_address
+    runtime_env = {"env_vars": {"PYTHONPATH": str(PROJECT_ROOT), "TOKENIZERS_PARALLELISM": "false"}}
+    init: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "logging_level": logging.WARNING}
+    if owns_ray:
+        cpus = settings.replicas * (settings.cores_per_replica if settings.device in ("cpu", "auto") else 1)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, **init)
+    else:
+        ray.init(address=settings.ray_address, **init)
+    try:
+        board = ray.remote(num_cpus=0)(StatusBoard).remote()
+        serve.start(proxy_location="Disabled")
+        deployment = serve.deployment(
+            ReplicaServer,
+            name=DEPLOYMENT_NAME,
+            num_replicas=settings.replicas,
+            max_ongoing_requests=1,  # one device per replica: a busy replica is skipped by the router
+            ray_actor_options=_actor_options(settings),
+            health_check_period_s=2,
+            health_check_timeout_s=60,
+            graceful_shutdown_timeout_s=settings.shutdown_grace_s,
+            max_constructor_retry_count=1,
+        )
+        handle = serve.run(deployment.bind(settings, board), name=APP_NAME, route_prefix=None)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            serve.delete(APP_NAME) if not owns_ray else serve.shutdown()
+        ray.shutdown()
+        match = re.search(r"ModelLoadError: (.+)", str(exc))
+        if match:
+            raise ModelLoadError(match.group(1).strip()) from None
+        raise ModelLoadError(f"the replicas failed to start: {one_line(exc, limit=300)}") from None
+    client = ReplicaClient(settings, handle, board, owns_ray=owns_ray)
+    log.info("%d replica(s) up on Ray Serve (%s)", settings.replicas, "local Ray" if owns_ray else settings.ray_address)
+    return client

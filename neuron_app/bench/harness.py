@@ -710,9 +710,13 @@ class Harness:
             tasks["startup"] = lambda: self.section("startup", self.section_startup)
         if "lora" in sections:
             tasks["lora"] = lambda: self.section("lora", lambda: lora.section(self))
+        if "replicas" in sections:
+            from neuron_app.bench.replicas import section_replicas
+
+            tasks["replicas"] = lambda: self.section("replicas", lambda: section_replicas(self))
         # With --jobs > 1 (the smoke run) independent processes run side by side, each in a fresh folder
         # but the warm restart, which needs the cold run's folder. Timings are then not comparable.
-        parallel_phases = [["modes", "recompile", "startup", "serving"], ["restart", "lora"]]
+        parallel_phases = [["modes", "recompile", "startup", "serving"], ["restart", "lora", "replicas"]]
         phases = parallel_phases if self.parallel else [[t] for t in tasks]
         try:
             self.prepare()

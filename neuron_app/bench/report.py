@@ -240,6 +240,12 @@ def startup_md(results: dict[str, Any]) -> str:
     )
 
 
+def _replicas_md(results: dict[str, Any]) -> str:
+    from neuron_app.bench.replicas import replicas_md
+
+    return replicas_md(results)
+
+
 SECTION_TITLES = {
     "modes": ("1. Eager vs full vs regional compile", modes_md),
     "restart": ("2. Cold vs warm restart", restart_md),
@@ -249,6 +255,7 @@ SECTION_TITLES = {
     "memory": ("6. Memory", memory_md),
     "startup": ("7. Start-up", startup_md),
     "lora": ("8. LoRA style switch", lora.render),
+    "replicas": ("9. Replicas (Ray Serve)", _replicas_md),
 }
 
 

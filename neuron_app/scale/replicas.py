@@ -215,7 +215,6 @@ class ReplicaClient:
         self.admission = Admission()
         self._listeners: list[Callable[[Any], None]] = []
         self._lock = threading.Lock()
-        self._last: ManagerStatus | None = None
         self._closed = False
 
     # --- observers (metrics) -------------------------------------------------------------------------------
@@ -372,7 +371,7 @@ class ReplicaClient:
             )
             if healthy:
                 statuses.append(status)
-        return merge_statuses(self.settings, statuses, replicas, self._last)
+        return merge_statuses(self.settings, statuses, replicas)
 
     # --- shutdown ----------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -395,9 +394,7 @@ class ReplicaClient:
             ray.shutdown()  # disconnects this driver; the cluster keeps running
 
 
-def merge_statuses(
-    settings: Settings, statuses: list[ManagerStatus], replicas: list[dict[str, Any]], last: ManagerStatus | None
-) -> ManagerStatus:
+def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: list[dict[str, Any]]) -> ManagerStatus:
     """A shape is ready where at least one replica has it ready; counters are summed over replicas."""
     shapes = {}
     base = statuses[0] if statuses else None

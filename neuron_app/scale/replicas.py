@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import re
@@ -392,6 +393,17 @@ class ReplicaClient:
             with contextlib.suppress(Exception):
                 ray.kill(self.board)
             ray.shutdown()  # disconnects this driver; the cluster keeps running
+
+
+def _mirror_manager_signature() -> None:
+    """`generate` takes what the replicas' `PipelineManager.generate` takes (the same code runs on every node), so
+    callers that look at the signature (the OpenAI API's editing switch) see the manager's options, not `**options`."""
+    from neuron_app.engine.manager import PipelineManager
+
+    ReplicaClient.generate.__signature__ = inspect.signature(PipelineManager.generate)  # type: ignore[attr-defined]
+
+
+_mirror_manager_signature()
 
 
 def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: list[dict[str, Any]]) -> ManagerStatus:

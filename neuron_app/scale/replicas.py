@@ -150,11 +150,13 @@ class ReplicaServer:
             return self.manager.compile_shape(shape)
 
     async def _warm(self) -> None:
+        """settings.warmup on this replica, through the multiplexer so that the router learns the graphs."""
         for shape in self.manager.warmup_order():
             try:
                 await self._graph(self.ids[shape])
             except Exception as exc:  # a failed shape is marked failed in status; warm the others
                 log.error("warm-up of %s failed: %s", shape, one_line(exc))
+            self._fresh.pop(self.ids[shape], None)  # no request paid for this compile
 
     async def generate(self, args: Sequence[Any], options: dict[str, Any]) -> GenerationRecord:
         """One request: load (compile) its graph if this replica lacks it, then the manager's own `generate`."""
@@ -217,6 +219,7 @@ class ReplicaClient:
         self._listeners: list[Callable[[Any], None]] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._ids: dict[str, str] = {}
 
     # --- observers (metrics) -------------------------------------------------------------------------------
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
@@ -335,11 +338,12 @@ class ReplicaClient:
                 progress(ProgressEvent("generating", shape, message=f"Generating {shape} on a replica"))
 
     def _graph_id(self, shape: str) -> str:
-        for data in self._board_entries().values():
-            ids = data[1].get("graph_ids", {})
-            if shape in ids:
-                return ids[shape]
-        return f"graph-{shape}"
+        """The shape's multiplexed id, as the replicas name it (static for the settings: asked once)."""
+        if not self._ids:
+            for _age, data in self._board_entries().values():
+                self._ids = data.get("graph_ids", {})
+                break
+        return self._ids.get(shape, f"graph-{shape}")
 
     # --- status ------------------------------------------------------------------------------------------------
     def _board_entries(self) -> dict[str, tuple[float, dict[str, Any]]]:
@@ -484,9 +488,14 @@ def _unwrap(exc: Exception) -> Exception:
 def _actor_options(settings: Settings) -> dict[str, Any]:
     """Each replica asks Ray for its own cores: NeuronCores as the `neuron_cores` resource, else GPUs or CPUs."""
     cores = settings.cores_per_replica
-    if settings.device == "neuron":
+    device = settings.device
+    if device == "auto":  # without importing torch here: the Neuron SDK's presence decides; set cuda explicitly
+        import importlib.util
+
+        device = "neuron" if importlib.util.find_spec("torch_neuronx") else "cpu"
+    if device == "neuron":
         return {"num_cpus": 1, "resources": {"neuron_cores": cores}}
-    if settings.device == "cuda":
+    if device == "cuda":
         return {"num_cpus": 1, "num_gpus": cores}
     return {"num_cpus": cores}
 

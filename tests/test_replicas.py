@@ -141,11 +141,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         start_new_session=True,
     )
     yield f"127.0.0.1:{port}"
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)  # its own session: raylet, GCS and workers are in the group
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
     log.close()
 
 

@@ -262,6 +262,11 @@ class Settings(BaseSettings):
         return [Resolution.parse(r) for r in self.resolutions]
 
     @property
+    def device_lanes(self) -> int:
+        """Device events the queue runs at once: one per replica (each replica takes one request at a time)."""
+        return max(self.concurrency_limit, self.replicas)
+
+    @property
     def uses_replicas(self) -> bool:
         """Serve through Ray Serve replicas instead of an in-process manager."""
         return self.replicas > 1 or bool(self.ray_address)

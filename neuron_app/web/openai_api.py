@@ -253,7 +253,7 @@ class OpenAIImages:
         with self._lock:
             gradio = gradio_queue_length(self.demo) if self.demo is not None else None
             waiting = self.manager.in_flight if gradio is None else gradio + self._in_flight
-            if waiting >= self.settings.queue_max_size + self.settings.concurrency_limit:
+            if waiting >= self.settings.queue_max_size + self.settings.device_lanes:
                 raise ApiError(
                     429,
                     f"the queue is full ({waiting} requests waiting or running); try again in a moment",

@@ -59,11 +59,6 @@ class App:
     ops: Any = None  # neuron_app.web.ops.Ops: /healthz, /readyz, /metrics on the same server
 
 
-def device_lanes(settings: Settings) -> int:
-    """Device events the queue runs at once: one per replica (each replica takes one request at a time)."""
-    return max(settings.concurrency_limit, settings.replicas)
-
-
 def build_app(settings: Settings, manager: Any) -> App:
     """The Blocks with its queue: one device lane, bounded waiting room."""
     from neuron_app.engine.images import ImageStore
@@ -72,7 +67,7 @@ def build_app(settings: Settings, manager: Any) -> App:
     from neuron_app.web.ui import build_ui
 
     demo = build_ui(manager, ImageStore(settings.cache_dir / "outputs"))
-    demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=device_lanes(settings))
+    demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.device_lanes)
     openai_api = OpenAIImages(settings, manager, demo)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
     return App(settings, manager, demo, ops)

@@ -178,7 +178,7 @@ def _user_error(exc: Exception) -> gr.Error:
 
 def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
     settings = manager.settings
-    lanes = max(settings.concurrency_limit, settings.replicas)  # one device event per replica
+    lanes = settings.device_lanes  # one device event per replica
 
     def progress_bridge(progress: gr.Progress) -> ProgressCallback:
         def on_event(event: ProgressEvent) -> None:

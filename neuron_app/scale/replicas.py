@@ -53,6 +53,8 @@ NAMESPACE = "neuron_app"
 PUBLISH_INTERVAL_S = 0.5
 UNHEALTHY_AFTER_S = 5.0
 FORGET_AFTER_S = 60.0
+#: Longest pause of a request that polls for a free replica (Ray Serve's default 0.5 s idles replicas).
+ROUTER_MAX_BACKOFF_S = 0.05
 #: Seconds between progress lines while a request waits for its replica.
 PROGRESS_TICK_S = 1.0
 
@@ -510,6 +512,9 @@ def start_replicas(settings: Settings) -> ReplicaClient:
 
     resolve_source(settings)  # a bad model path: the same one-line error as the single-process app, before Ray
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # A request waiting for a free replica re-polls with exponential backoff, by default up to 0.5 s: with one
+    # request per replica that leaves replicas idle between short requests. Read when ray.serve is imported.
+    os.environ.setdefault("RAY_SERVE_ROUTER_RETRY_MAX_BACKOFF_S", str(ROUTER_MAX_BACKOFF_S))
     import ray
     from ray import serve
 

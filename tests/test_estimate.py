@@ -38,7 +38,7 @@ def test_other_configurations_give_their_mean() -> None:
 
 
 def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any) -> None:
-    from neuron_app.web.ui import shape_label, shapes_table
+    from neuron_app.web.ui import estimate_text, shape_label, shapes_table
 
     status = module_manager.status()
     cold = next(s for s in status.shapes.values() if s.state is ShapeState.NOT_COMPILED)
@@ -50,7 +50,8 @@ def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any)
     cold = status.shapes["128x128"]
     expected = status.shapes["64x64"].compile_s * 2  # 4x the tokens of 64x64, clamped to 2x
     assert cold.estimate_s is not None and abs(cold.estimate_s - expected) < 0.01
-    assert shape_label(cold) == f"128x128 - compiles on first use, about {cold.estimate_s:.0f} s"
+    assert shape_label(cold) == f"128x128 - compiles on first use, {estimate_text(cold)}"
+    assert shape_label(replace(cold, estimate_s=42.0)) == "128x128 - compiles on first use, about 42 s"
     assert shape_label(replace(cold, estimate_s=150.0)) == "128x128 - compiles on first use, about 2 min"
     row = next(r for r in shapes_table(status) if r[0] == "128x128")
     assert row[1].startswith("not_compiled, about")

@@ -208,17 +208,15 @@ def test_a_ready_shape_is_served_by_the_other_replica_during_a_cold_compile(repl
 
 
 def test_options_flow_through_to_the_replica_unchanged(replicas: Any) -> None:
-    """The client forwards every keyword option of the manager's generate (editing, LoRA...) to the replica;
-    an option nobody knows is refused, not silently dropped."""
-    import inspect
+    """The client forwards every keyword option of generate (LoRA here; editing's references the same way) to the
+    replica, whose manager builds the record from it; a refused value reads as the manager's own refusal."""
+    from neuron_app.engine.requests import RequestError
 
-    from neuron_app.engine.manager import PipelineManager
-
-    params = inspect.signature(PipelineManager.generate).parameters
-    options = {name: p.default for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    record = replicas.generate("options", "64x64", 2, 3, **options)
-    assert record.image is not None
-    with pytest.raises(TypeError):  # an option the manager does not know is refused, not dropped
+    record = replicas.generate("options", "64x64", 2, 3, lora="none", lora_scale=0.5)
+    assert record.image is not None and (record.lora, record.lora_scale) == ("none", 0.5)
+    with pytest.raises(RequestError, match="LoRA style 'nope' is not offered"):
+        replicas.generate("options", "64x64", 2, 3, lora="nope")
+    with pytest.raises(TypeError):  # an option nobody knows is refused, not silently dropped
         replicas.generate("options", "64x64", 2, 3, no_such_option=1)
 
 

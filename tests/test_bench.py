@@ -144,11 +144,13 @@ def test_smoke_markdown_and_benchmarks_are_generated_from_the_json(smoke: dict[s
 @pytest.mark.slow
 def test_smoke_replicas_serve_every_request_and_spread_the_cold_compile(smoke: dict[str, Any]) -> None:
     """The replicas section (smoke: the 2-replica Ray path only): every request answered by two healthy replicas,
-    and the ready request during the cold compile was served by the other replica."""
+    and a ready request sent during the cold compile was served by the other replica."""
     (row,) = smoke["results"]["sections"]["replicas"]["rows"]
     assert row["replicas"] == 2 and row["healthy_replicas"] == 2
     assert row["throughput"]["ok"] == row["throughput"]["sent"] > 0
-    assert row["served_by"] and row["cold_served_by"] and row["served_by"] != row["cold_served_by"]
+    assert row["served_by"] and row["cold_served_by"]
+    if row["overlapped_compile"]:  # the ready request ran while the other replica compiled
+        assert row["served_by"] != row["cold_served_by"]
 
 
 @pytest.mark.slow

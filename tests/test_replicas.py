@@ -22,8 +22,6 @@ import pytest
 
 from tests.conftest import ROOT, TINY_OVERRIDES, AppProcess, free_port, link_models
 
-pytest.importorskip("ray.serve")
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 

@@ -91,6 +91,20 @@ class Settings(BaseSettings):
         description="torch.compile backend; default neuron on neuron, inductor on cuda/cpu. "
         "aot_eager compiles in seconds and is used by the tests.",
     )
+    vae_compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Decode in fixed-size compiled VAE tiles (one VAE graph for every shape; shapes with the "
+        "same token count then share everything): auto = on for neuron, off elsewhere.",
+    )
+    vae_tile: int = Field(
+        64, ge=8, le=256, description="VAE tile side in latent pixels (x8 image pixels); one compiled graph."
+    )
+    vae_tile_overlap: int = Field(
+        16, ge=0, le=128, description="Latent pixels shared by neighbouring VAE tiles, blended across (<= tile/2)."
+    )
+    prompt_cache_size: int = Field(
+        64, ge=0, description="Encoded prompts kept (LRU) so repeated prompts skip the text encoder; 0 = off."
+    )
     tp_degree: int = Field(
         1, ge=1, description="Tensor-parallel degree (NeuronCores per model); set by torchrun's WORLD_SIZE."
     )
@@ -247,6 +261,8 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"LoRA name {name!r} is not allowed (1-64 characters, no surrounding spaces, not 'none')"
                 )
+        if 2 * self.vae_tile_overlap > self.vae_tile:
+            raise ValueError(f"vae_tile_overlap {self.vae_tile_overlap} is above half of vae_tile {self.vae_tile}")
         if bool(self.auth_username) != bool(self.auth_password):
             raise ValueError("auth needs both NEURON_APP_AUTH_USERNAME and NEURON_APP_AUTH_PASSWORD")
         if self.replicas > 1 and self.tp_degree > 1:

@@ -6,10 +6,14 @@ Kept apart from the manager so that anything that fronts device work (the manage
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-from neuron_app.engine.requests import ShuttingDown
+from neuron_app.engine.records import RequestFailed
+from neuron_app.engine.requests import RequestError, ShuttingDown
+from neuron_app.errors import one_line
 
 
 class Admission:
@@ -47,3 +51,31 @@ class Admission:
         with self._idle:
             self._draining = True
             return self._idle.wait_for(lambda: self._inflight == 0, timeout=max(0.0, timeout))
+
+
+_T = TypeVar("_T")
+
+
+def admitted(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Mark a manager method as device work that `drain` waits for; refused with `ShuttingDown` once draining."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> _T:
+        with self.admission.admit():
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def reports_failures(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Report a call that raises to observers (metrics) as `RequestFailed`; successes emit their own record."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", one_line(exc)))
+            raise
+
+    return wrapper

@@ -15,11 +15,25 @@ from typing import Any
 class CountingBackend:
     """A torch.compile backend that counts its calls and delegates to the named backend."""
 
-    def __init__(self, inner: str) -> None:
+    def __init__(self, inner: str, parent: CountingBackend | None = None) -> None:
         self.inner = inner
         self.graphs = 0
         self.failures = 0
+        self.parent = parent
         self._lock = threading.Lock()
+
+    def child(self, inner: str | None = None) -> CountingBackend:
+        """A counter of one component's graphs (the VAE's) that also counts into this one: the total stays exact."""
+        return CountingBackend(inner or self.inner, parent=self)
+
+    def _count(self, failed: bool) -> None:
+        with self._lock:
+            if failed:
+                self.failures += 1
+            else:
+                self.graphs += 1
+        if self.parent is not None:
+            self.parent._count(failed)
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         from torch._dynamo import lookup_backend
@@ -28,11 +42,9 @@ class CountingBackend:
         try:
             compiled = compiler(gm, example_inputs, **kwargs)
         except Exception:
-            with self._lock:
-                self.failures += 1
+            self._count(failed=True)
             raise
-        with self._lock:
-            self.graphs += 1
+        self._count(failed=False)
         return compiled
 
     def __repr__(self) -> str:  # shows in dynamo's logs and errors

@@ -14,16 +14,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
-from neuron_app.engine.admission import Admission
-from neuron_app.engine.cache import Manifest, ManifestEntry, estimate_compile_s, fingerprint_of, folder_size
+from neuron_app.engine.admission import Admission, admitted, reports_failures
+from neuron_app.engine.cache import (
+    Manifest,
+    ManifestEntry,
+    dist_version,
+    estimate_compile_s,
+    fingerprint_of,
+    folder_size,
+)
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
 from neuron_app.engine.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.lora import AdapterSet
+from neuron_app.engine.prompt_cache import PromptCache
 from neuron_app.engine.records import (
     CacheResult,
     CompileFailed,
@@ -33,12 +40,12 @@ from neuron_app.engine.records import (
     ManagerStatus,
     ProgressCallback,
     ProgressEvent,
-    RequestFailed,
     ShapeState,
     ShapeStatus,
 )
 from neuron_app.engine.requests import Request, RequestError
-from neuron_app.engine.runner import PipelineCall, run_call
+from neuron_app.engine.runner import Lockstep, PipelineCall, run_call
+from neuron_app.engine.vae import TileSpec, install_tiled_decode, vae_backend, vae_compiled
 from neuron_app.engine.warmup import Warmup
 from neuron_app.errors import one_line
 from neuron_app.settings import Settings, get_settings
@@ -61,50 +68,7 @@ class _GraphState:
     compiled_as: str | None = None  # the resolution whose compile produced this graph
 
 
-class Lockstep(Protocol):
-    """Tensor-parallel coordination: followers replay every pipeline call of rank 0."""
-
-    def before(self, call: PipelineCall) -> None: ...
-
-    def after(self, error: BaseException | None) -> BaseException | None: ...
-
-
 Listener = Callable[[Any], None]
-
-
-def _dist_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
-
-
-_T = TypeVar("_T")
-
-
-def _admitted(method: Callable[..., _T]) -> Callable[..., _T]:
-    """Mark a manager method as device work that `drain` waits for; refused with `ShuttingDown` once draining."""
-
-    @functools.wraps(method)
-    def wrapper(self: PipelineManager, *args: Any, **kwargs: Any) -> _T:
-        with self.admission.admit():
-            return method(self, *args, **kwargs)
-
-    return wrapper
-
-
-def _reports_failures(method: Callable[..., _T]) -> Callable[..., _T]:
-    """Report a call that raises to observers (metrics) as `RequestFailed`; successes emit their own record."""
-
-    @functools.wraps(method)
-    def wrapper(self: PipelineManager, *args: Any, **kwargs: Any) -> _T:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", one_line(exc)))
-            raise
-
-    return wrapper
 
 
 class PipelineManager:
@@ -116,11 +80,14 @@ class PipelineManager:
         self.compile_backend = settings.compile_backend or self.backend.default_compile_backend
         self.dtype_name = self.backend.default_dtype if settings.dtype == "auto" else settings.dtype
         self.source: ModelSource = resolve_source(settings)
+        self.vae_compiled = vae_compiled(settings.vae_compile, self.backend.name)  # one VAE graph for all shapes
         self.manifest = Manifest(settings.cache_dir)
         self.adapters = AdapterSet(settings)  # LoRA styles; bad adapter files stop the start here
         self.fingerprint_fields = self._fingerprint_fields()
         self.fingerprint = fingerprint_of(self.fingerprint_fields)
-        self.counter = CountingBackend(self.compile_backend)
+        self.counter = CountingBackend(self.compile_backend)  # every graph; vae_counter: the VAE's among them
+        self.vae_counter = self.counter.child(vae_backend(self.compile_backend))
+        self.prompt_cache = PromptCache(settings.prompt_cache_size, self.fingerprint)
         self.probe = self.backend.cache_probe(self.compile_backend, settings.cache_dir)
 
         self._state_lock = threading.RLock()
@@ -148,9 +115,11 @@ class PipelineManager:
             "max_sequence_length": self.settings.max_sequence_length,
             "batch_size": BATCH_SIZE,
             "tp_degree": self.settings.tp_degree,
-            "torch": _dist_version("torch"),
-            "diffusers": _dist_version("diffusers"),
+            "torch": dist_version("torch"),
+            "diffusers": dist_version("diffusers"),
         }
+        if self.vae_compiled:
+            fields["vae_tile"] = f"{self.settings.vae_tile}/{self.settings.vae_tile_overlap}"
         if lora := self.adapters.fingerprint():
             fields["lora"] = lora
         fields.update(self.backend.fingerprint_fields())  # neuron: SDK versions, NEURON_CC_FLAGS, logical cores
@@ -161,7 +130,7 @@ class PipelineManager:
             res,
             batch_size=BATCH_SIZE,
             max_sequence_length=self.settings.max_sequence_length,
-            per_orientation=self.backend.compiles_eager_ops_per_shape,
+            per_orientation=self.backend.compiles_eager_ops_per_shape and not self.vae_compiled,
         )
 
     # --- observers ---------------------------------------------------------------------------
@@ -229,6 +198,9 @@ class PipelineManager:
                 )
                 self.adapters.prepare(pipe)  # the LoRA slot goes in before compiling
                 apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)
+                if self.vae_compiled:
+                    spec = TileSpec(self.settings.vae_tile, self.settings.vae_tile_overlap)
+                    install_tiled_decode(pipe, spec, self.vae_counter)
             except Exception as exc:
                 with self._state_lock:
                     self._load_error = str(exc) if isinstance(exc, ModelLoadError) else one_line(exc)
@@ -267,6 +239,7 @@ class PipelineManager:
                     guidance_scale=self.settings.guidance_scale,
                     max_sequence_length=self.settings.max_sequence_length,
                     on_step=on_step,
+                    prompt_cache=self.prompt_cache,
                 )
             self.backend.synchronize()  # asynchronous device errors surface here, before the ranks agree
         except Exception as exc:
@@ -277,7 +250,7 @@ class PipelineManager:
             raise error
         return result
 
-    @_admitted
+    @admitted
     def compile_shape(self, resolution: str | Resolution, progress: ProgressCallback | None = None) -> CompileOutcome:
         """Make `resolution` ready (compiling it if needed): what precompile and warm-up call."""
         res = resolution if isinstance(resolution, Resolution) else self.configured_resolution(resolution)
@@ -312,7 +285,7 @@ class PipelineManager:
         log.info("compile start %s (%s)", res, key)
         before, graphs_before = self.probe.snapshot(), self.counter.graphs
         start = time.perf_counter()
-        needs_run = self.settings.compile_mode != "eager" or self.backend.name == "neuron"
+        needs_run = self.settings.compile_mode != "eager" or self.backend.name == "neuron" or self.vae_compiled
         try:
             if needs_run:
                 # The serving step count at the target shape compiles the transformer and, on Neuron, every
@@ -345,8 +318,8 @@ class PipelineManager:
         self._emit(outcome)
         return outcome
 
-    @_reports_failures
-    @_admitted
+    @reports_failures
+    @admitted
     def generate(
         self,
         prompt: Any,
@@ -480,6 +453,8 @@ class PipelineManager:
                 load_error=self._load_error,
                 compiles=self.counter.graphs,
                 compile_failures=self.counter.failures,
+                vae_compiles=self.vae_counter.graphs,
+                prompt_cache=self.prompt_cache.snapshot(),
                 fingerprint=self.fingerprint,
                 fallback=self.backend.fallback_state(),
                 warmup=self.warmup.snapshot(),

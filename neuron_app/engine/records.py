@@ -129,6 +129,8 @@ class ManagerStatus:
     #: Can failing device work silently run elsewhere (TorchNeuron's fallbacks)? "off (...)" is the truthful setting.
     fallback: str = ""
     replicas: list[dict[str, Any]] = field(default_factory=list)  # [{id, healthy, in_flight, ready_shapes}]
+    vae_compiles: int = 0  # of `compiles`, the VAE decoder's graphs (one for every shape when tiled)
+    prompt_cache: dict[str, int] = field(default_factory=dict)  # hits, misses, entries, size
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

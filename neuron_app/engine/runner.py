@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 StepCallback = Callable[[int, int], None]
 
@@ -28,10 +28,12 @@ def run_call(
     guidance_scale: float,
     max_sequence_length: int,
     on_step: StepCallback | None = None,
+    prompt_cache: Any = None,
 ) -> Any:
     """Run the pipeline once; returns the first image (or latents).
 
-    The generator lives on the CPU so that a seed gives the same image on every device.
+    The generator lives on the CPU so that a seed gives the same image on every device. With a
+    `prompt_cache` (engine/prompt_cache.py) a prompt seen before skips the text encoder.
     """
     import torch
 
@@ -41,8 +43,10 @@ def run_call(
         return kwargs
 
     with torch.inference_mode():
+        embeds = None if prompt_cache is None else prompt_cache.embeds(pipe, call.prompt, max_sequence_length)
+        text = {"prompt": call.prompt} if embeds is None else {"prompt_embeds": embeds}
         out = pipe(
-            prompt=call.prompt,
+            **text,
             width=call.width,
             height=call.height,
             num_inference_steps=call.steps,
@@ -53,3 +57,11 @@ def run_call(
             callback_on_step_end=step_end,
         )
     return out.images[0]
+
+
+class Lockstep(Protocol):
+    """Tensor-parallel coordination: followers replay every pipeline call of rank 0."""
+
+    def before(self, call: PipelineCall) -> None: ...
+
+    def after(self, error: BaseException | None) -> BaseException | None: ...

@@ -322,6 +322,7 @@ def follow(manager: Any, lockstep: Lockstep) -> int:
                     dataclasses.replace(call, output_type="latent"),  # only rank 0's image is returned
                     guidance_scale=settings.guidance_scale,
                     max_sequence_length=settings.max_sequence_length,
+                    prompt_cache=manager.prompt_cache,
                 )
             manager.backend.synchronize()  # an asynchronous device error must count before the ranks agree
         except Exception as exc:

@@ -61,6 +61,22 @@ class _StateCollector(Collector):
         yield CounterMetricFamily(
             f"{PREFIX}_compile_failures", "Graphs the compiler refused since start.", value=status.compile_failures
         )
+        graphs = CounterMetricFamily(
+            f"{PREFIX}_graphs_compiled", "Graphs compiled since start, by component.", labels=["component"]
+        )
+        vae_graphs = getattr(status, "vae_compiles", 0)
+        graphs.add_metric(["transformer"], status.compiles - vae_graphs)
+        graphs.add_metric(["vae"], vae_graphs)
+        yield graphs
+        cache = getattr(status, "prompt_cache", None) or {}
+        prompts = CounterMetricFamily(
+            f"{PREFIX}_prompt_cache",
+            "Prompt-embedding cache lookups: hit (the text encoder was skipped) or miss (it ran).",
+            labels=["result"],
+        )
+        prompts.add_metric(["hit"], cache.get("hits", 0))
+        prompts.add_metric(["miss"], cache.get("misses", 0))
+        yield prompts
         yield GaugeMetricFamily(
             f"{PREFIX}_cache_size_bytes", "Size of the persistent cache folder.", value=status.cache_size_bytes
         )

@@ -3,6 +3,7 @@ prompt-embedding cache. All on the real tiny FLUX.2-klein (random weights), on C
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def test_tile_origins_are_fixed_size_and_cover_the_latent() -> None:
     assert spec.starts(21) == [0, 6, 12, 13]
     for length in range(9, 60):
         starts = spec.starts(length)
-        assert starts[-1] + 8 == length and all(b - a <= 6 for a, b in zip(starts, starts[1:], strict=False))
+        assert starts[-1] + 8 == length and all(b - a <= 6 for a, b in itertools.pairwise(starts))
     with pytest.raises(ValueError, match="overlap"):
         TileSpec(8, 5)
 
@@ -49,7 +50,8 @@ def test_tiled_decode_matches_the_whole_decode(make_settings: Any, shared_models
     from neuron_app.engine.tiny import ensure_tiny
 
     ensure_tiny(shared_models, "tiny-deep")
-    common = {"model": "tiny-deep", "compile_mode": "eager", "resolutions": ["256x128"], "default_resolution": "256x128"}
+    common = {"model": "tiny-deep", "compile_mode": "eager", "resolutions": ["256x128"]}
+    common["default_resolution"] = "256x128"
     plain = PipelineManager(make_settings(**common, vae_compile="off"))
     tiled = PipelineManager(make_settings(**common, vae_compile="on", vae_tile=16, vae_tile_overlap=4))
     whole = plain.generate("a red fox in the snow", "256x128", 2, 7).image

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import glob
+import os
+
 from neuron_app.backends.base import DeviceBackend
+
+
+def _nvidia_driver_present() -> bool:
+    """A torch-free first look: no NVIDIA driver, no CUDA device (so `auto` need not import torch to say no)."""
+    return os.path.exists("/proc/driver/nvidia/version") or bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 class CudaBackend(DeviceBackend):
@@ -11,6 +19,8 @@ class CudaBackend(DeviceBackend):
     dist_backend = "nccl"
 
     def is_available(self) -> bool:
+        if not _nvidia_driver_present():  # importing torch costs seconds before the page can answer
+            return False
         import torch
 
         return torch.cuda.is_available()

@@ -9,4 +9,15 @@ from one run, so a machine that is busy for the whole run still compares like wi
 from __future__ import annotations
 
 SCHEMA_VERSION = 1
-SECTIONS = ("modes", "restart", "recompile", "serving", "concurrency", "memory", "startup", "lora", "replicas")
+SECTIONS = (
+    "modes",
+    "restart",
+    "recompile",
+    "serving",
+    "concurrency",
+    "memory",
+    "startup",
+    "lora",
+    "replicas",
+    "families",
+)

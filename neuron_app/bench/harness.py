@@ -42,6 +42,7 @@ from neuron_app.bench.common import (
 )
 from neuron_app.engine.tiny import VARIANTS
 from neuron_app.settings import PROJECT_ROOT
+from neuron_app.shapes import Resolution
 
 #: Preference order for the mode that a server runs (the app's default first).
 SERVING_MODES = ("full", "regional", "eager")
@@ -389,6 +390,51 @@ class Harness:
             self.warm_cache = (folder, name)
         return folder, "empty"
 
+    def family_shapes(self) -> tuple[list[str], int, int]:
+        """The seven default shapes and VAE tile, or for the tiny models all of them divided by 4 (every side
+        stays a multiple of 16 and the three token families stay families); the smoke run: three small shapes."""
+        from neuron_app.settings import Settings
+
+        defaults = Settings.model_fields
+        shapes = list(defaults["resolutions"].default)
+        tile, overlap = defaults["vae_tile"].default, defaults["vae_tile_overlap"].default
+        if self.cfg.smoke:
+            return ["64x64", "128x64", "64x128"], 8, 2
+        if self.cfg.is_tiny:
+            shapes = [f"{r.width // 4}x{r.height // 4}" for r in map(Resolution.parse, shapes)]
+            tile, overlap = tile // 4, overlap // 4
+        return shapes, tile, overlap
+
+    def section_families(self) -> dict[str, Any]:
+        """Graphs compiled for the default shapes: the VAE compiled per latent shape (what a static-shape
+        compiler pays today) beside the tiled VAE (one graph); and the prompt cache's saving."""
+        shapes, tile, overlap = self.family_shapes()
+        mode = "full" if "full" in self.cfg.modes else self.cfg.serving_mode
+        paths = {}
+        for path in ("whole-vae", "tiled-vae"):
+            extra = {"resolutions": shapes, "default_resolution": shapes[0], "vae_tile": tile}
+            extra |= {"vae_tile_overlap": overlap, "vae_compile": "on" if path == "tiled-vae" else "off"}
+            spec = {
+                "kind": "families",
+                "path": path,
+                "settings": self.settings(mode, self.new_cache(f"families-{path}"), **extra),
+                "shapes": shapes,
+                "steps": self.cfg.steps,
+                "repeats": self.cfg.repeats,
+            }
+            paths[path] = self.run_worker(f"families-{path}", spec)
+        families = len({Resolution.parse(s).image_tokens for s in shapes})
+        tiled = paths["tiled-vae"]
+        return {
+            "shapes": shapes,
+            "tile": tile,
+            "overlap": overlap,
+            "mode": mode,
+            "families": families,
+            "paths": paths,
+            "ok": tiled["transformer_graphs"] == families and tiled["vae_graphs"] == 1,
+        }
+
     def section_recompile(self) -> dict[str, Any]:
         a, b = self.cfg.recompile_shapes[0], self.cfg.recompile_shapes[-1]
         cache_dir, cache_note = self._cache_for("recompile", fresh=self.parallel)
@@ -470,8 +516,12 @@ class Harness:
         shape, steps = self.cfg.shapes[0], self.cfg.steps
         client = self.client(server["url"])
         client.predict(PROMPT, shape, steps, 0, api_name="/generate")  # warm the connection and the queue
-        via_app, direct, bad = [], [], 0
+        via_app, direct, floor, bad = [], [], [], 0
+        client.predict(api_name="/floor")
         for seed in range(1, self.cfg.repeats + 1):
+            start = time.perf_counter()
+            client.predict(api_name="/floor")
+            floor.append(time.perf_counter() - start)
             direct.append(server["direct"](seed))
             start = time.perf_counter()
             path, info = client.predict(PROMPT, shape, steps, seed, api_name="/generate")
@@ -494,6 +544,8 @@ class Harness:
             "direct": direct,
             "via_app": app,
             "status_rtt": summarize(status),
+            "floor_rtt": summarize(floor),
+            "overhead_above_floor_ms": 1000 * (app["median_s"] - direct["median_s"] - summarize(floor)["median_s"]),
             "overhead_median_ms": 1000 * (app["median_s"] - direct["median_s"]),
             "overhead_p95_ms": 1000 * (app["p95_s"] - direct["p95_s"]),
             "bad_results": bad,
@@ -714,9 +766,11 @@ class Harness:
             from neuron_app.bench.replicas import section_replicas
 
             tasks["replicas"] = lambda: self.section("replicas", lambda: section_replicas(self))
+        if "families" in sections:
+            tasks["families"] = lambda: self.section("families", self.section_families)
         # With --jobs > 1 (the smoke run) independent processes run side by side, each in a fresh folder
         # but the warm restart, which needs the cold run's folder. Timings are then not comparable.
-        parallel_phases = [["modes", "recompile", "startup", "serving"], ["restart", "lora", "replicas"]]
+        parallel_phases = [["modes", "recompile", "startup", "serving", "families"], ["restart", "lora", "replicas"]]
         phases = parallel_phases if self.parallel else [[t] for t in tasks]
         try:
             self.prepare()

@@ -26,6 +26,7 @@ from neuron_app.bench.common import (
     since_process_start,
     summarize,
 )
+from neuron_app.shapes import Resolution
 
 
 def _settings(spec: dict[str, Any]) -> Any:
@@ -151,6 +152,15 @@ def sequence(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _add_floor_endpoint(demo: Any) -> None:
+    """`/floor`: a queued endpoint doing nothing, on the same server: what any Gradio request costs here."""
+    import gradio as gr
+
+    with demo:
+        button, out = gr.Button(visible=False), gr.Textbox(visible=False)
+        button.click(lambda: "ok", outputs=[out], api_name="floor", concurrency_limit=None)
+
+
 def serve(spec: dict[str, Any]) -> dict[str, Any]:
     """The real app on a ready shape, for outside clients; direct manager calls on request.
 
@@ -171,6 +181,7 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
     outcome = manager.compile_shape(shape)
     _timed_generate(manager, shape, steps, 0)  # warm: the first call after a compile can be slower
     app = build_app(settings, manager)
+    _add_floor_endpoint(app.demo)
     launch(app, block=False, quiet=True)
     graphs_ready = manager.counter.graphs
     emit(
@@ -199,7 +210,67 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-KINDS = {"prepare": prepare, "measure": measure, "sequence": sequence, "serve": serve, "lora": lora.measure}
+def families(spec: dict[str, Any]) -> dict[str, Any]:
+    """Compile every shape on one VAE path; count transformer and VAE graphs apart. Then, on the last shape,
+    the text encoder's share of a generation and what the prompt cache saves.
+
+    Paths: `eager-vae` (today on CPU/GPU: the VAE runs eager, no graph), `whole-vae` (the VAE decoder compiled
+    on the whole latent: what a static-shape compiler such as Neuron pays today, one graph per latent shape)
+    and `tiled-vae` (vae_compile on: one tile graph for every shape).
+    """
+    manager = _manager(spec)
+    pipe = manager.ensure_loaded()
+    if spec["path"] == "whole-vae":
+        pipe.vae.decoder.compile(backend=manager.vae_counter, fullgraph=True, dynamic=False)
+    rows = []
+    for shape in spec["shapes"]:
+        total, vae = manager.counter.graphs, manager.vae_counter.graphs
+        outcome = manager.compile_shape(shape)
+        _timed_generate(manager, shape, 1, 0)  # the request itself: a shape that shares a graph compiles nothing
+        rows.append(
+            {
+                "shape": shape,
+                "tokens": Resolution.parse(shape).image_tokens,
+                "transformer_graphs": (manager.counter.graphs - total) - (manager.vae_counter.graphs - vae),
+                "vae_graphs": manager.vae_counter.graphs - vae,
+                "compile_s": outcome.compile_s,
+                "cache": str(outcome.cache),
+            }
+        )
+    shape, steps, repeats = spec["shapes"][-1], spec["steps"], spec["repeats"]
+    encode = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        pipe.encode_prompt(prompt=f"{PROMPT} {i}", max_sequence_length=manager.settings.max_sequence_length)
+        encode.append(time.perf_counter() - start)
+    misses = [_timed_generate(manager, shape, steps, 0, f"{OTHER_PROMPT} {i}")[0] for i in range(repeats)]
+    hits = [_timed_generate(manager, shape, steps, seed, OTHER_PROMPT + " 0")[0] for seed in range(1, repeats + 1)]
+    status = manager.status()
+    return {
+        "path": spec["path"],
+        "mode": status.compile_mode,
+        "backend": status.compile_backend,
+        "device": status.device,
+        "dtype": status.dtype,
+        "rows": rows,
+        "transformer_graphs": status.compiles - manager.vae_counter.graphs,
+        "vae_graphs": manager.vae_counter.graphs,
+        "compile_s": sum(r["compile_s"] for r in rows),
+        "encode": summarize(encode),
+        "generate_miss": summarize(misses),
+        "generate_hit": summarize(hits),
+        "prompt_cache": status.prompt_cache,
+    }
+
+
+KINDS = {
+    "prepare": prepare,
+    "measure": measure,
+    "sequence": sequence,
+    "serve": serve,
+    "lora": lora.measure,
+    "families": families,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -72,20 +72,24 @@ def test_importing_the_package_loads_no_heavy_library() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_on_neuron_a_transposed_shape_is_its_own_compile(
+def test_on_neuron_a_transposed_shape_shares_everything_only_with_the_tiled_vae(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_settings: Any
 ) -> None:
-    """CPU shares one transformer graph between 128x64 and 64x128; Neuron also compiles the eager VAE
-    ops per shape, so there the manager keys compile state per orientation (FAKE SDK, no loading)."""
+    """CPU shares one transformer graph between 128x64 and 64x128. Neuron also compiles eager ops per shape:
+    with the tiled VAE (vae_compile auto = on there) the VAE has one graph for every shape, so the key is the
+    transformer's; with vae_compile off the eager VAE compiles per orientation, and so does the key (FAKE SDK)."""
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.shapes import Resolution
 
     wide, tall = Resolution(128, 64), Resolution(64, 128)
     cpu = PipelineManager(make_settings())
-    assert cpu.graph_key(wide) == cpu.graph_key(tall)
+    assert cpu.graph_key(wide) == cpu.graph_key(tall) and not cpu.vae_compiled
 
     with fake_sdk_on_path(monkeypatch, FAKE_SDK):
         neuron = PipelineManager(make_settings(device="neuron", compile_backend=None))
-        assert neuron.backend.name == "neuron" and neuron.compile_backend == "neuron"
-        assert neuron.graph_key(wide) != neuron.graph_key(tall)
-        assert neuron.graph_key(wide).image_tokens == neuron.graph_key(tall).image_tokens
+        assert neuron.backend.name == "neuron" and neuron.compile_backend == "neuron" and neuron.vae_compiled
+        assert neuron.graph_key(wide) == neuron.graph_key(tall)
+        eager_vae = PipelineManager(make_settings(device="neuron", compile_backend=None, vae_compile="off"))
+        assert eager_vae.graph_key(wide) != eager_vae.graph_key(tall)
+        assert eager_vae.graph_key(wide).image_tokens == eager_vae.graph_key(tall).image_tokens
+        assert neuron.fingerprint != eager_vae.fingerprint  # the tile is part of what a precompiled entry names

@@ -15,7 +15,6 @@ from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.prompt_cache import PromptCache
 from neuron_app.engine.records import CacheResult, ShapeState
 from neuron_app.engine.vae import TileSpec
-from neuron_app.shapes import Resolution
 
 #: Tiled vs whole decode must agree above this. 30 dB is an RMS error of 3 % of the pixel range (about
 #: 8 levels of 255), the usual bar for "visually the same" in lossy image coding (JPEG at quality 75 sits
@@ -86,20 +85,6 @@ def test_a_token_family_shares_every_graph_with_the_tiled_vae(make_settings: Any
     assert (status.compiles, status.vae_compiles) == (4, 1)
 
 
-def test_neuron_keys_orientation_only_without_the_tiled_vae(make_settings: Any) -> None:
-    manager = PipelineManager(make_settings(vae_compile="on"))
-    manager.backend.__class__.compiles_eager_ops_per_shape  # noqa: B018 - the class attribute exists
-    wide, tall = Resolution(128, 64), Resolution(64, 128)
-    manager.vae_compiled = True
-    type(manager.backend).compiles_eager_ops_per_shape = True
-    try:
-        assert manager.graph_key(wide) == manager.graph_key(tall)
-        manager.vae_compiled = False
-        assert manager.graph_key(wide) != manager.graph_key(tall)
-    finally:
-        type(manager.backend).compiles_eager_ops_per_shape = False
-
-
 def test_vae_compile_auto_is_on_for_neuron_only() -> None:
     from neuron_app.engine.vae import vae_compiled
 
@@ -139,3 +124,24 @@ def test_prompt_cache_is_lru_and_keyed_on_length_and_model(make_settings: Any) -
     assert cache.embeds(pipe, "a", 16).shape[1] == 16  # another length is another entry
     assert cache.snapshot() == {"hits": 2, "misses": 4, "entries": 2, "size": 2}
     assert PromptCache(2, "model-b").embeds(pipe, "a", 32) is not a32
+
+
+def test_the_page_is_built_before_torch_is_imported(tmp_path: Path) -> None:
+    """What app.py does before `launch`: settings, manager (device auto), the Blocks; none of it imports torch."""
+    import subprocess
+    import sys
+
+    from neuron_app.backends.cuda import _nvidia_driver_present
+
+    if _nvidia_driver_present():
+        pytest.skip("with an NVIDIA driver, device auto asks torch whether CUDA works")
+    code = (
+        "import sys; from neuron_app.settings import load_settings; "
+        "from neuron_app.web.server import build_app, prepare_environment; "
+        f"s = load_settings(model='tiny', device='auto', cache_dir={str(tmp_path)!r}); prepare_environment(s); "
+        "from neuron_app.engine.manager import PipelineManager; m = PipelineManager(s); build_app(s, m); "
+        "print(m.backend.name, [n for n in ('torch', 'diffusers', 'transformers') if n in sys.modules])"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[-2].endswith("[]"), out.stdout

@@ -189,3 +189,21 @@ def dist_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "absent"
+
+
+class FolderSize:
+    """The cache folder's size for status, re-measured at most every `ttl_s` (walking a big NEFF cache costs)."""
+
+    def __init__(self, folder: Path, ttl_s: float = 10.0) -> None:
+        self.folder, self.ttl_s = folder, ttl_s
+        self._stamp, self._size = 0.0, 0
+
+    def invalidate(self) -> None:
+        self._stamp = 0.0
+
+    def get(self) -> int:
+        now = time.monotonic()
+        if self._stamp == 0.0 or now - self._stamp > self.ttl_s:
+            self._size = folder_size(self.folder) if self.folder.exists() else 0
+            self._stamp = now
+        return self._size

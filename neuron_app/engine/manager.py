@@ -13,19 +13,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, admitted, reports_failures
 from neuron_app.engine.cache import (
+    FolderSize,
     Manifest,
     ManifestEntry,
     dist_version,
     estimate_compile_s,
     fingerprint_of,
-    folder_size,
 )
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
 from neuron_app.engine.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
@@ -37,6 +36,7 @@ from neuron_app.engine.records import (
     CompileOutcome,
     GenerationFailed,
     GenerationRecord,
+    GraphState,
     ManagerStatus,
     ProgressCallback,
     ProgressEvent,
@@ -55,17 +55,6 @@ log = logging.getLogger(__name__)
 
 BATCH_SIZE = 1
 WARMUP_PROMPT = "warm-up"
-_CACHE_SIZE_TTL_S = 10.0
-
-
-@dataclass
-class _GraphState:
-    state: ShapeState = ShapeState.NOT_COMPILED
-    compile_s: float | None = None
-    graphs: int = 0
-    cache: CacheResult | None = None
-    error: str | None = None
-    compiled_as: str | None = None  # the resolution whose compile produced this graph
 
 
 Listener = Callable[[Any], None]
@@ -97,10 +86,10 @@ class PipelineManager:
         self._loading = False
         self._load_s: float | None = None
         self._load_error: str | None = None
-        self._graphs: dict[GraphKey, _GraphState] = {}
+        self._graphs: dict[GraphKey, GraphState] = {}
         self._hits: dict[str, int] = {str(r): 0 for r in self.resolutions}
         self._listeners: list[Listener] = []
-        self._cache_size_memo: tuple[float, int] = (0.0, 0)
+        self._cache_size = FolderSize(settings.cache_dir)
         self.warmup = Warmup(self)
         self.admission = Admission()  # graceful shutdown: `drain` refuses new work, waits for work in flight
 
@@ -269,7 +258,7 @@ class PipelineManager:
     def _compile_locked(self, res: Resolution, progress: ProgressCallback | None) -> CompileOutcome:
         key = self.graph_key(res)
         with self._state_lock:
-            graph = self._graphs.setdefault(key, _GraphState())
+            graph = self._graphs.setdefault(key, GraphState())
             if graph.state is ShapeState.READY:
                 return CompileOutcome(str(res), CacheResult.MEMORY, False, 0.0, 0)
             graph.state, graph.error = ShapeState.COMPILING, None
@@ -307,7 +296,7 @@ class PipelineManager:
         with self._state_lock:
             graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
             graph.compiled_as = str(res)
-            self._cache_size_memo = (0.0, 0)  # the compile wrote to the cache folder: measure it again
+            self._cache_size.invalidate()  # the compile wrote to the cache folder: measure it again
         log.info("compile done %s in %.2fs: %d graph(s), cache=%s", res, elapsed, graphs, cache)
         if needs_run:
             self.manifest.record(
@@ -406,14 +395,6 @@ class PipelineManager:
         return self.admission.drain(timeout)
 
     # --- status --------------------------------------------------------------------------------
-    def _cache_size(self) -> int:
-        now = time.monotonic()
-        stamp, size = self._cache_size_memo
-        if now - stamp > _CACHE_SIZE_TTL_S or stamp == 0.0:
-            size = folder_size(self.settings.cache_dir) if self.settings.cache_dir.exists() else 0
-            self._cache_size_memo = (now, size)
-        return size
-
     def status(self) -> ManagerStatus:
         """A snapshot for the UI and the API; never waits for the device."""
         entries = self.manifest.entries()
@@ -421,7 +402,7 @@ class PipelineManager:
             shapes = {}
             for res in self.resolutions:
                 name = str(res)
-                graph = self._graphs.get(self.graph_key(res), _GraphState())
+                graph = self._graphs.get(self.graph_key(res), GraphState())
                 validity = self.manifest.validity(name, self.fingerprint, entries)
                 shapes[name] = ShapeStatus(
                     resolution=name,
@@ -446,7 +427,7 @@ class PipelineManager:
                 compile_backend=self.compile_backend,
                 tp_degree=self.settings.tp_degree,
                 cache_dir=str(self.settings.cache_dir),
-                cache_size_bytes=self._cache_size(),
+                cache_size_bytes=self._cache_size.get(),
                 loaded=self._pipe is not None,
                 loading=self._loading,
                 load_s=None if self._load_s is None else round(self._load_s, 3),

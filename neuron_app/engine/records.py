@@ -90,6 +90,18 @@ class RequestFailed:
     error: str
 
 
+@dataclass
+class GraphState:
+    """The manager's state of one graph key; `status()` reads it into `ShapeStatus` per configured shape."""
+
+    state: ShapeState = ShapeState.NOT_COMPILED
+    compile_s: float | None = None
+    graphs: int = 0
+    cache: CacheResult | None = None
+    error: str | None = None
+    compiled_as: str | None = None  # the resolution whose compile produced this graph
+
+
 @dataclass(frozen=True)
 class ShapeStatus:
     resolution: str

@@ -634,7 +634,35 @@ class Harness:
         starts = [("lazy", False), ("load_on_start", True)]
         with ThreadPoolExecutor(max_workers=self.cfg.jobs) as pool:
             rows = list(pool.map(lambda start: self._start_app(*start, cache_dir), starts))
-        return {"cache_folder": cache_note, "mode": self.cfg.serving_mode, "shape": self.cfg.shapes[0], "rows": rows}
+        trivial = self._start_trivial_gradio()
+        return {
+            "cache_folder": cache_note,
+            "mode": self.cfg.serving_mode,
+            "shape": self.cfg.shapes[0],
+            "rows": rows,
+            "trivial_page_s": trivial,
+            "page_vs_trivial": rows[0]["page_s"] / trivial,
+        }
+
+    def _start_trivial_gradio(self) -> float:
+        """Seconds from starting a one-textbox Gradio app to its HTTP 200: the floor for any Gradio page here."""
+        port = free_port()
+        code = (
+            "import gradio as gr\n"
+            "with gr.Blocks() as demo:\n    gr.Textbox()\n"
+            f"demo.launch(server_name='127.0.0.1', server_port={port}, quiet=True)\n"
+        )
+        start = time.perf_counter()
+        proc, log_path = self._popen([sys.executable, "-c", code], "startup-trivial", stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + self.cfg.timeout_s
+            while not _http_ok(f"http://127.0.0.1:{port}/"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise BenchError(f"trivial Gradio app did not answer: {_log_tail(log_path)}")
+                time.sleep(0.02)
+            return time.perf_counter() - start
+        finally:
+            _stop_group(proc)
 
     def _start_app(self, label: str, load_on_start: bool, cache_dir: Path) -> dict[str, Any]:
         import psutil

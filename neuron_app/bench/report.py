@@ -244,10 +244,17 @@ def startup_md(results: dict[str, Any]) -> str:
         [r["start"], _s(r["page_s"]), _s(r["loaded_s"]), _s(r["load_s"]), _s(r["first_image_s"]), r["first_cache"]]
         for r in sec["rows"]
     ]
+    floor = ""
+    if "trivial_page_s" in sec:  # a one-textbox Gradio app started in the same run
+        floor = (
+            f"\n\nA trivial Gradio app (one textbox) answered {_s(sec['trivial_page_s'])} s after its start; "
+            f"our lazy page took {_x(sec['page_vs_trivial'])} that."
+        )
     return (
         f"`python app.py`, mode {sec['mode']}, cache folder {sec['cache_folder']}; seconds from the process start. "
         f"The first request ({sec['shape']}) is sent as soon as the page answers (it is what loads a lazy server).\n\n"
         + _table(["start", "page HTTP 200 s", "model loaded s", "load itself s", "first image s", "cache"], rows)
+        + floor
     )
 
 

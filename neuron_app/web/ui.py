@@ -113,10 +113,20 @@ def status_markdown(status: ManagerStatus) -> str:
         f"**Device** {status.device} · **dtype** {status.dtype} · **compile** {status.compile_mode}"
         f" / {status.compile_backend} · **TP** {status.tp_degree} · **fallback** {status.fallback or '-'}\n\n"
         f"**Model** `{status.model}` ({model_state}) · **graphs compiled** {status.compiles}"
-        f"{warm_line}\n\n"
+        f"{compile_less_markdown(status)}{warm_line}\n\n"
         f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}) · fingerprint `{status.fingerprint}`"
         f"{lora_markdown(status)}"
     )
+
+
+def compile_less_markdown(status: ManagerStatus) -> str:
+    """How many of the graphs are the VAE's, and what the prompt cache saved (engine/vae.py, prompt_cache.py)."""
+    vae = getattr(status, "vae_compiles", 0)
+    cache = getattr(status, "prompt_cache", None) or {}
+    text = f" (VAE: {vae})" if vae else ""
+    if cache.get("size"):
+        text += f" · **prompt cache** {cache['hits']} hits, {cache['misses']} misses"
+    return text
 
 
 def lora_markdown(status: ManagerStatus) -> str:

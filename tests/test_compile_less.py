@@ -50,7 +50,7 @@ def test_tiled_decode_matches_the_whole_decode(make_settings: Any, shared_models
 
     ensure_tiny(shared_models, "tiny-deep")
     common = {"model": "tiny-deep", "compile_mode": "eager", "resolutions": ["256x128"]}
-    common["default_resolution"] = "256x128"
+    common |= {"default_resolution": "256x128", "default_steps": 1}  # the compile step runs default_steps
     plain = PipelineManager(make_settings(**common, vae_compile="off"))
     tiled = PipelineManager(make_settings(**common, vae_compile="on", vae_tile=16, vae_tile_overlap=4))
     whole = plain.generate("a red fox in the snow", "256x128", 2, 7).image
@@ -67,7 +67,7 @@ def test_tiled_decode_matches_the_whole_decode(make_settings: Any, shared_models
 
 def test_a_token_family_shares_every_graph_with_the_tiled_vae(make_settings: Any) -> None:
     """128x64 and 64x128 (32 tokens): the second compiles nothing, counted exactly; 1 VAE graph for all."""
-    manager = PipelineManager(make_settings(vae_compile="on", vae_tile=8, vae_tile_overlap=2))
+    manager = PipelineManager(make_settings(vae_compile="on", vae_tile=8, vae_tile_overlap=2, default_steps=1))
     first = manager.generate("fox", "128x64", 1, 0)
     status = manager.status()
     assert (status.compiles, status.vae_compiles) == (2, 1)  # the transformer's graph and the tile graph
@@ -93,8 +93,8 @@ def test_vae_compile_auto_is_on_for_neuron_only() -> None:
 
 
 def test_prompt_cache_skips_the_encoder_and_keeps_images_identical(make_settings: Any) -> None:
-    cached = PipelineManager(make_settings(compile_mode="eager"))
-    uncached = PipelineManager(make_settings(compile_mode="eager", prompt_cache_size=0))
+    cached = PipelineManager(make_settings(compile_mode="eager", default_steps=1))
+    uncached = PipelineManager(make_settings(compile_mode="eager", default_steps=1, prompt_cache_size=0))
     encoder_calls = []
     pipe = cached.ensure_loaded()
     handle = pipe.text_encoder.register_forward_hook(lambda *_: encoder_calls.append(1))

@@ -390,8 +390,7 @@ class PipelineManager:
         return self.admission.draining
 
     def drain(self, timeout: float) -> bool:
-        """Refuse new device work and wait up to `timeout` s for the calls in flight (a compile's manifest entry
-        is then written); False if time ran out."""
+        """Refuse new device work; wait up to `timeout` s for the work in flight (False if time ran out)."""
         return self.admission.drain(timeout)
 
     # --- status --------------------------------------------------------------------------------

@@ -283,7 +283,7 @@ class ReplicaClient:
                 req = requests.validate(
                     self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options
                 )
-                record = self._run(req, (prompt, resolution, steps, seed), options, progress)
+                record = self._run(req, options, progress)
         except Exception as exc:
             self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", one_line(exc)))
             raise
@@ -292,9 +292,7 @@ class ReplicaClient:
         self._emit(record)
         return record
 
-    def _run(
-        self, req: Any, args: tuple[Any, ...], options: dict[str, Any], progress: ProgressCallback | None
-    ) -> GenerationRecord:
+    def _run(self, req: Any, options: dict[str, Any], progress: ProgressCallback | None) -> GenerationRecord:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         shape = str(req.resolution)

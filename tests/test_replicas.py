@@ -172,8 +172,11 @@ def test_two_replicas_serve_and_routing_prefers_the_replica_with_the_graph(repli
     unsubscribe()
     assert {r.replica for r in later} == {first.replica}
     assert not any(r.compiled for r in later)
-    status = replicas.status()
-    assert status.shapes["64x64"].ready_replicas == 1 and status.compiles == 1
+    # Replicas publish their status every half second (and after each request): the merged view follows.
+    status = _wait(
+        lambda: (st := replicas.status()).shapes["64x64"].ready_replicas == 1 and st, 30, "the status to follow"
+    )
+    assert status.compiles == 1 and status.shapes["64x64"].state == "ready"
     assert [type(e).__name__ for e in seen].count("GenerationRecord") == 5  # local subscribers (metrics) see them
     assert later[0].info()["replica"] == first.replica
 

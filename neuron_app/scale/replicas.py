@@ -179,6 +179,7 @@ class ReplicaServer:
                 graphs_compiled=fresh.graphs,
                 total_s=round(time.perf_counter() - start, 4),
             )
+        self._publish()  # the status board follows at once, not at the next tick
         return replace(record, replica=self.replica_id)
 
     def describe(self) -> dict[str, Any]:
@@ -190,12 +191,15 @@ class ReplicaServer:
             "status": self.manager.status(),
         }
 
+    def _publish(self) -> None:
+        try:
+            self.board.put.remote(self.replica_id, self.describe())
+        except Exception as exc:  # the board went away (the front end stopped): keep serving
+            log.debug("status publish failed: %s", exc)
+
     def _publish_loop(self) -> None:
         while not self._stop.wait(PUBLISH_INTERVAL_S):
-            try:
-                self.board.put.remote(self.replica_id, self.describe())
-            except Exception as exc:  # the board went away (the front end stopped): keep serving
-                log.debug("status publish failed: %s", exc)
+            self._publish()
 
     async def check_health(self) -> None:
         """Serve calls this periodically; a replica whose publisher died is restarted."""

@@ -38,6 +38,28 @@ TINY_OVERRIDES: dict[str, Any] = {
 }
 
 
+#: What the app exports for the Neuron stack (neuron_app.environment): restored after every test, so a test that
+#: resolved the neuron backend in-process leaks no value that later subprocesses would take for the user's.
+NEURON_ENV = (
+    "TORCH_NEURONX_NEFF_CACHE_DIR",
+    "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
+    "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS",
+    "NEURON_RT_VISIBLE_CORES",
+    "_NEURON_APP_EXPORTED",
+)
+
+
+@pytest.fixture(autouse=True)
+def _neuron_env_per_test() -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in NEURON_ENV}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _room_for_many_pipelines() -> None:
     """A server holds one pipeline; this test process builds dozens. Dynamo keys its cache on the

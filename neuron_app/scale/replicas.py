@@ -460,8 +460,20 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         fingerprint=base.fingerprint if base else "",
         warmup=base.warmup if base else {"mode": settings.warmup, "running": False, "done": [], "pending": []},
         shapes=shapes,
+        loras=base.loras if base else [],
+        fallback=base.fallback if base else "",
         replicas=replicas,
+        vae_compiles=sum(s.vae_compiles for s in statuses),
+        prompt_cache=_summed([s.prompt_cache for s in statuses]),
     )
+
+
+def _summed(counters: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for counter in counters:
+        for key, value in counter.items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 _REMOTE_ERROR = re.compile(r"(RequestError|ShuttingDown|CompileFailed|GenerationFailed|ModelLoadError): (.+)")

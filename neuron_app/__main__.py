@@ -40,25 +40,37 @@ def _manager() -> Any:
 def cmd_precompile(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from neuron_app.engine import requests
+    from neuron_app.engine.edits import edit_label
     from neuron_app.engine.records import CompileFailed
 
     manager = _manager()
     names = args.resolutions or [str(r) for r in manager.resolutions]
-    for name in names:  # refuse unknown shapes before loading anything
+    for name in names:  # refuse unknown shapes and buckets before loading anything
         manager.configured_resolution(name)
+    settings = manager.settings
+    counts = sorted(set(args.references))
+    if any(n < 0 or n > settings.max_references for n in counts):
+        raise requests.RequestError(
+            f"--references counts must be between 0 and max_references ({settings.max_references})"
+        )
+    first = [*settings.parsed_reference_resolutions, None][0]
+    bucket = requests.check_bucket(settings, args.reference_bucket or first) if any(counts) else None
+    jobs = [(name, (bucket,) * n) for name in names for n in counts]
     t0 = time.perf_counter()
     manager.ensure_loaded()
     load_s = time.perf_counter() - t0
     rows, failed = [], 0
-    bar = tqdm(names, desc="precompile", unit="shape", file=sys.stderr)
-    for name in bar:
-        bar.set_postfix_str(name)
+    bar = tqdm(jobs, desc="precompile", unit="graph", file=sys.stderr)
+    for name, buckets in bar:
+        label = edit_label(manager.configured_resolution(name), buckets) if buckets else name
+        bar.set_postfix_str(label)
         try:
-            outcome = manager.compile_shape(name)
-            rows.append([name, "ready", str(outcome.cache), outcome.graphs, f"{outcome.compile_s:.2f}"])
+            outcome = manager.compile_shape(name, references=buckets)
+            rows.append([label, "ready", str(outcome.cache), outcome.graphs, f"{outcome.compile_s:.2f}"])
         except CompileFailed as exc:
             failed += 1
-            rows.append([name, "failed", "", 0, str(exc)[:120]])
+            rows.append([label, "failed", "", 0, str(exc)[:120]])
     print(f"model {manager.settings.model} loaded in {load_s:.1f}s; cache {manager.settings.cache_dir}")
     print(_table(["shape", "state", "cache", "graphs", "seconds"], rows))
     print(f"manifest: {manager.manifest.path} (fingerprint {manager.fingerprint})")
@@ -135,6 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N-M",
         help="NeuronCores to reserve (NEURON_RT_VISIBLE_CORES), e.g. 4-7 beside a server on 0-3",
     )
+    pre.add_argument(
+        "--references",
+        nargs="+",
+        type=int,
+        default=[0],
+        metavar="N",
+        help="reference counts to compile edit graphs for (0 = text to image; default 0), e.g. --references 0 1 2",
+    )
+    pre.add_argument("--reference-bucket", metavar="WxH", help="bucket of those references (default: the first)")
     pre.set_defaults(func=cmd_precompile)
     cache = sub.add_parser("cache", help="list the cache folder; remove stale entries")
     group = cache.add_mutually_exclusive_group()

@@ -26,6 +26,9 @@ ENV_PREFIX = "NEURON_APP_"
 SETTINGS_FILE_ENV = "NEURON_APP_SETTINGS"
 SECRET_FIELDS = ("auth_username", "auth_password", "hf_token", "api_key")
 TINY = "tiny"
+#: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).
+MAX_REFERENCE_AREA = 1024 * 1024
+MIN_REFERENCE_SIDE = 64
 
 
 def settings_file() -> Path:
@@ -141,6 +144,26 @@ class Settings(BaseSettings):
         64, ge=1, le=1024, description="Hotswap target rank: every adapter is padded to it; higher ranks are refused."
     )
     max_lora_scale: float = Field(2.0, gt=0.0, le=100.0, description="Largest LoRA scale a request may ask for.")
+    # --- editing with reference images -------------------------------------------------------
+    max_references: int = Field(4, ge=0, le=16, description="Reference images an edit may carry; 0 turns editing off.")
+    reference_resolutions: list[str] = Field(
+        [],
+        description="Buckets every reference is resized and center-cropped to (nearest aspect ratio), as WIDTHxHEIGHT, "
+        "multiples of 16, at most 1024x1024 in area; empty = the served resolutions up to that area.",
+    )
+    max_upload_mb: float = Field(
+        20.0,
+        gt=0,
+        le=1024,
+        description="Largest uploaded file, in MB (Gradio's max_file_size; also checked per reference).",
+    )
+    max_reference_pixels: int = Field(
+        50_000_000,
+        ge=4096,
+        le=178_956_970,  # Pillow's own hard limit (2 x Image.MAX_IMAGE_PIXELS): beyond it Pillow refuses anyway
+        description="Largest reference image in pixels (width x height), checked before decoding: "
+        "decompression bombs are refused.",
+    )
 
     # --- cache and start-up ----------------------------------------------------------------
     cache_dir: Path = Field(
@@ -245,6 +268,21 @@ class Settings(BaseSettings):
         first, last = parse_cores(value)
         return str(first) if first == last else f"{first}-{last}"
 
+    @field_validator("reference_resolutions")
+    @classmethod
+    def _check_reference_resolutions(cls, value: list[str]) -> list[str]:
+        for text in value:
+            try:
+                res = Resolution.parse(text)
+            except ShapeError as exc:
+                raise ValueError(str(exc)) from None
+            if res.width * res.height > MAX_REFERENCE_AREA or min(res.width, res.height) < MIN_REFERENCE_SIDE:
+                raise ValueError(
+                    f"reference resolution {res} must be at most {MAX_REFERENCE_AREA} pixels in area "
+                    f"and at least {MIN_REFERENCE_SIDE} px a side (the pipeline would resize it otherwise)"
+                )
+        return value
+
     @field_validator("cache_dir")
     @classmethod
     def _check_cache_dir(cls, value: Path) -> Path:
@@ -286,6 +324,17 @@ class Settings(BaseSettings):
     def uses_replicas(self) -> bool:
         """Serve through Ray Serve replicas instead of an in-process manager."""
         return self.replicas > 1 or bool(self.ray_address)
+
+    @property
+    def parsed_reference_resolutions(self) -> list[Resolution]:
+        """The reference buckets: the configured ones, else the served shapes the pipeline leaves unchanged."""
+        if self.reference_resolutions:
+            return [Resolution.parse(r) for r in self.reference_resolutions]
+        return [
+            r
+            for r in self.parsed_resolutions
+            if r.width * r.height <= MAX_REFERENCE_AREA and min(r.width, r.height) >= MIN_REFERENCE_SIDE
+        ]
 
     @property
     def is_tiny(self) -> bool:

@@ -60,19 +60,34 @@ class GraphKey:
     graph: measured on CPU, the second one's first call compiles nothing. Where the device also
     compiles the eager parts per shape (Neuron compiles every op on first use, the VAE decoder's
     included), the orientation is part of the key: `layout` is then the resolution itself.
+
+    An edit concatenates its references' tokens after the output's: `image_tokens` is then the total.
+    Measured on CPU (tiny model): edits of one total share a graph whatever the split (64x64 + a 128x128
+    reference = 128x128 + a 64x64 one) or the reference count, but never a text-to-image graph of the same
+    total, hence `edit`. Per orientation, the layout names the output and the (sorted) reference buckets.
     """
 
     image_tokens: int
     batch_size: int
     max_sequence_length: int
     layout: str | None = None
+    edit: bool = False
 
     @classmethod
     def for_shape(
-        cls, res: Resolution, *, batch_size: int, max_sequence_length: int, per_orientation: bool = False
+        cls,
+        res: Resolution,
+        *,
+        batch_size: int,
+        max_sequence_length: int,
+        per_orientation: bool = False,
+        references: tuple[Resolution, ...] = (),
     ) -> GraphKey:
-        return cls(res.image_tokens, batch_size, max_sequence_length, str(res) if per_orientation else None)
+        tokens = res.image_tokens + sum(r.image_tokens for r in references)
+        layout = "+".join([str(res), *sorted(str(r) for r in references)]) if per_orientation else None
+        return cls(tokens, batch_size, max_sequence_length, layout, bool(references))
 
     def __str__(self) -> str:
         text = f"tokens={self.image_tokens},batch={self.batch_size},seq={self.max_sequence_length}"
+        text += ",edit" if self.edit else ""
         return f"{text},layout={self.layout}" if self.layout else text

@@ -93,3 +93,23 @@ def test_type_pick_generate_see_image_and_ready_label(page: Any) -> None:
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_upload_a_reference_edit_and_use_the_result_as_the_next_reference(page: Any, tmp_path: Path) -> None:
+    """Upload a wide reference, pick `auto` (offered only while references are uploaded), edit, then put the
+    result back as a second reference."""
+    from PIL import Image
+
+    wide = tmp_path / "wide.png"
+    Image.new("RGB", (240, 120), (30, 90, 200)).save(wide)
+    page.locator("#references input[type=file]").set_input_files(str(wide))
+    page.wait_for_function("() => document.querySelector('#resolution input').value !== ''", timeout=TIMEOUT_MS)
+    choose_resolution(page, "auto - ")
+    page.locator("#randomize input").uncheck()
+    page.locator("#prompt textarea").fill("make the sky orange")
+    page.locator("#generate").click()
+    info = page.locator("#info").filter(has_text="references 240x120 → 128x64")
+    info.wait_for()
+    assert "128x64, " in info.inner_text()  # auto: the served shape nearest the reference's 2:1
+    page.locator("#use-as-reference").click()
+    page.wait_for_function("() => document.querySelectorAll('#references img').length >= 2", timeout=TIMEOUT_MS)

@@ -23,7 +23,7 @@ async def _session(url: str, work: Any) -> Any:
 
 
 def test_mcp_client_lists_and_calls_generate(launched_app: Any) -> None:
-    """The tools are `generate` and `status`, typed and documented (shapes and step range in the description);
+    """The tools are `generate`, `edit` and `status`, typed and documented (shapes and step range in the description);
     calling `generate` returns the PNG and its record, through the same manager as the page."""
 
     progress: list[str] = []
@@ -41,7 +41,8 @@ def test_mcp_client_lists_and_calls_generate(launched_app: Any) -> None:
         return tools, called, again, status
 
     tools, called, again, status = asyncio.run(_session(launched_app.url, work))
-    assert set(tools) == {"generate", "status"}
+    assert set(tools) == {"generate", "edit", "status"}
+    assert "reference images" in tools["edit"].description
     generate = tools["generate"]
     assert generate.inputSchema["required"] == ["prompt", "resolution", "steps", "seed"]
     properties = generate.inputSchema["properties"]

@@ -187,11 +187,21 @@ def test_raw_http_errors_are_openai_shaped(api_app: Any) -> None:
     assert api_app.manager.status().compiles == compiles
 
 
-def test_edits_answer_a_clear_501_until_the_editing_path_exists(client: OpenAI) -> None:
-    with pytest.raises(openai.APIStatusError) as caught:
+def test_edits_run_the_editing_path(client: OpenAI, api_app: Any) -> None:
+    """`images.edit` with reference images: size auto follows the first reference; a bad image is a 400 naming
+    it, and compiles nothing."""
+    buf = io.BytesIO()
+    Image.new("RGB", (100, 200), (20, 120, 220)).save(buf, "PNG")
+    result = client.images.edit(
+        image=[("tall.png", buf.getvalue(), "image/png")], prompt=PROMPT, extra_body={"seed": 3}
+    )
+    provenance = result.data[0].model_extra["provenance"]
+    assert provenance["resolution"] == "64x128" and provenance["references"][0]["bucket"] == "64x128"
+    assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (64, 128)
+    compiles = api_app.manager.status().compiles
+    with pytest.raises(openai.BadRequestError, match="reference image 1 is not a readable image"):
         client.images.edit(image=("ref.png", b"\x89PNG not really", "image/png"), prompt=PROMPT)
-    assert caught.value.status_code == 501
-    assert caught.value.body["message"] == "image editing is not available on this server"
+    assert api_app.manager.status().compiles == compiles
 
 
 # --- auth, queue, shutdown ----------------------------------------------------------------------------

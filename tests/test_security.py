@@ -172,11 +172,12 @@ def test_files_outside_the_app_folders_are_not_served(auth_app: Any) -> None:
 
 
 def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Client) -> None:
-    """The named API is exactly `generate(prompt, resolution, steps, seed[, lora, lora_scale])` and `status()`;
-    no unnamed endpoint; no event anywhere (page included) takes an input that could pick the model, its revision,
+    """The named API is exactly `generate(prompt, resolution, steps, seed[, lora, lora_scale])`, `edit(prompt,
+    images, resolution, steps, seed[, lora, lora_scale])` and `status()`; no unnamed endpoint; no event anywhere
+    (page included) takes an input that could pick the model, its revision,
     a token, the device or a path."""
     api = auth_client.view_api(return_format="dict", print_info=False)
-    assert set(api["named_endpoints"]) == {"/generate", "/status"}
+    assert set(api["named_endpoints"]) == {"/generate", "/edit", "/status"}
     assert not api["unnamed_endpoints"]
     params = api["named_endpoints"]["/generate"]["parameters"]
     assert [(p["parameter_name"], p["component"]) for p in params] == [
@@ -188,6 +189,16 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("lora_scale", "Number"),
     ]
     assert api["named_endpoints"]["/status"]["parameters"] == []
+    edit = api["named_endpoints"]["/edit"]["parameters"]
+    assert [(p["parameter_name"], p["component"]) for p in edit] == [
+        ("prompt", "Textbox"),
+        ("images", "File"),
+        ("resolution", "Textbox"),
+        ("steps", "Number"),
+        ("seed", "Number"),
+        ("lora", "Textbox"),
+        ("lora_scale", "Number"),
+    ]
     for fn in auth_app.demo.fns.values():
         for block in fn.inputs:
             names = " ".join(str(getattr(block, a, "") or "") for a in ("label", "elem_id")).lower()

@@ -20,4 +20,5 @@ SECTIONS = (
     "lora",
     "replicas",
     "families",
+    "edit",
 )

@@ -452,6 +452,26 @@ class Harness:
         result["cache_folder"] = cache_note
         return result
 
+    def section_edit(self) -> dict[str, Any]:
+        """Editing: compile seconds and latency for 0, 1 and 2 references at one output shape, fresh cache."""
+        shape = self.cfg.shapes[0]
+        others = [s for s in self.cfg.all_shapes if s != shape]
+        spec = {
+            "kind": "edit",
+            "settings": self.settings(self.cfg.serving_mode, self.new_cache("edit")),
+            "shape": shape,
+            "steps": self.cfg.steps,
+            "repeats": self.cfg.repeats,
+            "references": [0, 1, 2],
+            "warm_shape": others[0] if others else None,
+        }
+        result = self.run_worker("edit", spec)
+        base = result["rows"][0]
+        for row in result["rows"]:
+            row["compile_over_0"] = _ratio(row["compile_s"], base["compile_s"])
+            row["latency_over_0"] = _ratio(row["steady"]["median_s"], base["steady"]["median_s"])
+        return result | {"shape": shape, "steps": self.cfg.steps, "warm_shape": spec["warm_shape"]}
+
     @contextlib.contextmanager
     def server(self) -> Iterator[dict[str, Any]]:
         """The serving worker, up and answering; yields its ready message, then its final answer."""
@@ -796,9 +816,14 @@ class Harness:
             tasks["replicas"] = lambda: self.section("replicas", lambda: section_replicas(self))
         if "families" in sections:
             tasks["families"] = lambda: self.section("families", self.section_families)
+        if "edit" in sections:
+            tasks["edit"] = lambda: self.section("edit", self.section_edit)
         # With --jobs > 1 (the smoke run) independent processes run side by side, each in a fresh folder
         # but the warm restart, which needs the cold run's folder. Timings are then not comparable.
-        parallel_phases = [["modes", "recompile", "startup", "serving", "families"], ["restart", "lora", "replicas"]]
+        parallel_phases = [
+            ["modes", "recompile", "startup", "serving", "families", "edit"],
+            ["restart", "lora", "replicas"],
+        ]
         phases = parallel_phases if self.parallel else [[t] for t in tasks]
         try:
             self.prepare()

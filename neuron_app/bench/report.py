@@ -308,6 +308,51 @@ def families_md(results: dict[str, Any]) -> str:
     )
 
 
+def edit_md(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("edit")
+    if (why := _failed(sec)) is not None:
+        return why
+    rows = [
+        [
+            r["references"],
+            r["image_tokens"],
+            r["graphs"],
+            _s(r["compile_s"]),
+            _x(r["compile_over_0"]),
+            _s(r["first_image_s"]),
+            _ms(r["steady"]["median_s"]),
+            _ms(r["steady"]["p95_s"]),
+            _x(r["latency_over_0"]),
+            r["steady"]["n"],
+            r["steady_graphs"],
+        ]
+        for r in sec["rows"]
+    ]
+    warm = f" after the compiler's start-up was paid on {sec['warm_shape']}" if sec.get("warm_shape") else ""
+    return (
+        f"Output {sec['shape']}, {sec['steps']} steps, mode {sec['mode']} / {sec['backend']}, one process with an "
+        f"empty cache folder{warm}. References are of the output's size (one bucket each), so each adds the "
+        "output's image tokens to the transformer's sequence. Compile = the first call's compile; latency = "
+        "`generate(..., references=...)` after it (reference preparation and VAE encoding included).\n\n"
+        + _table(
+            [
+                "references",
+                "image tokens",
+                "graphs",
+                "compile s",
+                "compile vs 0",
+                "first image s",
+                "latency median ms",
+                "latency p95 ms",
+                "latency vs 0",
+                "n",
+                "recompiles after",
+            ],
+            rows,
+        )
+    )
+
+
 SECTION_TITLES = {
     "modes": ("1. Eager vs full vs regional compile", modes_md),
     "restart": ("2. Cold vs warm restart", restart_md),
@@ -319,6 +364,7 @@ SECTION_TITLES = {
     "lora": ("8. LoRA style switch", lora.render),
     "replicas": ("9. Replicas (Ray Serve)", _replicas_md),
     "families": ("10. Token families, the tiled VAE and the prompt cache", families_md),
+    "edit": ("11. Editing with reference images", edit_md),
 }
 
 

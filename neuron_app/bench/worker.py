@@ -263,6 +263,55 @@ def families(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def edit(spec: dict[str, Any]) -> dict[str, Any]:
+    """Per reference count at one output shape: the first call (compile + image), then the steady latency.
+
+    References are images of the output's own size, so each snaps to that bucket: n references add n times the
+    output's tokens to the transformer's sequence. The compiler's one-time start-up is paid beforehand on
+    another shape, so the 0-reference compile is not inflated by it."""
+    from PIL import Image
+
+    from neuron_app.shapes import Resolution
+
+    shape, steps, repeats = spec["shape"], spec["steps"], spec["repeats"]
+    res = Resolution.parse(shape)
+    manager = _manager(spec)
+    manager.ensure_loaded()
+    if spec.get("warm_shape"):
+        manager.compile_shape(spec["warm_shape"])
+    rows = []
+    for count in spec["references"]:
+        refs = [Image.new("RGB", (res.width, res.height), (60 * i % 256, 90, 200)) for i in range(count)] or None
+
+        def timed(seed: int, refs: Any = refs) -> tuple[float, Any]:
+            start = time.perf_counter()
+            record = manager.generate(PROMPT, shape, steps, seed, references=refs)
+            return time.perf_counter() - start, record
+
+        first_s, first = timed(0)
+        graphs_before = manager.counter.graphs
+        latencies = [timed(seed)[0] for seed in range(1, repeats + 1)]
+        rows.append(
+            {
+                "references": count,
+                "image_tokens": res.image_tokens * (count + 1),
+                "graphs": first.graphs_compiled,
+                "compile_s": first.compile_s,
+                "first_image_s": first_s,
+                "steady": summarize(latencies),
+                "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0
+            }
+        )
+    return {
+        "mode": manager.settings.compile_mode,
+        "backend": manager.compile_backend,
+        "device": manager.backend.name,
+        "dtype": manager.dtype_name,
+        "rows": rows,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
 KINDS = {
     "prepare": prepare,
     "measure": measure,
@@ -270,6 +319,7 @@ KINDS = {
     "serve": serve,
     "lora": lora.measure,
     "families": families,
+    "edit": edit,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from pathlib import Path
@@ -47,6 +48,8 @@ def write_png(record: Any, target: Path | IO[bytes]) -> None:
         "lora_scale": getattr(record, "lora_scale", 1.0),
         "software": f"neuron-app {__version__}",
     }
+    if getattr(record, "references", None):  # an edit: which references (buckets and hashes) made it
+        fields["references"] = json.dumps([{"bucket": r["bucket"], "sha256": r["sha256"]} for r in record.references])
     for key, value in fields.items():
         meta.add_itxt(key, str(value))
     # compress_level 1: a 1024x1024 PNG encodes faster than at the default 6, for a somewhat larger file;

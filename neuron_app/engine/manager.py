@@ -12,7 +12,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from neuron_app.backends import DeviceBackend, resolve_backend
@@ -27,6 +27,7 @@ from neuron_app.engine.cache import (
     fingerprint_of,
 )
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
+from neuron_app.engine.edits import blank_references, edit_label, edit_target, parse_label
 from neuron_app.engine.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.lora import AdapterSet
 from neuron_app.engine.prompt_cache import PromptCache
@@ -87,6 +88,7 @@ class PipelineManager:
         self._load_s: float | None = None
         self._load_error: str | None = None
         self._graphs: dict[GraphKey, GraphState] = {}
+        self._edits: dict[str, GraphKey] = {}  # edit label -> its graph, for status
         self._hits: dict[str, int] = {str(r): 0 for r in self.resolutions}
         self._listeners: list[Listener] = []
         self._cache_size = FolderSize(settings.cache_dir)
@@ -114,13 +116,11 @@ class PipelineManager:
         fields.update(self.backend.fingerprint_fields())  # neuron: SDK versions, NEURON_CC_FLAGS, logical cores
         return fields
 
-    def graph_key(self, res: Resolution) -> GraphKey:
-        return GraphKey.for_shape(
-            res,
-            batch_size=BATCH_SIZE,
-            max_sequence_length=self.settings.max_sequence_length,
-            per_orientation=self.backend.compiles_eager_ops_per_shape and not self.vae_compiled,
-        )
+    def graph_key(self, res: Resolution, references: Sequence[Resolution] = ()) -> GraphKey:
+        # References are VAE-encoded eagerly: on Neuron their shapes compile ops even when the decode is tiled.
+        eager = self.backend.compiles_eager_ops_per_shape and (not self.vae_compiled or bool(references))
+        kwargs = {"max_sequence_length": self.settings.max_sequence_length, "references": tuple(references)}
+        return GraphKey.for_shape(res, batch_size=BATCH_SIZE, per_orientation=eager, **kwargs)
 
     # --- observers ---------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> Callable[[], None]:
@@ -240,12 +240,15 @@ class PipelineManager:
         return result
 
     @admitted
-    def compile_shape(self, resolution: str | Resolution, progress: ProgressCallback | None = None) -> CompileOutcome:
-        """Make `resolution` ready (compiling it if needed): what precompile and warm-up call."""
-        res = resolution if isinstance(resolution, Resolution) else self.configured_resolution(resolution)
+    def compile_shape(
+        self, resolution: str | Resolution, progress: ProgressCallback | None = None, *, references: Sequence[Any] = ()
+    ) -> CompileOutcome:
+        """Make `resolution` ready (compiling it if needed): what precompile and warm-up call; with reference
+        buckets, or an edit label ("64x64 + 1 ref (64x64)"), the edit graph."""
+        res, buckets = edit_target(self, resolution, references)
         self.ensure_loaded(progress)
         with self._device_lock:
-            return self._compile_locked(res, progress)
+            return self._compile_locked(res, progress, buckets)
 
     def configured_resolution(self, resolution: str) -> Resolution:
         res = requests.parse_resolution(resolution)
@@ -255,23 +258,20 @@ class PipelineManager:
             )
         return res
 
-    def _compile_locked(self, res: Resolution, progress: ProgressCallback | None) -> CompileOutcome:
-        key = self.graph_key(res)
+    def _compile_locked(
+        self, res: Resolution, progress: ProgressCallback | None, buckets: tuple = ()
+    ) -> CompileOutcome:
+        key, name = self.graph_key(res, buckets), edit_label(res, buckets) if buckets else str(res)
         with self._state_lock:
+            self._edits.update({name: key} if buckets else {})
             graph = self._graphs.setdefault(key, GraphState())
             if graph.state is ShapeState.READY:
-                return CompileOutcome(str(res), CacheResult.MEMORY, False, 0.0, 0)
+                return CompileOutcome(name, CacheResult.MEMORY, False, 0.0, 0)
             graph.state, graph.error = ShapeState.COMPILING, None
         if progress:
-            progress(
-                ProgressEvent(
-                    "compiling",
-                    str(res),
-                    message=f"Compiling {res} for the first time - this takes minutes on Neuron; "
-                    "later requests reuse it",
-                )
-            )
-        log.info("compile start %s (%s)", res, key)
+            msg = f"Compiling {name} for the first time - this takes minutes on Neuron; later requests reuse it"
+            progress(ProgressEvent("compiling", str(res), message=msg))
+        log.info("compile start %s (%s)", name, key)
         before, graphs_before = self.probe.snapshot(), self.counter.graphs
         start = time.perf_counter()
         needs_run = self.settings.compile_mode != "eager" or self.backend.name == "neuron" or self.vae_compiled
@@ -279,31 +279,29 @@ class PipelineManager:
             if needs_run:
                 # The serving step count at the target shape compiles the transformer and, on Neuron, every
                 # eager op a real request runs (scheduler ops included); `_execute` waits for the device.
-                self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, self.settings.default_steps, 0))
+                steps, blank = self.settings.default_steps, blank_references(buckets)
+                self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, steps, 0, references=blank))
         except Exception as exc:
             with self._state_lock:
                 graph.state, graph.error = ShapeState.FAILED, one_line(exc)
-            log.error("compile failed %s after %.1fs: %s", res, time.perf_counter() - start, graph.error)
-            self._emit(CompileOutcome(str(res), CacheResult.MISS, False, time.perf_counter() - start, 0))
-            raise CompileFailed(f"compiling {res} failed: {graph.error}") from exc
+            log.error("compile failed %s after %.1fs: %s", name, time.perf_counter() - start, graph.error)
+            self._emit(CompileOutcome(name, CacheResult.MISS, False, time.perf_counter() - start, 0))
+            raise CompileFailed(f"compiling {name} failed: {graph.error}") from exc
         elapsed = time.perf_counter() - start
         graphs = self.counter.graphs - graphs_before
         if graphs > 0 or not needs_run or self.settings.compile_mode == "eager":
             cache = CacheResult(self.probe.judge(before, self.probe.snapshot()))
         else:
             cache = CacheResult.MEMORY  # nothing new was compiled: dynamo already had this graph
-        outcome = CompileOutcome(str(res), cache, graphs > 0, elapsed, graphs)
+        outcome = CompileOutcome(name, cache, graphs > 0, elapsed, graphs)
         with self._state_lock:
             graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
-            graph.compiled_as = str(res)
+            graph.compiled_as = name
             self._cache_size.invalidate()  # the compile wrote to the cache folder: measure it again
-        log.info("compile done %s in %.2fs: %d graph(s), cache=%s", res, elapsed, graphs, cache)
+        log.info("compile done %s in %.2fs: %d graph(s), cache=%s", name, elapsed, graphs, cache)
         if needs_run:
-            self.manifest.record(
-                ManifestEntry(
-                    str(res), self.fingerprint, self.fingerprint_fields, round(elapsed, 3), graphs, str(cache)
-                )
-            )
+            fields = self.fingerprint_fields
+            self.manifest.record(ManifestEntry(name, self.fingerprint, fields, round(elapsed, 3), graphs, str(cache)))
         self._emit(outcome)
         return outcome
 
@@ -319,13 +317,15 @@ class PipelineManager:
         *,
         lora: Any = "none",
         lora_scale: Any = 1.0,
+        references: Sequence[Any] | None = None,
     ) -> GenerationRecord:
-        """Validate, compile the shape if needed, generate. Same inputs give the same image."""
-        req = self.validate(prompt, resolution, steps, seed, lora=lora, lora_scale=lora_scale)
+        """Validate, compile the shape if needed, generate. Same inputs give the same image. `references` (bytes,
+        paths or PIL images) make it an edit: each is snapped to its bucket first."""
+        req = self.validate(prompt, resolution, steps, seed, lora=lora, lora_scale=lora_scale, references=references)
         start = time.perf_counter()
         self.ensure_loaded(progress)
         with self._device_lock:
-            outcome = self._compile_locked(req.resolution, progress)
+            outcome = self._compile_locked(req.resolution, progress, req.buckets)
 
             def on_step(step: int, total: int) -> None:
                 if progress:
@@ -342,7 +342,7 @@ class PipelineManager:
                 raise GenerationFailed(f"generation failed: {one_line(exc)}") from exc
             inference_s = time.perf_counter() - t0
         with self._state_lock:
-            self._hits[str(req.resolution)] += 1
+            self._hits[outcome.resolution] = self._hits.get(outcome.resolution, 0) + 1
         record = GenerationRecord(
             resolution=str(req.resolution),
             steps=req.steps,
@@ -359,15 +359,10 @@ class PipelineManager:
             lora=req.lora,
             lora_scale=req.lora_scale,
             lora_switch_s=round(switch_s, 6),
+            references=[r.info() for r in req.references],
         )
-        log.info(
-            "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f",
-            record.resolution,
-            record.steps,
-            record.cache,
-            record.compile_s,
-            record.inference_s,
-        )
+        fmt = "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f"
+        log.info(fmt, record.resolution, record.steps, record.cache, record.compile_s, record.inference_s)
         self._emit(record)
         return record
 
@@ -394,30 +389,31 @@ class PipelineManager:
         return self.admission.drain(timeout)
 
     # --- status --------------------------------------------------------------------------------
+    def _graph_status(self, name: str, key: GraphKey, entries: dict[str, Any]) -> ShapeStatus:
+        graph = self._graphs.get(key, GraphState())
+        validity = self.manifest.validity(name, self.fingerprint, entries)
+        return ShapeStatus(
+            resolution=name,
+            state=graph.state,
+            hits=self._hits.get(name, 0),
+            compile_s=None if graph.compile_s is None else round(graph.compile_s, 3),
+            graphs=graph.graphs,
+            cache=None if graph.cache is None else str(graph.cache),
+            last_error=graph.error,
+            manifest=validity,
+            shared_with=graph.compiled_as if graph.compiled_as not in (None, name) else None,
+            offered=(not self.settings.only_precompiled)
+            or graph.state is ShapeState.READY
+            or validity == "precompiled",
+            estimate_s=estimate_compile_s(entries, name, self.fingerprint),
+        )
+
     def status(self) -> ManagerStatus:
         """A snapshot for the UI and the API; never waits for the device."""
         entries = self.manifest.entries()
         with self._state_lock:
-            shapes = {}
-            for res in self.resolutions:
-                name = str(res)
-                graph = self._graphs.get(self.graph_key(res), GraphState())
-                validity = self.manifest.validity(name, self.fingerprint, entries)
-                shapes[name] = ShapeStatus(
-                    resolution=name,
-                    state=graph.state,
-                    hits=self._hits[name],
-                    compile_s=None if graph.compile_s is None else round(graph.compile_s, 3),
-                    graphs=graph.graphs,
-                    cache=None if graph.cache is None else str(graph.cache),
-                    last_error=graph.error,
-                    manifest=validity,
-                    shared_with=graph.compiled_as if graph.compiled_as not in (None, name) else None,
-                    offered=(not self.settings.only_precompiled)
-                    or graph.state is ShapeState.READY
-                    or validity == "precompiled",
-                    estimate_s=estimate_compile_s(entries, name, self.fingerprint),
-                )
+            shapes = {str(r): self._graph_status(str(r), self.graph_key(r), entries) for r in self.resolutions}
+            edits = {n: self.graph_key(*p) for n in entries if (p := parse_label(n))} | self._edits
             return ManagerStatus(
                 model=self.settings.model,
                 device=self.backend.name,
@@ -440,6 +436,7 @@ class PipelineManager:
                 warmup=self.warmup.snapshot(),
                 shapes=shapes,
                 loras=self.adapters.describe(),
+                edits={name: self._graph_status(name, key, entries) for name, key in sorted(edits.items())},
             )
 
 

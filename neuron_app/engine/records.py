@@ -73,6 +73,7 @@ class GenerationRecord:
     lora_scale: float = 1.0
     lora_switch_s: float = 0.0  # the in-place LoRA switch before this call (0 when the slot already held it)
     replica: str | None = None  # which replica served it (Ray Serve); None in-process
+    references: list[dict[str, str]] = field(default_factory=list)  # an edit: {"size", "bucket", "sha256"} each
 
     def info(self) -> dict[str, Any]:
         """The JSON-able record the API returns next to the image."""
@@ -143,10 +144,12 @@ class ManagerStatus:
     replicas: list[dict[str, Any]] = field(default_factory=list)  # [{id, healthy, in_flight, ready_shapes}]
     vae_compiles: int = 0  # of `compiles`, the VAE decoder's graphs (one for every shape when tiled)
     prompt_cache: dict[str, int] = field(default_factory=dict)  # hits, misses, entries, size
+    #: Edit graphs compiled in this process or precompiled, by label ("64x64 + 1 ref (64x64)").
+    edits: dict[str, ShapeStatus] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for shape in data["shapes"].values():
+        for shape in [*data["shapes"].values(), *data["edits"].values()]:
             shape["state"] = str(shape["state"])
         return data
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_app.engine import references as refs
 from neuron_app.engine.runner import PipelineCall
 from neuron_app.settings import Settings
 from neuron_app.shapes import Resolution, ShapeError
@@ -34,12 +36,24 @@ class Request:
     seed: int
     lora: str = "none"
     lora_scale: float = 1.0
+    references: tuple[refs.Reference, ...] = ()  # an edit: normalized to their buckets
+
+    @property
+    def buckets(self) -> tuple[Resolution, ...]:
+        return tuple(r.bucket for r in self.references)
 
     def call(self) -> PipelineCall:
         """The pipeline call this request makes (what tensor-parallel followers replay)."""
-        res = self.resolution
+        res, images = self.resolution, tuple(r.image for r in self.references)
         return PipelineCall(
-            self.prompt, res.width, res.height, self.steps, self.seed, lora=self.lora, lora_scale=self.lora_scale
+            self.prompt,
+            res.width,
+            res.height,
+            self.steps,
+            self.seed,
+            lora=self.lora,
+            lora_scale=self.lora_scale,
+            references=images,
         )
 
 
@@ -53,16 +67,24 @@ def validate(
     *,
     lora: Any = "none",
     lora_scale: Any = 1.0,
+    references: Sequence[Any] | None = None,
 ) -> Request:
-    """Check a request against what the UI offers (`offered` shapes); raises `RequestError` with a clear message."""
-    return Request(
-        prompt=check_prompt(prompt, settings.max_prompt_chars),
-        resolution=check_resolution(resolution, offered),
-        steps=check_int("steps", steps, 1, settings.max_steps),
-        seed=check_int("seed", seed, 0, MAX_SEED),
-        lora=check_lora(lora, ["none", *settings.loras]),
-        lora_scale=check_float("lora_scale", lora_scale, 0.0, settings.max_lora_scale),
-    )
+    """Check a request against what the UI offers (`offered` shapes); raises `RequestError` with a clear message.
+
+    `references` None is text-to-image; a sequence is an edit (see `engine/references.py`), where `resolution`
+    may be "auto": the offered shape nearest in aspect ratio to the first reference."""
+    prompt = check_prompt(prompt, settings.max_prompt_chars)
+    auto = resolution == "auto"
+    if auto and references is None:
+        raise RequestError("resolution 'auto' needs reference images (it follows the first one's aspect ratio)")
+    res = None if auto else check_resolution(resolution, offered)
+    steps = check_int("steps", steps, 1, settings.max_steps)
+    seed = check_int("seed", seed, 0, MAX_SEED)
+    lora = check_lora(lora, ["none", *settings.loras])
+    lora_scale = check_float("lora_scale", lora_scale, 0.0, settings.max_lora_scale)
+    loaded = refs.check_references(settings, references)  # last: no image is decoded for a bad request
+    res = res or refs.auto_resolution(loaded[0], offered)
+    return Request(prompt, res, steps, seed, lora=lora, lora_scale=lora_scale, references=loaded)
 
 
 def check_lora(lora: Any, offered: list[str]) -> str:
@@ -112,6 +134,19 @@ def check_resolution(resolution: Any, offered: list[str]) -> Resolution:
     res = parse_resolution(resolution)
     if str(res) not in offered:
         raise RequestError(f"resolution {res} is not offered; choose one of {', '.join(offered)}")
+    return res
+
+
+def check_bucket(settings: Settings, bucket: Any) -> Resolution:
+    """A reference bucket named by precompile or warm-up: one of `reference_resolutions`."""
+    allowed = settings.parsed_reference_resolutions
+    if not allowed:
+        raise RequestError(
+            "no reference bucket fits (at least 64 px a side, at most 1024x1024): set reference_resolutions"
+        )
+    res = bucket if isinstance(bucket, Resolution) else parse_resolution(bucket)
+    if res not in allowed:
+        raise RequestError(f"reference bucket {res} is not configured; configured: {', '.join(map(str, allowed))}")
     return res
 
 

@@ -19,6 +19,7 @@ class PipelineCall:
     output_type: str = "pil"
     lora: str = "none"  # the LoRA style in the adapter slot for this call (engine/lora.py)
     lora_scale: float = 1.0
+    references: tuple[Any, ...] = ()  # RGB PIL images already at their bucket size (an edit)
 
 
 def run_call(
@@ -47,6 +48,7 @@ def run_call(
         text = {"prompt": call.prompt} if embeds is None else {"prompt_embeds": embeds}
         out = pipe(
             **text,
+            image=list(call.references) or None,
             width=call.width,
             height=call.height,
             num_inference_steps=call.steps,

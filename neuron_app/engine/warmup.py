@@ -6,8 +6,9 @@ import logging
 import threading
 from typing import Any
 
+from neuron_app.engine.edits import parse_label
 from neuron_app.engine.records import CompileFailed
-from neuron_app.engine.requests import ShuttingDown
+from neuron_app.engine.requests import RequestError, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ class Warmup:
         self.thread: threading.Thread | None = None
 
     def order(self) -> list[str]:
-        """The shapes warm-up compiles: none, those valid in the manifest, or all (configured order)."""
+        """The shapes warm-up compiles: none, those valid in the manifest (edit graphs included), or all."""
         manager = self.manager
         mode = manager.settings.warmup
         if mode == "none":
@@ -31,7 +32,10 @@ class Warmup:
         if mode == "all":
             return names
         entries = manager.manifest.entries()
-        return [n for n in names if manager.manifest.validity(n, manager.fingerprint, entries) == "precompiled"]
+        edits = sorted(n for n in entries if parse_label(n) and manager.settings.max_references)  # precompiled edits
+        return [
+            n for n in [*names, *edits] if manager.manifest.validity(n, manager.fingerprint, entries) == "precompiled"
+        ]
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -58,6 +62,8 @@ class Warmup:
                 except ShuttingDown:
                     log.info("warm-up stopped: the server is shutting down")
                     return
+                except RequestError as exc:  # a manifest edit whose bucket is no longer configured
+                    log.warning("warm-up: skipping %s: %s", name, exc)
                 with self._lock:
                     self._state["pending"].remove(name)
                     self._state["done"].append(name)

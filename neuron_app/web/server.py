@@ -91,6 +91,7 @@ def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
         "prevent_thread_lock": True,
         "allowed_paths": [str(settings.cache_dir / "outputs")],
         "show_error": False,
+        "max_file_size": int(settings.max_upload_mb * 1024 * 1024),
         "quiet": False,
         "app_kwargs": app.ops.app_kwargs() if app.ops is not None else None,
         "mcp_server": mcp_enabled(settings),

@@ -1,4 +1,4 @@
-"""The Gradio page and its public API (`generate`, `status`).
+"""The Gradio page and its public API (`generate`, `edit`, `status`).
 
 `build_ui` takes the manager (or anything with its call shape) and never loads a model
 itself: everything it shows is data that the manager produced.
@@ -27,6 +27,7 @@ from neuron_app.engine.records import (
 from neuron_app.engine.requests import MAX_SEED, RequestError
 from neuron_app.errors import one_line
 from neuron_app.settings import Settings
+from neuron_app.web import editing
 from neuron_app.web.batch import generate_many
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def lora_markdown(status: ManagerStatus) -> str:
 
 def shapes_table(status: ManagerStatus) -> list[list[Any]]:
     rows = []
-    for shape in status.shapes.values():
+    for shape in [*status.shapes.values(), *status.edits.values()]:  # edit graphs: "64x64 + 1 ref (64x64)"
         state = str(shape.state)
         if shape.shared_with:
             state += f" (shares {shape.shared_with})"
@@ -168,10 +169,12 @@ def info_markdown(record: GenerationRecord) -> str:
         compiled = f" · compiled {record.graphs_compiled} graph(s) {source} in {record.compile_s:.2f} s"
     else:
         compiled = ""
+    refs = ", ".join(f"{r['size']} → {r['bucket']}" for r in record.references)
     return (
         f"**cache: {record.cache}**{compiled} · inference {record.inference_s:.2f} s"
         f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
         + (f" · LoRA {record.lora} x{record.lora_scale:g}" if record.lora != "none" else "")
+        + (f" · references {refs}" if refs else "")
     )
 
 
@@ -189,6 +192,7 @@ def _user_error(exc: Exception) -> gr.Error:
 def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
     settings = manager.settings
     lanes = settings.device_lanes  # one device event per replica
+    store = images  # `images` is also the `edit` endpoint's parameter name
 
     def progress_bridge(progress: gr.Progress) -> ProgressCallback:
         def on_event(event: ProgressEvent) -> None:
@@ -219,33 +223,39 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         randomize: bool,
         lora: str,
         lora_scale: float,
+        references: Any = None,
+        buckets: list[str] | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[Any, ...]:
         if randomize:  # room for the consecutive seeds of the most images a request may ask for
             seed = random.randint(0, MAX_SEED - (settings.max_images - 1))
+        refs = editing.reference_paths(references)
         try:
-            records = generate_many(
-                manager,
-                prompt,
-                resolution,
-                steps,
-                seed,
-                count,
-                progress=progress_bridge(progress),
-                lora=lora,
-                lora_scale=lora_scale,
-            )
+            bridge = progress_bridge(progress)
+            options = {"lora": lora, "lora_scale": lora_scale, "references": refs}
+            records = generate_many(manager, prompt, resolution, steps, seed, count, progress=bridge, **options)
         except Exception as exc:
             raise _user_error(exc) from exc
         paths = [str(images.save(record)) for record in records]
         status = manager.status()
-        choices = dropdown_choices(status)
+        choices = choices_for(status, buckets)
         return (
             paths,
             "\n\n".join(info_markdown(record) for record in records),
             records[0].seed,
-            gr.update(choices=choices, value=records[0].resolution),
+            gr.update(choices=choices, value=resolution if resolution == editing.AUTO else records[0].resolution),
         )
+
+    def choices_for(status: ManagerStatus, buckets: list[str] | None) -> list[tuple[str, str]]:
+        return editing.edit_choices(status, buckets) if buckets else dropdown_choices(status)
+
+    def references_changed(references: Any, current: str | None) -> tuple[Any, ...]:
+        """New references: their buckets, and the dropdown labelled for them (`auto` only while there are some)."""
+        buckets = editing.reference_buckets(settings, references)
+        choices = choices_for(manager.status(), buckets)
+        values = [value for _label, value in choices]
+        value = current if current in values else (editing.AUTO if buckets else (values or [None])[0])
+        return buckets, gr.update(choices=choices, value=value), choices
 
     def generate(
         prompt: str,
@@ -258,6 +268,20 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
     ) -> tuple[str, dict[str, Any]]:
         record = run(prompt, resolution, steps, seed, progress, lora=lora, lora_scale=lora_scale)
         return str(images.save(record)), record.info()
+
+    def edit(
+        prompt: str,
+        images: list[str] | None,
+        resolution: str,
+        steps: float,
+        seed: float,
+        lora: str = "none",
+        lora_scale: float = 1.0,
+        progress: gr.Progress = gr.Progress(),
+    ) -> tuple[str, dict[str, Any]]:
+        options = {"lora": lora, "lora_scale": lora_scale, "references": list(images or [])}
+        record = run(prompt, resolution, steps, seed, progress, **options)
+        return str(store.save(record)), record.info()
 
     def status() -> dict[str, Any]:
         return manager.status().to_dict()
@@ -282,14 +306,34 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             "    The PNG image, and a JSON record: resolution, steps, seed, cache (miss, memory or disk), seconds.",
         ]
     )
+    edit.__doc__ = "\n".join(
+        [
+            "Edit with FLUX.2-klein: a new image from a prompt and 1 to"
+            f" {settings.max_references} reference images; the same inputs give the same image.",
+            "",
+            "Args:",
+            "    prompt: What to change or make from the references.",
+            f"    images: The reference image files (up to {settings.max_references}); each is resized and"
+            " center-cropped to the nearest served aspect ratio.",
+            f"    resolution: WIDTHxHEIGHT, one of {shapes}, or auto: the shape nearest the first reference's"
+            " aspect ratio.",
+            f"    steps: Denoising steps, a whole number from 1 to {settings.max_steps}.",
+            f"    seed: A whole number from 0 to {MAX_SEED}.",
+            f"    lora: The LoRA style, one of {', '.join(['none', *settings.loras])} (optional, default none).",
+            f"    lora_scale: The style's strength, from 0 to {settings.max_lora_scale:g} (optional, default 1).",
+            "",
+            "Returns:",
+            "    The PNG image, and a JSON record as generate's plus references: each one's size and bucket.",
+        ]
+    )
     status.__doc__ = (
         "The server's state: model, device, whether the model is loaded, and per shape its state"
         " (ready, compiling, not_compiled, failed), hits and compile seconds.\n\nReturns:\n    The status as JSON."
     )
 
-    def refresh(current: str | None, shown: list[Any] | None) -> tuple[Any, ...]:
+    def refresh(current: str | None, shown: list[Any] | None, buckets: list[str] | None = None) -> tuple[Any, ...]:
         status = manager.status()
-        choices = dropdown_choices(status)
+        choices = choices_for(status, buckets)
         if choices == shown:
             dropdown = gr.update()  # unchanged: leave the open dropdown alone
         else:
@@ -319,6 +363,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
                     max_length=settings.max_prompt_chars,
                     elem_id="prompt",
                 )
+                references = editing.reference_input(settings)
                 with gr.Row():
                     resolution = gr.Dropdown(
                         label="Resolution",
@@ -362,16 +407,21 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             with gr.Column(scale=3):
                 gallery = gr.Gallery(label="Images", format="png", columns=2, interactive=False, elem_id="gallery")
                 info = gr.Markdown(elem_id="info")
+                use_btn = gr.Button(
+                    "Use as reference", size="sm", visible=settings.max_references > 0, elem_id="use-as-reference"
+                )
         with gr.Accordion("Server status", open=True):
             status_md = gr.Markdown(status_markdown(initial), elem_id="status")
             table = gr.Dataframe(
                 headers=SHAPE_COLUMNS, value=shapes_table(initial), interactive=False, elem_id="shapes"
             )
 
+        shown = gr.State(dropdown_choices(initial))
+        buckets = gr.State([])
         gr.on(
             [generate_btn.click, prompt.submit],
             ui_generate,
-            inputs=[prompt, resolution, steps, seed, count, randomize, lora, lora_scale],
+            inputs=[prompt, resolution, steps, seed, count, randomize, lora, lora_scale, references, buckets],
             outputs=[gallery, info, seed, resolution],
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,
@@ -387,11 +437,13 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             api_seed = gr.Number()
             api_lora = gr.Textbox(value="none")  # optional: 4-argument callers keep working
             api_lora_scale = gr.Number(value=1.0)
+            api_references = gr.File(file_count="multiple")  # any file: the manager says why one is not an image
             api_image = gr.Image(type="filepath", format="png")
             api_info = gr.JSON()
             api_status_out = gr.JSON()
             api_btn = gr.Button()
             status_btn = gr.Button()
+            edit_btn = gr.Button()
         api_btn.click(
             generate,
             inputs=[api_prompt, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
@@ -400,14 +452,36 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,
         )
+        edit_btn.click(
+            edit,
+            inputs=[api_prompt, api_references, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
+            outputs=[api_image, api_info],
+            api_name="edit",
+            concurrency_id=DEVICE_QUEUE,
+            concurrency_limit=lanes,
+        )
         # Status never waits behind a compile: its own unlimited lane, outside the queue.
         status_btn.click(status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)
 
-        shown = gr.State(dropdown_choices(initial))
+        references.change(
+            references_changed,
+            inputs=[references, resolution],
+            outputs=[buckets, resolution, shown],
+            queue=False,
+            api_visibility="private",
+            show_progress="hidden",
+        )
+        use_btn.click(
+            lambda refs, out: editing.add_reference(refs, out, settings.max_references),
+            inputs=[references, gallery],
+            outputs=[references],
+            queue=False,
+            api_visibility="private",
+        )
         timer = gr.Timer(STATUS_REFRESH_S)
         timer.tick(
             refresh,
-            inputs=[resolution, shown],
+            inputs=[resolution, shown, buckets],
             outputs=[status_md, table, resolution, shown],
             queue=False,
             concurrency_limit=None,

@@ -1,0 +1,55 @@
+"""Edit graphs by name: "64x64 + 2 refs (64x64, 128x64)" is the output shape and its reference buckets.
+
+The label is how status, the manifest, precompile and warm-up name an edit graph; the graph itself is keyed
+by `GraphKey` (what really changes the compile), so two labels may share one graph.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from neuron_app.shapes import Resolution, ShapeError
+
+_LABEL_RE = re.compile(r"(\d+x\d+) \+ (\d+) refs? \(([0-9x, ]+)\)")
+#: Reference pixels of a compile-only call: any content compiles the same graph as a real upload.
+_BLANK_RGB = (128, 128, 128)
+
+
+def edit_label(res: Resolution, buckets: Sequence[Resolution]) -> str:
+    """Canonical name of an edit graph (buckets sorted: their order does not change what is compiled)."""
+    names = sorted(str(b) for b in buckets)
+    return f"{res} + {len(names)} ref{'' if len(names) == 1 else 's'} ({', '.join(names)})"
+
+
+def parse_label(label: str) -> tuple[Resolution, tuple[Resolution, ...]] | None:
+    """The output shape and buckets of an edit label, or None for a plain shape name or anything else."""
+    match = _LABEL_RE.fullmatch(label)
+    if not match:
+        return None
+    try:
+        buckets = tuple(Resolution.parse(b.strip()) for b in match.group(3).split(","))
+        res = Resolution.parse(match.group(1))
+    except ShapeError:
+        return None
+    return (res, buckets) if len(buckets) == int(match.group(2)) else None
+
+
+def edit_target(manager: Any, resolution: Any, references: Sequence[Any]) -> tuple[Resolution, tuple[Resolution, ...]]:
+    """What `compile_shape` was asked for: a configured shape and checked reference buckets (an edit label names
+    both)."""
+    from neuron_app.engine.requests import check_bucket
+
+    res, buckets = (isinstance(resolution, str) and parse_label(resolution)) or (resolution, references)
+    res = res if isinstance(res, Resolution) else manager.configured_resolution(res)
+    return res, tuple(check_bucket(manager.settings, b) for b in buckets)
+
+
+def blank_references(buckets: Sequence[Resolution]) -> tuple[Any, ...]:
+    """Gray images at the bucket sizes, for the call that compiles an edit graph (precompile, warm-up)."""
+    if not buckets:
+        return ()
+    from PIL import Image
+
+    return tuple(Image.new("RGB", (b.width, b.height), _BLANK_RGB) for b in buckets)

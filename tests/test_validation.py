@@ -103,10 +103,11 @@ def _page_generate(
     app: Any, data: list[Any], timeout: float = 60.0, style: tuple[Any, Any] = ("none", 1.0)
 ) -> dict[str, Any]:
     """Send the page's own Generate event (private to the API, sent by the browser through the queue).
-    `data` is prompt, resolution, steps, seed, images, randomize; `style` the LoRA dropdown and scale slider."""
+    `data` is prompt, resolution, steps, seed, images, randomize; `style` the LoRA dropdown and scale slider; then
+    no reference images (and no reference buckets)."""
     fn_index = next(fid for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
     session = uuid.uuid4().hex
-    data = [*data, *style]
+    data = [*data, *style, None, []]
     body = {"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None, "event_data": None}
     httpx.post(f"{app.url}gradio_api/queue/join", json=body, timeout=timeout).raise_for_status()
     with httpx.stream("GET", f"{app.url}gradio_api/queue/data?session_hash={session}", timeout=timeout) as stream:

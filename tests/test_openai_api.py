@@ -193,14 +193,16 @@ def test_edits_run_the_editing_path(client: OpenAI, api_app: Any) -> None:
     buf = io.BytesIO()
     Image.new("RGB", (100, 200), (20, 120, 220)).save(buf, "PNG")
     result = client.images.edit(
-        image=[("tall.png", buf.getvalue(), "image/png")], prompt=PROMPT, extra_body={"seed": 3}
+        image=[("tall.png", buf.getvalue(), "image/png")], prompt=PROMPT, n=2, extra_body={"seed": 3}
     )
     provenance = result.data[0].model_extra["provenance"]
     assert provenance["resolution"] == "64x128" and provenance["references"][0]["bucket"] == "64x128"
+    assert [d.model_extra["provenance"]["seed"] for d in result.data] == [3, 4]  # n edits, consecutive seeds
     assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (64, 128)
     compiles = api_app.manager.status().compiles
-    with pytest.raises(openai.BadRequestError, match="reference image 1 is not a readable image"):
+    with pytest.raises(openai.BadRequestError, match="reference image 1 is not a readable image") as caught:
         client.images.edit(image=("ref.png", b"\x89PNG not really", "image/png"), prompt=PROMPT)
+    assert caught.value.body["param"] == "image"
     assert api_app.manager.status().compiles == compiles
 
 
@@ -210,7 +212,15 @@ def test_edits_run_the_editing_path(client: OpenAI, api_app: Any) -> None:
 @pytest.fixture(scope="module")
 def keyed_app(launch_tiny: Callable[..., Any]) -> Any:
     """An API key, and a queue holding one waiting request (with one running)."""
-    return launch_tiny(api_key=KEY, queue_max_size=1)
+    return launch_tiny(api_key=KEY, queue_max_size=1, max_references=0)
+
+
+def test_edits_answer_a_clear_501_when_editing_is_off(keyed_app: Any) -> None:
+    """max_references = 0 switches editing off: `images.edit` gets a clear 501, never a traceback."""
+    with pytest.raises(openai.APIStatusError) as caught:
+        sdk(keyed_app, KEY).images.edit(image=("ref.png", b"\x89PNG", "image/png"), prompt=PROMPT)
+    assert caught.value.status_code == 501
+    assert caught.value.body["message"] == "image editing is not available on this server"
 
 
 def test_api_key_is_required_when_set(keyed_app: Any) -> None:

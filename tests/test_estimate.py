@@ -38,7 +38,7 @@ def test_other_configurations_give_their_mean() -> None:
 
 
 def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any) -> None:
-    from neuron_app.web.ui import estimate_text, shape_label, shapes_table
+    from neuron_app.web.views import estimate_text, shape_label, shapes_table
 
     status = module_manager.status()
     cold = next(s for s in status.shapes.values() if s.state is ShapeState.NOT_COMPILED)

@@ -221,6 +221,21 @@ def test_options_flow_through_to_the_replica_unchanged(replicas: Any) -> None:
         replicas.generate("options", "64x64", 2, 3, no_such_option=1)
 
 
+def test_references_given_as_a_local_path_reach_the_replica_as_bytes(replicas: Any, tmp_path: Path) -> None:
+    """An edit's reference uploaded to the front end is a file on its disk: the replica (possibly on another node)
+    gets its bytes, so the record reports the upload's own size and hash."""
+    import hashlib
+
+    from PIL import Image
+
+    path = tmp_path / "ref.png"
+    Image.new("RGB", (96, 80), (200, 30, 30)).save(path)
+    record = replicas.generate("edit", "64x64", 2, 5, references=[str(path)])
+    assert record.image.size == (64, 64)
+    assert [r["size"] for r in record.references] == ["96x80"]
+    assert record.references[0]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_a_killed_replica_costs_at_most_its_request_and_is_replaced(replicas: Any) -> None:
     """SIGKILL the replica running a request (a cold compile): the request is retried once on the other replica
     (seeded, so the same image), the page's status keeps answering, and Ray Serve replaces the dead replica."""

@@ -88,6 +88,15 @@ def check_references(settings: Settings, references: Sequence[Any] | None) -> tu
     return tuple(load_reference(settings, source, i + 1) for i, source in enumerate(references))
 
 
+def portable(settings: Settings, references: Sequence[Any]) -> list[Any]:
+    """The references as bytes (or PIL images): what another process or machine can decode, unlike a local path."""
+    out = []
+    for i, source in enumerate(references):
+        data, image = _read_source(settings, source, f"reference {i + 1}")
+        out.append(image if data is None else data)
+    return out
+
+
 def _read_source(settings: Settings, source: Any, label: str) -> tuple[bytes | None, Any]:
     """The upload's bytes (None for a PIL image, returned second), with the size limit checked first."""
     limit = settings.max_upload_mb * _MB

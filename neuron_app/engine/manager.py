@@ -30,6 +30,7 @@ from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile
 from neuron_app.engine.edits import blank_references, edit_label, edit_target, parse_label
 from neuron_app.engine.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.lora import AdapterSet
+from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.prompt_cache import PromptCache
 from neuron_app.engine.records import (
     CacheResult,
@@ -56,9 +57,6 @@ log = logging.getLogger(__name__)
 
 BATCH_SIZE = 1
 WARMUP_PROMPT = "warm-up"
-
-
-Listener = Callable[[Any], None]
 
 
 class PipelineManager:
@@ -90,7 +88,7 @@ class PipelineManager:
         self._graphs: dict[GraphKey, GraphState] = {}
         self._edits: dict[str, GraphKey] = {}  # edit label -> its graph, for status
         self._hits: dict[str, int] = {str(r): 0 for r in self.resolutions}
-        self._listeners: list[Listener] = []
+        self._observers = Observers()
         self._cache_size = FolderSize(settings.cache_dir)
         self.warmup = Warmup(self)
         self.admission = Admission()  # graceful shutdown: `drain` refuses new work, waits for work in flight
@@ -125,22 +123,10 @@ class PipelineManager:
     # --- observers ---------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call `listener` with every `GenerationRecord`, `CompileOutcome` and `RequestFailed`; returns unsubscribe."""
-        with self._state_lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._state_lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._observers.subscribe(listener)
 
     def _emit(self, event: Any) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception:
-                log.exception("listener failed")
+        self._observers.emit(event)
 
     # --- validation ------------------------------------------------------------------------------
     def offered_resolutions(self) -> list[str]:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from neuron_app.engine import requests
+from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.records import (
     CompileOutcome,
     GenerationFailed,
@@ -68,29 +69,18 @@ class ReplicaClient:
         self.board = board
         self.owns_ray = owns_ray
         self.admission = Admission()
-        self._listeners: list[Callable[[Any], None]] = []
+        self._observers = Observers()
         self._lock = threading.Lock()
         self._closed = False
         self._ids: dict[str, str] = {}
 
     # --- observers (metrics) -------------------------------------------------------------------------------
-    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` with every `GenerationRecord`, `CompileOutcome` and `RequestFailed`; returns unsubscribe."""
+        return self._observers.subscribe(listener)
 
     def _emit(self, event: Any) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception:
-                log.exception("listener failed")
+        self._observers.emit(event)
 
     # --- device work -----------------------------------------------------------------------------------------
     @property

@@ -56,6 +56,26 @@ class Admission:
 _T = TypeVar("_T")
 
 
+class Admitted:
+    """What every front of device work (the manager, the replicas' client) shows of its `admission`."""
+
+    admission: Admission
+
+    @property
+    def in_flight(self) -> int:
+        """Work admitted and not finished: running plus waiting for the device."""
+        return self.admission.in_flight
+
+    @property
+    def draining(self) -> bool:
+        """True once `drain` was called: new work is refused."""
+        return self.admission.draining
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse new work; wait up to `timeout` s for the work in flight (False if time ran out)."""
+        return self.admission.drain(timeout)
+
+
 def admitted(method: Callable[..., _T]) -> Callable[..., _T]:
     """Mark a manager method as device work that `drain` waits for; refused with `ShuttingDown` once draining."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
-from neuron_app.engine.admission import Admission, admitted, reports_failures
+from neuron_app.engine.admission import Admission, Admitted, admitted, reports_failures
 from neuron_app.engine.cache import (
     FolderSize,
     Manifest,
@@ -59,7 +59,7 @@ BATCH_SIZE = 1
 WARMUP_PROMPT = "warm-up"
 
 
-class PipelineManager:
+class PipelineManager(Admitted):
     def __init__(self, settings: Settings, *, lockstep: Lockstep | None = None) -> None:
         self.settings = settings
         self.lockstep = lockstep
@@ -359,20 +359,6 @@ class PipelineManager:
     def start_warmup(self) -> threading.Thread | None:
         """Compile the warm-up shapes in a background thread; pages answer meanwhile."""
         return self.warmup.start()
-
-    @property
-    def in_flight(self) -> int:
-        """Generations and compiles admitted and not finished: running plus waiting for the device."""
-        return self.admission.in_flight
-
-    @property
-    def draining(self) -> bool:
-        """True once `drain` was called: generate and compile_shape refuse new work."""
-        return self.admission.draining
-
-    def drain(self, timeout: float) -> bool:
-        """Refuse new device work; wait up to `timeout` s for the work in flight (False if time ran out)."""
-        return self.admission.drain(timeout)
 
     # --- status --------------------------------------------------------------------------------
     def _graph_status(self, name: str, key: GraphKey, entries: dict[str, Any]) -> ShapeStatus:

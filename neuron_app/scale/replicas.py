@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from neuron_app.engine import requests
+from neuron_app.engine.admission import Admission, Admitted
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.records import (
     CompileOutcome,
@@ -54,16 +55,16 @@ NAMESPACE = "neuron_app"
 UNHEALTHY_AFTER_S = 5.0
 #: Longest pause of a request that polls for a free replica (Ray Serve's default 0.5 s idles replicas).
 ROUTER_MAX_BACKOFF_S = 0.05
+#: A status-board read is reused this long: replicas publish every half second, so a fresher read adds nothing.
+BOARD_TTL_S = 0.2
 #: Seconds between progress lines while a request waits for its replica.
 PROGRESS_TICK_S = 1.0
 
 
-class ReplicaClient:
+class ReplicaClient(Admitted):
     """Manager-shaped front for the replicas (`ManagerLike`): web/ uses it exactly like a `PipelineManager`."""
 
     def __init__(self, settings: Settings, handle: Any, board: Any, *, owns_ray: bool) -> None:
-        from neuron_app.engine.admission import Admission
-
         self.settings = settings
         self.handle = handle
         self.board = board
@@ -73,6 +74,7 @@ class ReplicaClient:
         self._lock = threading.Lock()
         self._closed = False
         self._ids: dict[str, str] = {}
+        self._board_memo: tuple[float, dict[str, Any]] = (float("-inf"), {})
 
     # --- observers (metrics) -------------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> Callable[[], None]:
@@ -83,18 +85,6 @@ class ReplicaClient:
         self._observers.emit(event)
 
     # --- device work -----------------------------------------------------------------------------------------
-    @property
-    def in_flight(self) -> int:
-        return self.admission.in_flight
-
-    @property
-    def draining(self) -> bool:
-        return self.admission.draining
-
-    def drain(self, timeout: float) -> bool:
-        """Refuse new requests and wait for the ones sent to replicas; `close` then stops the replicas."""
-        return self.admission.drain(timeout)
-
     def start_warmup(self) -> None:
         """Each replica warms up itself (settings.warmup) right after it loads."""
         return None
@@ -189,14 +179,22 @@ class ReplicaClient:
 
     # --- status ------------------------------------------------------------------------------------------------
     def _board_entries(self) -> dict[str, tuple[float, dict[str, Any]]]:
+        """The board's entries with their ages; one remote read per `BOARD_TTL_S` (every request asks for them)."""
         import ray
 
+        with self._lock:
+            stamp, cached = self._board_memo
+            if time.monotonic() - stamp < BOARD_TTL_S:
+                return cached
         try:
             now, entries = ray.get(self.board.snapshot.remote(), timeout=10)
         except Exception as exc:
             log.warning("status board unreachable: %s", one_line(exc))
             return {}
-        return {rid: (now - stamp, data) for rid, (stamp, data) in entries.items()}
+        fresh = {rid: (now - at, data) for rid, (at, data) in entries.items()}
+        with self._lock:
+            self._board_memo = (time.monotonic(), fresh)
+        return fresh
 
     def status(self) -> ManagerStatus:
         """All replicas merged into the manager's status contract, plus `replicas` and per-shape `ready_replicas`."""

@@ -13,11 +13,12 @@ from typing import Any
 import gradio as gr
 
 from neuron_app.engine.edits import edit_label
-from neuron_app.engine.records import ManagerStatus, ShapeState, ShapeStatus
+from neuron_app.engine.records import ManagerStatus, ShapeStatus
 from neuron_app.engine.references import check_references
 from neuron_app.engine.requests import RequestError
 from neuron_app.settings import Settings
 from neuron_app.shapes import Resolution
+from neuron_app.web.views import shape_label
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +44,8 @@ def reference_buckets(settings: Settings, gallery: Sequence[Any] | None) -> list
 
 
 def _edit_label(state: ShapeStatus | None, shape: str, count: int) -> str:
-    refs = f"{count} ref{'' if count == 1 else 's'}"
-    if state is None:
-        return f"{shape} + {refs} - compiles on first use"
-    if state.state is ShapeState.READY:
-        return f"{shape} + {refs} - ready"
-    if state.state is ShapeState.COMPILING:
-        return f"{shape} + {refs} - compiling now"
-    if state.state is ShapeState.FAILED:
-        return f"{shape} + {refs} - failed, will retry"
-    if state.manifest == "precompiled":
-        return f"{shape} + {refs} - precompiled, loads from cache"
-    return f"{shape} + {refs} - compiles on first use"
+    name = f"{shape} + {count} ref{'' if count == 1 else 's'}"
+    return shape_label(state, name) if state is not None else f"{name} - compiles on first use"
 
 
 def edit_choices(status: ManagerStatus, buckets: Sequence[str]) -> list[tuple[str, str]]:

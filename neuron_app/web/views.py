@@ -21,17 +21,18 @@ def estimate_text(shape: ShapeStatus) -> str:
     return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
 
 
-def shape_label(shape: ShapeStatus) -> str:
-    """The dropdown label: the shape and what choosing it will cost."""
+def shape_label(shape: ShapeStatus, name: str | None = None) -> str:
+    """The dropdown label: the shape (or `name`, e.g. an edit layout) and what choosing it will cost."""
+    name = name or shape.resolution
     if shape.state is ShapeState.READY:
-        return f"{shape.resolution} - ready"
+        return f"{name} - ready"
     if shape.state is ShapeState.COMPILING:
-        return f"{shape.resolution} - compiling now, {estimate_text(shape)}"
+        return f"{name} - compiling now, {estimate_text(shape)}"
     if shape.state is ShapeState.FAILED:
-        return f"{shape.resolution} - failed, will retry"
+        return f"{name} - failed, will retry"
     if shape.manifest == "precompiled":
-        return f"{shape.resolution} - precompiled, loads from cache, {estimate_text(shape)}"
-    return f"{shape.resolution} - compiles on first use, {estimate_text(shape)}"
+        return f"{name} - precompiled, loads from cache, {estimate_text(shape)}"
+    return f"{name} - compiles on first use, {estimate_text(shape)}"
 
 
 def dropdown_choices(status: ManagerStatus) -> list[tuple[str, str]]:

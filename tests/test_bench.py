@@ -111,6 +111,8 @@ def test_smoke_serving_and_concurrency_account_for_every_request(smoke: dict[str
     assert serving["direct"]["n"] == serving["via_app"]["n"] == repeats and serving["bad_results"] == 0
     assert serving["status_rtt"]["median_s"] > 0 and isinstance(serving["overhead_median_ms"], float)
     assert serving["server"]["graphs_while_serving"] == 0
+    # the same calls on the wire (Gradio's queue protocol, no client polling): each answered with its own image
+    assert all(serving["wire"][key]["n"] == repeats for key in ("generate", "floor", "matched_floor"))
     rows = sections["concurrency"]["rows"]
     assert [r["clients"] for r in rows] == smoke["results"]["config"]["clients"]
     for row in rows:

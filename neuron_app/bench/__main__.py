@@ -26,6 +26,7 @@ FULL_DEFAULTS: dict[str, Any] = {
     "clients": "1,4,8",
     "per_client": 3,
     "jobs": 1,
+    "replicas_shape": "256x256",  # where compute outweighs the per-request cost, as on a device
 }
 #: The smallest end-to-end run (what the test suite runs): tiny model, aot_eager compiles in seconds.
 SMOKE_DEFAULTS: dict[str, Any] = {
@@ -40,6 +41,7 @@ SMOKE_DEFAULTS: dict[str, Any] = {
     "clients": "1,2",
     "per_client": 1,
     "jobs": 4,
+    "replicas_shape": None,  # the first shape
 }
 
 
@@ -64,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, help="timed calls per measurement (default 10)")
     parser.add_argument("--clients", help="concurrent client counts, comma separated (default 1,4,8)")
     parser.add_argument("--per-client", type=int, help="requests per concurrent client (default 3)")
+    parser.add_argument(
+        "--replicas-shape", help="ready shape of the replicas section's throughput and freeze (default 256x256)"
+    )
     parser.add_argument("--seq-len", type=int, help="max_sequence_length (default 32 for tiny models, else 512)")
     parser.add_argument("--sections", default="all", help=f"comma separated, of: {', '.join(SECTIONS)} (default all)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for results.json, results.md, logs")
@@ -127,6 +132,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
         command=quote_command(argv),
         smoke=args.smoke,
         keep_work=args.keep_work,
+        replicas_shape=str(Resolution.parse(value["replicas_shape"])) if value["replicas_shape"] else None,
     )
 
 

@@ -74,6 +74,7 @@ class BenchConfig:
     models_dir: Path | None = field(default=None, repr=False)
     smoke: bool = False
     keep_work: bool = False
+    replicas_shape: str | None = None
 
     @property
     def is_tiny(self) -> bool:
@@ -526,27 +527,44 @@ class Harness:
 
         downloads = self.work / "downloads"
         downloads.mkdir(exist_ok=True)
-        return Client(url, verbose=False, download_files=str(downloads), analytics_enabled=False)
+        # gradio_client opens a new httpx client, with a new TLS context (the CA bundle parsed again), for every
+        # HTTP call, even to an http:// URL: 8 bench clients then took more than one of this machine's two cores
+        # from the server under test. On plain http there is no TLS to verify, so skip building it.
+        plain = url.startswith("http://")
+        return Client(url, verbose=False, download_files=str(downloads), analytics_enabled=False, ssl_verify=not plain)
 
     def measure_serving(self, server: dict[str, Any]) -> dict[str, Any]:
         """The same ready shape on the manager and through gradio_client, interleaved; then the status round trip.
 
-        The status endpoint does no device work: its round trip is the floor any Gradio app pays.
+        The floor is `/floor`, a text endpoint on the same server. gradio_client reads its message queue every
+        50 ms, so its round trips come in steps; the same calls are also timed on the wire (`WireClient`, no
+        polling), where `/floor` also sleeps as long as the generate before it took in the manager (`total_s`):
+        generate minus that matched floor is what serving an image adds.
         """
+        from neuron_app.bench.wire import WireClient
+
         shape, steps = self.cfg.shapes[0], self.cfg.steps
-        client = self.client(server["url"])
+        client, wire = self.client(server["url"]), WireClient(server["url"])
         client.predict(PROMPT, shape, steps, 0, api_name="/generate")  # warm the connection and the queue
+        wire.call("generate", PROMPT, shape, steps, 0, "none", 1.0, download=True)
         via_app, direct, floor, bad = [], [], [], 0
-        client.predict(api_name="/floor")
+        wire_generate, wire_floor, wire_matched = [], [], []
+        client.predict(0, api_name="/floor")
         for seed in range(1, self.cfg.repeats + 1):
             start = time.perf_counter()
-            client.predict(api_name="/floor")
+            client.predict(0, api_name="/floor")
             floor.append(time.perf_counter() - start)
             direct.append(server["direct"](seed))
             start = time.perf_counter()
             path, info = client.predict(PROMPT, shape, steps, seed, api_name="/generate")
             via_app.append(time.perf_counter() - start)
             bad += not _good_result(path, info, shape, seed)
+            wire_floor.append(wire.call("floor", 0)[0])
+            took, (_image, wire_info) = wire.call("generate", PROMPT, shape, steps, seed, "none", 1.0, download=True)
+            wire_generate.append(took)
+            bad += not (wire_info.get("seed") == seed and wire_info.get("resolution") == shape)
+            wire_matched.append(wire.call("floor", 1000 * float(wire_info["total_s"]))[0])
+        wire.close()
         client.predict(api_name="/status")
         status = []
         for _ in range(max(self.cfg.repeats, 10)):
@@ -554,6 +572,8 @@ class Harness:
             client.predict(api_name="/status")
             status.append(time.perf_counter() - start)
         direct, app = summarize(direct), summarize(via_app)
+        on_wire = {"generate": summarize(wire_generate), "floor": summarize(wire_floor)}
+        on_wire["matched_floor"] = summarize(wire_matched)
         return {
             "shape": shape,
             "steps": steps,
@@ -565,6 +585,10 @@ class Harness:
             "via_app": app,
             "status_rtt": summarize(status),
             "floor_rtt": summarize(floor),
+            "wire": on_wire,
+            # what serving an image adds to a text endpoint whose handler takes as long, with no client polling
+            "wire_above_matched_floor_ms": 1000
+            * (on_wire["generate"]["median_s"] - on_wire["matched_floor"]["median_s"]),
             "overhead_above_floor_ms": 1000 * (app["median_s"] - direct["median_s"] - summarize(floor)["median_s"]),
             "overhead_median_ms": 1000 * (app["median_s"] - direct["median_s"]),
             "overhead_p95_ms": 1000 * (app["p95_s"] - direct["p95_s"]),
@@ -581,7 +605,8 @@ class Harness:
             self.log(f"concurrency: {k} client(s): {row['ok']}/{row['sent']} ok in {row['wall_s']:.2f} s")
         return {"shape": shape, "steps": steps, "per_client": self.cfg.per_client, "rows": rows}
 
-    def _run_clients(self, url: str, k: int, shape: str, steps: int) -> dict[str, Any]:
+    def _run_clients(self, url: str, k: int, shape: str, steps: int, per_client: int | None = None) -> dict[str, Any]:
+        per_client = per_client or self.cfg.per_client
         clients = [self.client(url) for _ in range(k)]  # connected before the clock starts
         outcomes: list[tuple[str, float]] = []
         lock = threading.Lock()
@@ -589,7 +614,7 @@ class Harness:
 
         def work(index: int, client: Any) -> None:
             barrier.wait()
-            for j in range(self.cfg.per_client):
+            for j in range(per_client):
                 seed = 1000 * (index + 1) + j
                 start = time.perf_counter()
                 try:
@@ -614,7 +639,7 @@ class Harness:
         for client in clients:
             with contextlib.suppress(Exception):
                 client.close()
-        sent = k * self.cfg.per_client
+        sent = k * per_client
         ok = [t for kind, t in done if kind == "ok"]
         errors = sum(1 for kind, _ in done if kind != "ok")
         return {

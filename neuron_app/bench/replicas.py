@@ -9,6 +9,7 @@ replica serves it. Ratios come from one run, so a busy machine still compares li
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from neuron_app.bench.common import summarize
 
 PROMPT = "a lighthouse on a cliff at dawn"
 REPLICA_COUNTS = (1, 2)
+#: Requests each client sends per throughput run: enough that start and end effects stay small.
+REQUESTS_PER_CLIENT = 6
 
 
 def _cold_shape(ready: str, shapes: list[str]) -> str | None:
@@ -31,10 +34,15 @@ def _cold_shape(ready: str, shapes: list[str]) -> str | None:
 
 def section_replicas(harness: Any) -> dict[str, Any]:
     from neuron_app.bench.harness import free_port, settings_env
+    from neuron_app.shapes import Resolution
 
     cfg = harness.cfg
-    ready = cfg.shapes[0]
-    cold = _cold_shape(ready, cfg.all_shapes)
+    ready = cfg.replicas_shape or cfg.shapes[0]
+    # The first configured shape, when its graph differs: it is the cold compile, then the small-image throughput.
+    small = (
+        cfg.shapes[0] if Resolution.parse(cfg.shapes[0]).image_tokens != Resolution.parse(ready).image_tokens else None
+    )
+    cold = small or _cold_shape(ready, cfg.all_shapes)
     if cold is None:
         raise RuntimeError("the replicas section needs two shapes with different token counts (--recompile-shapes)")
     clients = max(cfg.clients, default=1)
@@ -59,7 +67,7 @@ def section_replicas(harness: Any) -> dict[str, Any]:
         start = time.perf_counter()
         proc, log_path = harness._popen([sys.executable, "app.py"], f"replicas-{count}", env=env)
         try:
-            rows.append(_measure(harness, proc, url, count, ready, cold, clients, start))
+            rows.append(_measure(harness, proc, url, count, ready, cold, small, clients, start))
         except Exception as exc:
             from neuron_app.bench.harness import BenchError, _log_tail
 
@@ -72,16 +80,47 @@ def section_replicas(harness: Any) -> dict[str, Any]:
         )
     by_count = {row["replicas"]: row for row in rows}
     one, two = by_count.get(1), by_count[2]
+
+    def ratio(key: str) -> float | None:
+        if not one or not one.get(key) or not two.get(key):
+            return None
+        return two[key]["images_per_s"] / one[key]["images_per_s"]
+
     return {
         "ready_shape": ready,
         "cold_shape": cold,
+        "small_shape": small,
         "steps": cfg.steps,
         "clients": clients,
-        "per_client": cfg.per_client,
+        "per_client": cfg.per_client if cfg.smoke else REQUESTS_PER_CLIENT,
         "mode": cfg.serving_mode,
         "rows": rows,
-        "throughput_ratio_2_vs_1": two["images_per_s"] / one["images_per_s"] if one and one["images_per_s"] else None,
+        "throughput_ratio_2_vs_1": ratio("throughput"),
+        "small_ratio_2_vs_1": ratio("small_throughput"),
     }
+
+
+def _throughput(harness: Any, url: str, clients: int, shape: str) -> dict[str, Any]:
+    """`clients` gradio_client clients on one ready shape, with where the machine's CPU went meanwhile."""
+    from neuron_app.bench.common import cpu_seconds
+    from neuron_app.bench.harness import _busy_cpu_s
+
+    busy, own = _busy_cpu_s(), cpu_seconds()
+    per_client = harness.cfg.per_client if harness.cfg.smoke else REQUESTS_PER_CLIENT
+    row = harness._run_clients(url, clients, shape, harness.cfg.steps, per_client=per_client)
+    busy, own = _busy_cpu_s() - busy, cpu_seconds() - own
+    images = max(1, row["ok"])
+    row["server_cpu_ms_per_image"] = 1000 * max(0.0, busy - own) / images  # app.py, Ray and the replicas
+    row["client_cpu_ms_per_image"] = 1000 * own / images  # the bench's gradio_client threads
+    row["cpu_busy"] = busy / (row["wall_s"] * (os.cpu_count() or 1)) if row["wall_s"] else None
+    return row
+
+
+def _ready_everywhere(client: Any, shape: str, steps: int, count: int, timeout_s: float) -> None:
+    """`count` concurrent first requests: one compile (or a ready graph), disk loads on the other replicas."""
+    jobs = [client.submit(PROMPT, shape, steps, seed, api_name="/generate") for seed in range(count)]
+    for job in jobs:
+        job.result(timeout=timeout_s)
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
@@ -100,7 +139,15 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 
 
 def _measure(
-    harness: Any, proc: subprocess.Popen[Any], url: str, count: int, ready: str, cold: str, clients: int, start: float
+    harness: Any,
+    proc: subprocess.Popen[Any],
+    url: str,
+    count: int,
+    ready: str,
+    cold: str,
+    small: str | None,
+    clients: int,
+    start: float,
 ) -> dict[str, Any]:
     from neuron_app.bench.harness import BenchError, _http_ok
 
@@ -110,13 +157,10 @@ def _measure(
             raise BenchError(f"app.py with {count} replica(s) did not come up (exit {proc.poll()})")
         time.sleep(0.1)
     up_s = time.perf_counter() - start
-    steps = harness.cfg.steps
+    steps, timeout_s = harness.cfg.steps, harness.cfg.timeout_s
     client = harness.client(url)
-    # Make the ready shape ready on every replica: `count` concurrent first requests (one compile, disk loads).
-    jobs = [client.submit(PROMPT, ready, steps, seed, api_name="/generate") for seed in range(count)]
-    for job in jobs:
-        job.result(timeout=harness.cfg.timeout_s)
-    throughput = harness._run_clients(url, clients, ready, steps)
+    _ready_everywhere(client, ready, steps, count, timeout_s)
+    throughput = _throughput(harness, url, clients, ready)
     solo = []
     for seed in range(1, 6):
         t0 = time.perf_counter()
@@ -130,7 +174,11 @@ def _measure(
     _path, info = client.predict(PROMPT, ready, steps, 99, api_name="/generate")
     during = time.perf_counter() - t0
     overlapped = not cold_job.done()
-    _cold_path, cold_info = cold_job.result(timeout=harness.cfg.timeout_s)
+    _cold_path, cold_info = cold_job.result(timeout=timeout_s)
+    small_throughput = None
+    if small is not None:  # compiled just now: ready it on every replica, then the small-image throughput
+        _ready_everywhere(client, small, steps, count, timeout_s)
+        small_throughput = _throughput(harness, url, clients, small)
     status = client.predict(api_name="/status")
     solo_summary = summarize(solo)
     return {
@@ -138,6 +186,7 @@ def _measure(
         "page_up_s": up_s,
         "images_per_s": throughput["images_per_s"],
         "throughput": throughput,
+        "small_throughput": small_throughput,
         "solo": solo_summary,
         "during_compile_s": during,
         "during_vs_solo": during / statistics.median(solo),
@@ -155,37 +204,47 @@ def replicas_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("replicas")
     if (why := _failed(sec)) is not None:
         return why
-    rows = [
-        [
-            r["replicas"],
-            _num(r["images_per_s"], 2),
-            f"{r['throughput']['ok']}/{r['throughput']['sent']}",
+
+    def load(row: dict[str, Any] | None) -> list[Any]:
+        if not row:
+            return ["", "", "", ""]
+        cpu = row.get("server_cpu_ms_per_image")
+        client = row.get("client_cpu_ms_per_image")
+        return [
+            _num(row["images_per_s"], 2),
+            f"{row['ok']}/{row['sent']}",
+            _num(cpu, 0) if cpu is not None else "",
+            _num(client, 0) if client is not None else "",
+        ]
+
+    rows = []
+    for r in sec["rows"]:
+        small_cells = load(r.get("small_throughput"))[:2] if sec.get("small_shape") else []
+        freeze = [
             _s(r["solo"]["median_s"]),
             _s(r["during_compile_s"]),
             _num(r["during_vs_solo"], 1) + "x",
             "yes" if r["overlapped_compile"] else "no",
             _s(r["cold_compile_s"]),
         ]
-        for r in sec["rows"]
-    ]
-    ratio = sec.get("throughput_ratio_2_vs_1")
-    return (
-        f"`python app.py` with `NEURON_APP_REPLICAS=1` (in-process) and `=2` (Ray Serve, one torch thread each); "
-        f"ready shape {sec['ready_shape']}, cold shape {sec['cold_shape']}, {sec['steps']} steps, mode {sec['mode']}, "
-        f"{sec['clients']} clients x {sec['per_client']} requests."
-        + (f" 2 replicas give **{_num(ratio, 2)}x** the images/s of 1." if ratio is not None else "")
-        + "\n\n"
-        + _table(
-            [
-                "replicas",
-                "images/s",
-                "ok",
-                "ready solo s",
-                "ready during a cold compile s",
-                "during / solo",
-                "compile still running",
-                "cold compile s",
-            ],
-            rows,
-        )
+        rows.append([r["replicas"], *load(r["throughput"]), *small_cells, *freeze])
+    ready, small = sec["ready_shape"], sec.get("small_shape")
+    head = ["replicas", f"{ready} images/s", "ok", "server CPU ms/image", "client CPU ms/image"]
+    head += [f"{small} images/s", "ok"] if small else []
+    head += [f"{ready} solo s", "during a cold compile s", "during / solo", "compile still running", "cold compile s"]
+    ratio, small_ratio = sec.get("throughput_ratio_2_vs_1"), sec.get("small_ratio_2_vs_1")
+    text = (
+        f"`python app.py` with `NEURON_APP_REPLICAS=1` (in-process) and `=2` (Ray Serve); one torch thread per "
+        f"replica; {sec['steps']} steps, mode {sec['mode']}, {sec['clients']} gradio_client clients x "
+        f"{sec['per_client']} requests; cold shape {sec['cold_shape']}."
     )
+    if ratio is not None:
+        text += f" On {ready}, 2 replicas give **{_num(ratio, 2)}x** the images/s of 1"
+        text += f"; on {small}, {_num(small_ratio, 2)}x." if small_ratio is not None else "."
+    text += (
+        " CPU per image is the machine's busy time over the run: the server side (app.py, Ray, the replicas) "
+        "and the bench's own clients, all on this machine's cores. Each request costs the front end and Ray a "
+        "fixed amount of CPU; where an image's compute is not well above it (the small shape), the replicas "
+        "wait on that and not on each other."
+    )
+    return text + "\n\n" + _table(head, rows)

@@ -196,10 +196,32 @@ def serving_md(results: dict[str, Any]) -> str:
                 fl["n"],
             ]
         )
-        rows.append(["**overhead above the floor**", _num(sec["overhead_above_floor_ms"], 1), "", ""])
+        rows.append(
+            ["overhead above the trivial floor (difference - floor)", _num(sec["overhead_above_floor_ms"], 1), "", ""]
+        )
+    note = ""
+    if "wire" in sec:  # the same calls without gradio_client's 50 ms message poll
+        w = sec["wire"]
+        for label, key in (
+            ("on the wire: `/generate` (image downloaded)", "generate"),
+            ("on the wire: `/floor` (trivial)", "floor"),
+            ("on the wire: `/floor` sleeping generate's `total_s` (matched floor)", "matched_floor"),
+        ):
+            rows.append([label, _ms(w[key]["median_s"]), _ms(w[key]["p95_s"]), w[key]["n"]])
+        rows.append(
+            ["**on the wire: generate above the matched floor**", _num(sec["wire_above_matched_floor_ms"], 1), "", ""]
+        )
+        note = (
+            "\n\ngradio_client reads its message queue every 50 ms (`stream_sse_v1plus` in `gradio_client/utils.py`), "
+            "so its round trips grow in 50 ms steps with the handler's duration. The wire rows speak Gradio's queue "
+            "protocol directly (`neuron_app/bench/wire.py`: join, then read the event stream as it arrives); there "
+            "the matched floor is the text endpoint sleeping as long as the generate before it took in the manager, "
+            "so generate minus it is what serving an image adds (the PNG save, the image output, progress events, "
+            "the download)."
+        )
     return (
         f"Shape {sec['shape']}, {sec['steps']} steps, mode {sec['mode']} / {sec['backend']}, "
-        f"cache folder {sec['cache_folder']}.\n\n" + _table(["path", "median ms", "p95 ms", "n"], rows)
+        f"cache folder {sec['cache_folder']}.\n\n" + _table(["path", "median ms", "p95 ms", "n"], rows) + note
     )
 
 

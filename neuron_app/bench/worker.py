@@ -153,12 +153,21 @@ def sequence(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _add_floor_endpoint(demo: Any) -> None:
-    """`/floor`: a queued endpoint doing nothing, on the same server: what any Gradio request costs here."""
+    """`/floor`: a queued endpoint with a text answer, on the same server: what any Gradio request costs here.
+
+    It sleeps the milliseconds it is given, in Gradio's worker thread as `generate` runs. gradio_client reads its
+    message queue every 50 ms, so a round trip grows in steps with the handler's duration: a floor that does
+    nothing is one step below a generate whose handler takes 40 ms, and compares badly with it.
+    """
     import gradio as gr
 
+    def floor(ms: float | None = 0.0) -> str:
+        time.sleep(max(0.0, float(ms or 0.0)) / 1000.0)
+        return "ok"
+
     with demo:
-        button, out = gr.Button(visible=False), gr.Textbox(visible=False)
-        button.click(lambda: "ok", outputs=[out], api_name="floor", concurrency_limit=None)
+        button, out, ms = gr.Button(visible=False), gr.Textbox(visible=False), gr.Number(value=0, visible=False)
+        button.click(floor, inputs=[ms], outputs=[out], api_name="floor", concurrency_limit=None)
 
 
 def serve(spec: dict[str, Any]) -> dict[str, Any]:

@@ -389,6 +389,9 @@ def start_replicas(settings: Settings) -> ReplicaClient:
             health_check_timeout_s=60,
             graceful_shutdown_timeout_s=settings.shutdown_grace_s,
             max_constructor_retry_count=1,
+            # No per-request access line: it costs each request a log write in the replica, a hop through Ray's
+            # log monitor and a print in the driver; errors still reach the log.
+            logging_config={"enable_access_log": False, "log_level": "WARNING"},
         )
         handle = serve.run(deployment.bind(settings, board), name=APP_NAME, route_prefix=None)
     except Exception as exc:

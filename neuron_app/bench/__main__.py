@@ -26,7 +26,7 @@ FULL_DEFAULTS: dict[str, Any] = {
     "clients": "1,4,8",
     "per_client": 3,
     "jobs": 1,
-    "replicas_shape": "256x256",  # where compute outweighs the per-request cost, as on a device
+    "replicas_shape": "384x384",  # where compute outweighs the per-request cost, as on a device
 }
 #: The smallest end-to-end run (what the test suite runs): tiny model, aot_eager compiles in seconds.
 SMOKE_DEFAULTS: dict[str, Any] = {
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clients", help="concurrent client counts, comma separated (default 1,4,8)")
     parser.add_argument("--per-client", type=int, help="requests per concurrent client (default 3)")
     parser.add_argument(
-        "--replicas-shape", help="ready shape of the replicas section's throughput and freeze (default 256x256)"
+        "--replicas-shape", help="ready shape of the replicas section's throughput and freeze (default 384x384)"
     )
     parser.add_argument("--seq-len", type=int, help="max_sequence_length (default 32 for tiny models, else 512)")
     parser.add_argument("--sections", default="all", help=f"comma separated, of: {', '.join(SECTIONS)} (default all)")

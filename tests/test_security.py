@@ -230,6 +230,40 @@ def test_png_metadata_records_how_the_image_was_made(auth_client: Client, auth_a
     assert len(saved) == 1
 
 
+def test_image_store_keeps_the_newest(tmp_path: Path) -> None:
+    """Outputs stay bounded: files already in the folder (an earlier run) count, and the oldest go first."""
+    from types import SimpleNamespace
+
+    from neuron_app.engine.images import ImageStore
+
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    for i, name in enumerate(["old-a.png", "old-b.png"]):
+        (folder / name).write_bytes(b"png")
+        os.utime(folder / name, (1_000_000 + i, 1_000_000 + i))
+    store = ImageStore(folder, keep=3)
+
+    def record(seed: int) -> SimpleNamespace:
+        image = Image.new("RGB", (8, 8))
+        return SimpleNamespace(image=image, prompt="p", seed=seed, steps=1, resolution="8x8", model="tiny")
+
+    saved = [store.save(record(seed)) for seed in range(3)]
+    assert sorted(p.name for p in folder.glob("*.png")) == sorted(p.name for p in saved)  # the two old ones went
+
+
+def test_outputs_are_served_in_place(auth_app: Any) -> None:
+    """The API's image is served from the outputs folder itself (Gradio's static paths): no hash and copy into
+    Gradio's cache on every answer. The URL names the server's own file, and downloads byte-identical."""
+    import httpx
+
+    client = Client(auth_app.url, auth=(USER, PASSWORD), verbose=False, download_files=False)
+    image, _info = client.predict("a lighthouse at dawn", "64x64", 4, 7, api_name="/generate")
+    (saved,) = (auth_app.settings.cache_dir / "outputs").glob("64x64-7-*.png")
+    assert image["path"] == str(saved), image
+    served = httpx.get(image["url"], auth=(USER, PASSWORD), cookies=client.cookies)
+    assert served.status_code == 200 and served.content == saved.read_bytes()
+
+
 # --- the real entry point ------------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,19 +19,24 @@ class ImageStore:
         self.folder = folder
         self.keep = keep
         self._lock = threading.Lock()
+        self._files: deque[Path] | None = None  # oldest first; read from the folder once, then kept here
 
     def save(self, record: Any) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{record.resolution}-{record.seed}-{uuid.uuid4().hex[:8]}.png"
         write_png(record, path)
-        self._prune()
+        self._prune(path)
         return path
 
-    def _prune(self) -> None:
+    def _prune(self, new: Path) -> None:
+        """Drop the oldest beyond `keep`; the folder is listed once per process, not on every save."""
         with self._lock:
-            files = sorted(self.folder.glob("*.png"), key=lambda p: p.stat().st_mtime)
-            for old in files[: max(0, len(files) - self.keep)]:
-                old.unlink(missing_ok=True)
+            if self._files is None:
+                listed = sorted(self.folder.glob("*.png"), key=lambda p: p.stat().st_mtime)
+                self._files = deque(p for p in listed if p != new)
+            self._files.append(new)
+            while len(self._files) > self.keep:
+                self._files.popleft().unlink(missing_ok=True)
 
 
 def write_png(record: Any, target: Path | IO[bytes]) -> None:

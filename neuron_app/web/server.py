@@ -61,12 +61,19 @@ class App:
 
 def build_app(settings: Settings, manager: Any) -> App:
     """The Blocks with its queue: one device lane, bounded waiting room."""
+    import gradio as gr
+
     from neuron_app.engine.images import ImageStore
     from neuron_app.web.openai_api import OpenAIImages
     from neuron_app.web.ops import Ops
     from neuron_app.web.ui import build_ui
 
-    demo = build_ui(manager, ImageStore(settings.cache_dir / "outputs"))
+    outputs = settings.cache_dir / "outputs"
+    # Images are written once and served from where they are: Gradio neither hashes nor copies them into its
+    # own cache on every answer (a few ms per request, and a second copy on disk). The folder was already
+    # downloadable (`allowed_paths`); ImageStore keeps it bounded.
+    gr.set_static_paths([outputs])
+    demo = build_ui(manager, ImageStore(outputs))
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.device_lanes)
     openai_api = OpenAIImages(settings, manager, demo)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)

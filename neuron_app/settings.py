@@ -321,6 +321,11 @@ class Settings(BaseSettings):
         return max(self.concurrency_limit, self.replicas)
 
     @property
+    def outputs_dir(self) -> Path:
+        """Generated images (the page's, the API's, the OpenAI API's `url` answers): served from where they lie."""
+        return self.cache_dir / "outputs"
+
+    @property
     def uses_replicas(self) -> bool:
         """Serve through Ray Serve replicas instead of an in-process manager."""
         return self.replicas > 1 or bool(self.ray_address)

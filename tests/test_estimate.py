@@ -55,6 +55,11 @@ def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any)
     assert shape_label(replace(cold, estimate_s=150.0)) == "128x128 - compiles on first use, about 2 min"
     row = next(r for r in shapes_table(status) if r[0] == "128x128")
     assert row[1].startswith("not_compiled, about")
+    # the compile's own progress line carries the same words, from the manager (the page only shows messages)
+    events: list[Any] = []
+    module_manager.generate("estimate", "128x128", 1, 0, progress=events.append)
+    (compiling,) = [e for e in events if e.phase == "compiling"]
+    assert f"({estimate_text(cold)})" in compiling.message, compiling.message
 
 
 def test_replica_statuses_merge_into_the_managers_contract(module_manager: Any) -> None:
@@ -63,6 +68,8 @@ def test_replica_statuses_merge_into_the_managers_contract(module_manager: Any) 
 
     module_manager.compile_shape("64x64")
     ready = module_manager.status()
+    not_compiled = replace(ready.shapes["128x128"], state=ShapeState.NOT_COMPILED)  # whatever earlier tests did
+    ready = replace(ready, shapes={**ready.shapes, "128x128": not_compiled})
     cold = replace(ready, shapes={k: replace(v, state=ShapeState.NOT_COMPILED) for k, v in ready.shapes.items()})
     rows = [
         {"id": "a", "healthy": True, "in_flight": 0, "ready_shapes": ready.ready},

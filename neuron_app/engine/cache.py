@@ -158,6 +158,15 @@ def estimate_compile_s(entries: dict[str, ManifestEntry], resolution: str, finge
     return sum(e.compile_s for e in entries.values()) / len(entries)
 
 
+def human_seconds(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def estimate_words(seconds: float | None) -> str:
+    """How a compile estimate reads everywhere (labels, status rows, progress lines); says so when there is none."""
+    return "no history for an estimate" if seconds is None else f"about {human_seconds(seconds)}"
+
+
 def folder_size(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):

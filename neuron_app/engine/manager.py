@@ -24,6 +24,7 @@ from neuron_app.engine.cache import (
     ManifestEntry,
     dist_version,
     estimate_compile_s,
+    estimate_words,
     fingerprint_of,
 )
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
@@ -255,7 +256,8 @@ class PipelineManager(Admitted):
                 return CompileOutcome(name, CacheResult.MEMORY, False, 0.0, 0)
             graph.state, graph.error = ShapeState.COMPILING, None
         if progress:
-            msg = f"Compiling {name} for the first time - this takes minutes on Neuron; later requests reuse it"
+            estimate = estimate_words(estimate_compile_s(self.manifest.entries(), name, self.fingerprint))
+            msg = f"Compiling {name} for the first time ({estimate}) - later requests reuse it"
             progress(ProgressEvent("compiling", str(res), message=msg))
         log.info("compile start %s (%s)", name, key)
         before, graphs_before = self.probe.snapshot(), self.counter.graphs

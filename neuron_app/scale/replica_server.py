@@ -43,10 +43,6 @@ def graph_ids(settings: Settings, per_orientation: bool) -> dict[str, str]:
     return ids
 
 
-def human_seconds(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
-
-
 # --- the status board (a plain Ray actor) ----------------------------------------------------------------------
 class StatusBoard:
     """Last status each replica published, with the board's clock: status never waits for a busy replica."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted
+from neuron_app.engine.cache import estimate_words, human_seconds
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.records import (
     CompileOutcome,
@@ -43,7 +44,7 @@ from neuron_app.engine.records import (
 from neuron_app.engine.references import portable
 from neuron_app.engine.requests import RequestError, ShuttingDown
 from neuron_app.errors import one_line
-from neuron_app.scale.replica_server import ReplicaServer, StatusBoard, human_seconds
+from neuron_app.scale.replica_server import ReplicaServer, StatusBoard
 from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class ReplicaClient(Admitted):
                 continue
             elapsed = time.monotonic() - start
             if cold:
-                expected = f"about {human_seconds(estimate)}" if estimate is not None else "no history for an estimate"
+                expected = estimate_words(estimate)
                 message = f"Compiling {shape} on a replica: {human_seconds(elapsed)} elapsed, {expected}"
                 progress(ProgressEvent("compiling", shape, message=message))
             else:

@@ -189,7 +189,7 @@ class OpenAIImages:
         self.settings = settings
         self.manager = manager
         self.demo = demo
-        self.urls = UrlStore(settings.cache_dir / "outputs" / "api", settings.image_url_ttl_s)
+        self.urls = UrlStore(settings.outputs_dir / "api", settings.image_url_ttl_s)
         self._lock = threading.Lock()
         self._in_flight = 0
 

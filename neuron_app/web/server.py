@@ -68,12 +68,11 @@ def build_app(settings: Settings, manager: Any) -> App:
     from neuron_app.web.ops import Ops
     from neuron_app.web.ui import build_ui
 
-    outputs = settings.cache_dir / "outputs"
     # Images are written once and served from where they are: Gradio neither hashes nor copies them into its
     # own cache on every answer (a few ms per request, and a second copy on disk). The folder was already
     # downloadable (`allowed_paths`); ImageStore keeps it bounded.
-    gr.set_static_paths([outputs])
-    demo = build_ui(manager, ImageStore(outputs))
+    gr.set_static_paths([settings.outputs_dir])
+    demo = build_ui(manager, ImageStore(settings.outputs_dir))
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.device_lanes)
     openai_api = OpenAIImages(settings, manager, demo)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
@@ -96,7 +95,7 @@ def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
         "share": settings.share,
         "auth": resolve_auth(settings),
         "prevent_thread_lock": True,
-        "allowed_paths": [str(settings.cache_dir / "outputs")],
+        "allowed_paths": [str(settings.outputs_dir)],
         "show_error": False,
         "max_file_size": int(settings.max_upload_mb * 1024 * 1024),
         "quiet": False,

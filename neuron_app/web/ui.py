@@ -30,7 +30,6 @@ from neuron_app.web.batch import generate_many
 from neuron_app.web.views import (
     SHAPE_COLUMNS,
     dropdown_choices,
-    estimate_text,
     info_markdown,
     shapes_table,
     status_markdown,
@@ -86,9 +85,6 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         def on_event(event: ProgressEvent) -> None:
             if event.phase == "denoising":
                 progress((event.step, event.total), desc=event.message)
-            elif event.phase == "compiling" and event.resolution and "elapsed" not in event.message:
-                shape = manager.status().shapes.get(event.resolution)  # the in-process manager says it once
-                progress(None, desc=event.message + (f" ({estimate_text(shape)})" if shape else ""))
             else:
                 progress(None, desc=event.message)
 

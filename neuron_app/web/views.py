@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuron_app.engine.cache import estimate_words
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ShapeState, ShapeStatus
 
 SHAPE_COLUMNS = ["shape", "state", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
@@ -15,10 +16,7 @@ SHAPE_COLUMNS = ["shape", "state", "manifest", "compile s", "graphs", "hits", "c
 
 def estimate_text(shape: ShapeStatus) -> str:
     """What a compile of this shape should take, from the manifest's history; says so when there is none."""
-    if shape.estimate_s is None:
-        return "no history for an estimate"
-    seconds = shape.estimate_s
-    return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
+    return estimate_words(shape.estimate_s)
 
 
 def shape_label(shape: ShapeStatus, name: str | None = None) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
-import uuid
 from typing import Any
 
 import httpx
@@ -105,18 +104,14 @@ def _page_generate(
     """Send the page's own Generate event (private to the API, sent by the browser through the queue).
     `data` is prompt, resolution, steps, seed, images, randomize; `style` the LoRA dropdown and scale slider; then
     no reference images (and no reference buckets)."""
+    from neuron_app.bench.wire import WireClient
+
     fn_index = next(fid for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
-    session = uuid.uuid4().hex
-    data = [*data, *style, None, []]
-    body = {"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None, "event_data": None}
-    httpx.post(f"{app.url}gradio_api/queue/join", json=body, timeout=timeout).raise_for_status()
-    with httpx.stream("GET", f"{app.url}gradio_api/queue/data?session_hash={session}", timeout=timeout) as stream:
-        for line in stream.iter_lines():
-            if line.startswith("data:"):
-                message = json.loads(line[5:])
-                if message.get("msg") == "process_completed":
-                    return message
-    raise AssertionError("the page event never completed")
+    wire = WireClient(app.url, timeout=timeout)
+    try:
+        return wire.event(fn_index, [*data, *style, None, []])
+    finally:
+        wire.close()
 
 
 # --- through the API ----------------------------------------------------------------------------

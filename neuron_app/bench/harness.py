@@ -125,15 +125,23 @@ def _own_cpu_s() -> float:
     return cpu_seconds()
 
 
-class ShareOfOthers:
-    """How much of the machine other processes used during the run: busy time minus our own (waited) time."""
+class CpuMeter:
+    """Wall time, the machine's busy CPU time and this process's own CPU time since the meter was made."""
 
     def __init__(self) -> None:
         self.start = (time.monotonic(), _busy_cpu_s(), _own_cpu_s())
 
-    def share(self) -> float:
+    def elapsed(self) -> tuple[float, float, float]:
         now = (time.monotonic(), _busy_cpu_s(), _own_cpu_s())
         wall, busy, own = (b - a for a, b in zip(self.start, now, strict=True))
+        return wall, busy, own
+
+
+class ShareOfOthers(CpuMeter):
+    """How much of the machine other processes used during the run: busy time minus our own (waited) time."""
+
+    def share(self) -> float:
+        wall, busy, own = self.elapsed()
         cores = os.cpu_count() or 1
         return max(0.0, min(1.0, (busy - own) / (wall * cores))) if wall > 0 else 0.0
 

@@ -102,13 +102,12 @@ def section_replicas(harness: Any) -> dict[str, Any]:
 
 def _throughput(harness: Any, url: str, clients: int, shape: str) -> dict[str, Any]:
     """`clients` gradio_client clients on one ready shape, with where the machine's CPU went meanwhile."""
-    from neuron_app.bench.common import cpu_seconds
-    from neuron_app.bench.harness import _busy_cpu_s
+    from neuron_app.bench.harness import CpuMeter
 
-    busy, own = _busy_cpu_s(), cpu_seconds()
+    meter = CpuMeter()
     per_client = harness.cfg.per_client if harness.cfg.smoke else REQUESTS_PER_CLIENT
     row = harness._run_clients(url, clients, shape, harness.cfg.steps, per_client=per_client)
-    busy, own = _busy_cpu_s() - busy, cpu_seconds() - own
+    _wall, busy, own = meter.elapsed()
     images = max(1, row["ok"])
     row["server_cpu_ms_per_image"] = 1000 * max(0.0, busy - own) / images  # app.py, Ray and the replicas
     row["client_cpu_ms_per_image"] = 1000 * own / images  # the bench's gradio_client threads
@@ -205,21 +204,14 @@ def replicas_md(results: dict[str, Any]) -> str:
     if (why := _failed(sec)) is not None:
         return why
 
-    def load(row: dict[str, Any] | None) -> list[Any]:
-        if not row:
-            return ["", "", "", ""]
-        cpu = row.get("server_cpu_ms_per_image")
-        client = row.get("client_cpu_ms_per_image")
-        return [
-            _num(row["images_per_s"], 2),
-            f"{row['ok']}/{row['sent']}",
-            _num(cpu, 0) if cpu is not None else "",
-            _num(client, 0) if client is not None else "",
-        ]
+    def rate(row: dict[str, Any] | None) -> list[str]:
+        return [_num(row["images_per_s"], 2), f"{row['ok']}/{row['sent']}"] if row else ["-", "-"]
 
     rows = []
     for r in sec["rows"]:
-        small_cells = load(r.get("small_throughput"))[:2] if sec.get("small_shape") else []
+        load = r["throughput"]
+        cpu = [_num(load.get("server_cpu_ms_per_image"), 0), _num(load.get("client_cpu_ms_per_image"), 0)]
+        small_cells = rate(r.get("small_throughput")) if sec.get("small_shape") else []
         freeze = [
             _s(r["solo"]["median_s"]),
             _s(r["during_compile_s"]),
@@ -227,7 +219,7 @@ def replicas_md(results: dict[str, Any]) -> str:
             "yes" if r["overlapped_compile"] else "no",
             _s(r["cold_compile_s"]),
         ]
-        rows.append([r["replicas"], *load(r["throughput"]), *small_cells, *freeze])
+        rows.append([r["replicas"], *rate(load), *cpu, *small_cells, *freeze])
     ready, small = sec["ready_shape"], sec.get("small_shape")
     head = ["replicas", f"{ready} images/s", "ok", "server CPU ms/image", "client CPU ms/image"]
     head += [f"{small} images/s", "ok"] if small else []

@@ -257,7 +257,7 @@ class PipelineManager(Admitted):
             graph.state, graph.error = ShapeState.COMPILING, None
         if progress:
             estimate = estimate_words(estimate_compile_s(self.manifest.entries(), name, self.fingerprint))
-            msg = f"Compiling {name} for the first time ({estimate}) - later requests reuse it"
+            msg = f"Compiling {name} for the first time ({estimate}) - minutes on Neuron; later requests reuse it"
             progress(ProgressEvent("compiling", str(res), message=msg))
         log.info("compile start %s (%s)", name, key)
         before, graphs_before = self.probe.snapshot(), self.counter.graphs

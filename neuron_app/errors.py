@@ -1,6 +1,133 @@
-"""Errors as one line for users and logs: the root cause, never a traceback."""
+"""One error family for the whole app, and errors as one line for users and logs.
+
+Every error a caller can meet is an `AppError` carrying what the callers need as data, set where the
+check is made: `kind` (refused: the request was wrong and cost nothing; unavailable: try again later or
+elsewhere; failed: the work itself broke) and `param` (the request field it is about, or None). The page,
+the OpenAI-compatible API, MCP and the replicas' client read these fields, never the message text.
+
+Torch-free and import-free: every module may import it.
+"""
 
 from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+Kind = Literal["refused", "unavailable", "failed"]
+
+
+class AppError(Exception):
+    """Base of every error this app raises on purpose; the message is for people, the fields for code."""
+
+    kind: ClassVar[Kind] = "failed"
+    #: HTTP status for the OpenAI-compatible API (and the status code of a job that ends this way).
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str = "", *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+    def __reduce__(self) -> tuple:  # survives pickling (Ray, multiprocessing) with its fields
+        return (_rebuild, (type(self), str(self), self.param, self.code))
+
+
+def _rebuild(cls: type[AppError], message: str, param: str | None, code: str | None) -> AppError:
+    return cls(message, param=param, code=code)
+
+
+# --- refused: the caller asked for something the app does not offer; nothing was spent --------------------
+class RequestError(AppError, ValueError):
+    """A request the UI would not offer; refused before any model work."""
+
+    kind = "refused"
+    http_status = 400
+
+
+class ShapeError(RequestError):
+    """A shape string that is not a valid "WIDTHxHEIGHT"."""
+
+    def __init__(self, message: str = "", *, param: str | None = "resolution", code: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class ContentRefused(RequestError):
+    """The prompt or the image is against this server's content policy (blocked terms, the safety checker)."""
+
+    def __init__(
+        self, message: str = "", *, param: str | None = "prompt", code: str | None = "content_policy_violation"
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class RateLimited(AppError):
+    """A caller over its images-per-minute or per-day limit; `retry_after_s` says when to come back."""
+
+    kind = "refused"
+    http_status = 429
+
+    def __init__(
+        self, message: str = "", *, param: str | None = None, code: str | None = "rate_limit_exceeded",
+        retry_after_s: float = 60.0,
+    ) -> None:  # fmt: skip
+        super().__init__(message, param=param, code=code)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild_rate, (str(self), self.param, self.code, self.retry_after_s))
+
+
+def _rebuild_rate(message: str, param: str | None, code: str | None, retry_after_s: float) -> RateLimited:
+    return RateLimited(message, param=param, code=code, retry_after_s=retry_after_s)
+
+
+# --- unavailable: the server cannot take it now ------------------------------------------------------
+class Unavailable(AppError):
+    kind = "unavailable"
+    http_status = 503
+
+
+class ShuttingDown(Unavailable):
+    """The server is draining for shutdown: new device work is refused with a clear message."""
+
+
+class DeviceUnavailable(Unavailable, RuntimeError):
+    """The chosen device cannot be used here; the message says what to do."""
+
+
+class ModelLoadError(Unavailable, RuntimeError):
+    """The model could not be loaded; the message says why and what to do."""
+
+
+class LoraError(ModelLoadError):
+    """A LoRA style that cannot be used (bad file, rank too high, wrong model)."""
+
+
+class SettingsError(AppError, RuntimeError):
+    """Settings that cannot work; the message names the field and where it came from."""
+
+    kind = "unavailable"
+    http_status = 500
+
+
+# --- failed: the work itself broke -------------------------------------------------------------------
+class CompileFailed(AppError, RuntimeError):
+    """Compiling a shape failed; remembered per graph and retried on the next request."""
+
+
+class GenerationFailed(AppError, RuntimeError):
+    """The pipeline call failed after its shape was ready."""
+
+
+class LockstepError(AppError, RuntimeError):
+    """Tensor-parallel ranks disagreed or one of them died; the group is broken."""
+
+
+class NeuronRuleViolation(AppError, RuntimeError):
+    """Device work that TorchNeuron would refuse (or silently move to the CPU), caught by the emulator."""
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
@@ -14,3 +141,16 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
         exc = inner
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {(text[0] if text else '')[:limit]}"
+
+
+def app_error_of(exc: BaseException) -> AppError | None:
+    """The `AppError` behind `exc` (itself, a cause, or Ray's `.cause`), or None."""
+    seen = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, AppError):
+            return current
+        seen.add(id(current))
+        nxt = getattr(current, "cause", None)
+        current = nxt if isinstance(nxt, BaseException) else current.__cause__
+    return None

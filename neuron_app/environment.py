@@ -32,8 +32,9 @@ FALLBACK_VARS = {
 }
 VISIBLE_CORES_VAR = "NEURON_RT_VISIBLE_CORES"
 MARK_VAR = "_NEURON_APP_EXPORTED"
-#: NEURON_RT_VISIBLE_CORES takes one core index or an inclusive range.
-CORES_PATTERN = re.compile(r"^(\d+)(?:-(\d+))?$")
+#: One item of NEURON_RT_VISIBLE_CORES: a core index or an inclusive range. The runtime takes a comma list of
+#: items (`3,4,5,6`, `3-6`, `3-5,6`; Ray writes comma lists) whose cores form one contiguous range.
+CORES_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 Origin = Literal["app", "user", "unset"]
 
@@ -88,14 +89,40 @@ def set_unless_user(name: str, value: str) -> EnvValue:
 
 
 def parse_cores(text: str) -> tuple[int, int]:
-    """`4-7` -> (4, 7), `3` -> (3, 3); ValueError with the accepted forms otherwise."""
-    match = CORES_PATTERN.match(text.strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a NeuronCore index or range: use N or N-M, e.g. 0-3")
-    first, last = int(match.group(1)), int(match.group(2) or match.group(1))
-    if last < first:
-        raise ValueError(f"{text!r}: the range ends before it starts")
-    return first, last
+    """The runtime's grammar: `4-7` -> (4, 7), `3` -> (3, 3), `3,4,5,6` and `3-5,6` -> (3, 6).
+
+    ValueError naming the accepted forms otherwise: the runtime needs one contiguous range, so a gap
+    (`0,2`) or a core listed twice is refused here rather than by the runtime at model load.
+    """
+    forms = "use N, N-M or a comma list of them covering one contiguous range, e.g. 0-3 or 3-5,6"
+    cores: list[int] = []
+    for item in text.strip().split(","):
+        match = CORES_ITEM.match(item.strip())
+        if not match:
+            raise ValueError(f"{text!r} is not a NeuronCore index, range or list: {forms}")
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        if last < first:
+            raise ValueError(f"{text!r}: the range {item.strip()} ends before it starts")
+        cores.extend(range(first, last + 1))
+    unique = sorted(set(cores))
+    if len(unique) != len(cores):
+        twice = sorted({c for c in cores if cores.count(c) > 1})
+        raise ValueError(f"{text!r} lists core(s) {', '.join(map(str, twice))} more than once")
+    if unique[-1] - unique[0] + 1 != len(unique):
+        missing = sorted(set(range(unique[0], unique[-1] + 1)) - set(unique))
+        raise ValueError(
+            f"{text!r} is not contiguous (core(s) {', '.join(map(str, missing))} missing): the Neuron runtime "
+            f"needs one contiguous range; {forms}"
+        )
+    return unique[0], unique[-1]
+
+
+def _same_cores(value: str | None, cores: str) -> bool:
+    """Two spellings of one reservation (`3,4,5,6` and `3-6`) are the same; an unparsable value is not."""
+    try:
+        return value is not None and parse_cores(value) == parse_cores(cores)
+    except ValueError:
+        return False
 
 
 def launched_by_torchrun() -> bool:
@@ -112,8 +139,8 @@ def neff_cache_dir(cache_dir: Path) -> Path:
 def prepare_process(settings: Any) -> list[EnvValue]:
     """Export what the Neuron stack reads before torch loads; returns every variable's final state.
 
-    Raises `SettingsError` for a core reservation that cannot work (under torchrun, or against a
-    different NEURON_RT_VISIBLE_CORES already in the environment).
+    Raises `SettingsError` for a core reservation that cannot work (any reservation under torchrun, or
+    one against a different NEURON_RT_VISIBLE_CORES already in the environment).
     """
     from neuron_app.settings import SettingsError
 
@@ -123,17 +150,24 @@ def prepare_process(settings: Any) -> list[EnvValue]:
     values = [set_unless_user(NEFF_CACHE_VAR, str(folder))]
     if values[0].origin == "app":
         folder.mkdir(parents=True, exist_ok=True)
-    if settings.device in ("auto", "neuron"):
+    if settings.device in ("auto", "neuron", "neuron-emulated"):
         values += [set_unless_user(name, value) for name, value in FALLBACK_VARS.items()]
     cores = settings.visible_cores
+    theirs = current(VISIBLE_CORES_VAR)
+    if launched_by_torchrun() and theirs.value is not None:
+        # TorchNeuron sets it per rank (to LOCAL_RANK) only when it is unset, and keeps a user's value for every
+        # rank: a range trips its one-device-per-rank assert, a single core puts every rank on that core.
+        raise SettingsError(
+            f"{VISIBLE_CORES_VAR}={theirs.value} cannot be used under torchrun: TorchNeuron gives rank N core N "
+            f"(LOCAL_RANK), so a tensor-parallel group always takes cores 0..N-1; unset {VISIBLE_CORES_VAR}"
+        )
     if cores is not None:
         if launched_by_torchrun():
             raise SettingsError(
                 f"visible_cores={cores} cannot be used under torchrun: TorchNeuron gives each rank one "
                 f"NeuronCore from LOCAL_RANK; unset NEURON_APP_VISIBLE_CORES (and {VISIBLE_CORES_VAR})"
             )
-        theirs = current(VISIBLE_CORES_VAR)
-        if theirs.origin == "user" and theirs.value != cores:
+        if theirs.origin == "user" and not _same_cores(theirs.value, cores):
             raise SettingsError(
                 f"visible_cores={cores} but {VISIBLE_CORES_VAR}={theirs.value} is already set in the environment: "
                 "unset one of them"
@@ -147,12 +181,21 @@ def prepare_process(settings: Any) -> list[EnvValue]:
     return values
 
 
-def fallback_state() -> str:
-    """One line for the status panel: are TorchNeuron's silent fallbacks off, and who said so."""
+def fallback_state(fallen_back: list[str] | None = None) -> str:
+    """One line for the status panel: are TorchNeuron's silent fallbacks off, who said so, and what still fell
+    back: with both switches set, failing graphs and failing ops raise, but ops TorchNeuron does not implement
+    still run on the CPU (`get_fallback_ops()` lists them)."""
     values = [current(name) for name in FALLBACK_VARS]
     off = all(v.value is not None and v.value.strip().lower() in ("1", "true") for v in values)
     owners = {v.origin for v in values}
+    ops = sorted(fallen_back or [])
+    unimplemented = (
+        f"{len(ops)} unimplemented op(s) ran on the CPU: {', '.join(ops[:5])}{' ...' if len(ops) > 5 else ''}"
+        if ops
+        else "no op has fallen back to the CPU so far (unimplemented ops would)"
+    )
     if off:
-        return "off (set by the app)" if owners == {"app"} else "off (your setting)"
+        who = "set by the app" if owners == {"app"} else "your setting"
+        return f"execution-error fallback off ({who}); {unimplemented}"
     shown = ", ".join(f"{v.name}={v.value if v.value is not None else 'unset'}" for v in values)
-    return f"ON - failures may silently run eagerly or on the CPU ({shown})"
+    return f"ON - failures may silently run eagerly or on the CPU ({shown}); {unimplemented}"

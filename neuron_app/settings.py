@@ -113,8 +113,9 @@ class Settings(BaseSettings):
     )
     visible_cores: str | None = Field(
         None,
-        description="NeuronCores this process reserves, N or N-M (exported as NEURON_RT_VISIBLE_CORES); "
-        "unset = every core it can see. Not under torchrun, which gives each rank one core.",
+        description="NeuronCores this process reserves: N, N-M or a list covering one contiguous range (3-5,6), "
+        "exported as NEURON_RT_VISIBLE_CORES; unset = every core it can see. Not under torchrun, which gives "
+        "each rank one core.",
     )
 
     # --- requests --------------------------------------------------------------------------
@@ -265,7 +266,7 @@ class Settings(BaseSettings):
             return None
         from neuron_app.environment import parse_cores
 
-        first, last = parse_cores(value)
+        first, last = parse_cores(value)  # the runtime's list forms too; written back as one range
         return str(first) if first == last else f"{first}-{last}"
 
     @field_validator("reference_resolutions")

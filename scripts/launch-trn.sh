@@ -8,7 +8,8 @@
 #                 `python -m neuron_app precompile`; TP>1: the served ranks compile them at start, warmup=all)
 #   PRECOMPILE_RESOLUTIONS="1024x1024 768x1344"   only these shapes (default: every configured one)
 #
-#   NEURON_APP_VISIBLE_CORES=4-7  reserve only these NeuronCores (TP=1 only; torchrun gives each rank one core)
+#   NEURON_APP_VISIBLE_CORES=1-3  reserve only these NeuronCores (TP=1 only). With TP>1 any reservation is
+#                 refused: torchrun rank N gets core N from TorchNeuron, so a TP group always takes cores 0..TP-1
 #
 # Needs the TorchNeuron stack (Neuron SDK 2.33+, torch-neuronx==2.13.* with torch==2.13.0, Python 3.12+):
 # the Docker image, a Neuron DLAMI's TorchNeuron environment, or scripts/install-neuron.sh. It is checked
@@ -30,6 +31,13 @@ mkdir -p "$NEURON_APP_CACHE_DIR"
 
 if ! [[ "$TP" =~ ^[1-9][0-9]*$ ]]; then
     echo "error: TP must be a positive whole number, got '$TP'" >&2
+    exit 2
+fi
+if ((TP > 1)) && [[ -n "${NEURON_RT_VISIBLE_CORES:-}${NEURON_APP_VISIBLE_CORES:-}" ]]; then
+    # TorchNeuron keeps a user's NEURON_RT_VISIBLE_CORES for every rank (a range trips its one-core-per-rank
+    # assert, one core puts every rank on it); the app refuses it too, but only after torchrun has started.
+    echo "error: TP=$TP uses NeuronCores 0..$((TP - 1)) (torchrun rank N gets core N): unset" \
+        "NEURON_RT_VISIBLE_CORES and NEURON_APP_VISIBLE_CORES" >&2
     exit 2
 fi
 if [[ "$NEURON_APP_DEVICE" == neuron ]] && ! python -m neuron_app doctor --stack >&2; then

@@ -120,11 +120,14 @@ def test_image_runs_its_command_as_the_main_process() -> None:
     [
         ({"TP": "two"}, "TP must be a positive whole number"),
         ({"NEURON_APP_DEVICE": "neuron"}, "the TorchNeuron stack is not ready"),
+        ({"TP": "2", "NEURON_RT_VISIBLE_CORES": "4-5"}, "TP=2 uses NeuronCores 0..1"),
+        ({"TP": "4", "NEURON_APP_VISIBLE_CORES": "0"}, "unset NEURON_RT_VISIBLE_CORES and NEURON_APP_VISIBLE_CORES"),
     ],
 )
 def test_launch_script_refuses_before_starting(tmp_path: Path, env: dict[str, str], message: str) -> None:
-    """A bad TP or a missing Neuron SDK stops the script with exit code 2 and a clear line."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+    """A bad TP, a core reservation under TP or a missing Neuron SDK stops the script with exit code 2 and a
+    clear line."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "NEURON_RT_"))}
     base["NEURON_APP_CACHE_DIR"] = str(tmp_path / "cache")
     result = subprocess.run(
         ["bash", str(LAUNCH)], env=base | env, capture_output=True, text=True, timeout=60, cwd=tmp_path

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -89,8 +90,9 @@ def test_fallbacks_are_turned_off_and_the_status_says_so(make_settings: Any, mon
         import torch_neuronx  # the fake: what TorchNeuron reads when torch loads it
 
         assert all(torch_neuronx.FALLBACK_AT_IMPORT[name] == "1" for name in FALLBACKS)
-        assert manager.status().fallback == "off (set by the app)"
-        assert manager.status().to_dict()["fallback"] == "off (set by the app)"
+        off = "execution-error fallback off (set by the app); no op has fallen back to the CPU so far"
+        assert manager.status().fallback.startswith(off)
+        assert manager.status().to_dict()["fallback"].startswith(off)
 
 
 def test_a_users_fallback_setting_is_kept_and_shown(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,6 +146,71 @@ def test_core_reservation(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SettingsError, match=r"torchrun.*LOCAL_RANK"):
         environment.prepare_process(make_settings(visible_cores="4-7"))
+
+
+@pytest.mark.parametrize(
+    ("text", "cores"),
+    [("3", (3, 3)), ("4-7", (4, 7)), ("3,4,5,6", (3, 6)), ("3-5,6", (3, 6)), (" 6, 3-5 ", (3, 6)), ("0-0", (0, 0))],
+)
+def test_the_runtimes_core_grammar_is_accepted(text: str, cores: tuple[int, int]) -> None:
+    """NEURON_RT_VISIBLE_CORES as the runtime reads it: an index, a range, or a comma list (Ray writes lists)."""
+    assert environment.parse_cores(text) == cores
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("0,2", "not contiguous (core(s) 1 missing)"),
+        ("0-1,4-5", "core(s) 2, 3 missing"),
+        ("3-5,5", "core(s) 5 more than once"),
+        ("7-4", "ends before it starts"),
+        ("4-", "not a NeuronCore index, range or list"),
+        ("", "not a NeuronCore index"),
+        ("1,,2", "not a NeuronCore index"),
+    ],
+)
+def test_core_lists_the_runtime_would_refuse_are_refused(text: str, why: str, make_settings: Any) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        environment.parse_cores(text)
+    with pytest.raises(SettingsError, match="visible_cores"):
+        make_settings(visible_cores=text)
+
+
+def test_a_core_list_is_one_reservation_in_any_spelling(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The setting takes the list form and exports one range; the user's own list of the same cores agrees."""
+    assert make_settings(visible_cores="3,4,5,6").visible_cores == "3-6"
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "3-5,6")  # the user's (no app marker)
+    values = {v.name: v for v in environment.prepare_process(make_settings(visible_cores="3-6"))}
+    assert values["NEURON_RT_VISIBLE_CORES"].value == "3-6"
+
+
+def test_any_core_reservation_in_the_environment_is_refused_under_torchrun(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TorchNeuron keeps a user's NEURON_RT_VISIBLE_CORES for every rank: refused before any rank loads."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    settings = make_settings()
+    environment.prepare_process(settings)  # nothing reserved: each rank gets core LOCAL_RANK
+    for value in ("0-1", "0"):
+        monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", value)
+        with pytest.raises(SettingsError, match=rf"NEURON_RT_VISIBLE_CORES={value} cannot be used under torchrun"):
+            environment.prepare_process(settings)
+
+
+@pytest.mark.parametrize(
+    ("value", "verdict", "found"),
+    [("3,4,5,6", "ok", "4 core(s) reserved"), ("3-5,6", "ok", "4 core(s)"), ("0,2", "problem", "0,2")],
+)
+def test_the_doctor_reads_the_runtimes_core_grammar(
+    value: str, verdict: str, found: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from neuron_app.doctor import check_cores
+
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", value)
+    check = check_cores(None)
+    assert check.verdict == verdict and found in check.found
+    if verdict == "problem":
+        assert "contiguous" in check.fix
 
 
 def test_cache_evidence_uses_torchneurons_counters_when_present(

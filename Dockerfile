@@ -1,7 +1,7 @@
 # FLUX.2-klein on AWS Trainium (Trn2, Trn3) with TorchNeuron (Neuron SDK 2.33+, torch-neuronx 2.13.* with
 # torch 2.13.0, Python 3.12): Ubuntu 24.04 plus the manual install from the Neuron repositories, because the
 # Neuron 2.33 containers carry TorchNeuron only in their vLLM and training images.
-# Every command here is explained in README.md ("Deploy on a trn instance").
+# Every command here is explained in docs/deploy-trn.md.
 #
 #   docker build -t flux2-klein-trn .
 #   docker run --device=/dev/neuron0 -p 7860:7860 -v neuron-app-cache:/var/cache/neuron-app flux2-klein-trn

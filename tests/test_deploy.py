@@ -17,7 +17,8 @@ from tests.conftest import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 LAUNCH = ROOT / "scripts" / "launch-trn.sh"
-DEPLOY_DOC = ROOT / "README.md"
+DEPLOY_DOC = ROOT / "docs" / "deploy-trn.md"
+README = ROOT / "README.md"
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -74,7 +75,7 @@ def test_every_dockerfile_command_is_documented() -> None:
 
 def test_space_front_matter_matches_the_app() -> None:
     """The Space metadata parses, runs app.py with the Gradio the app is tested with, and allows for a compile."""
-    block = re.match(r"---\n(.*?)\n---\n", DEPLOY_DOC.read_text(), re.DOTALL)
+    block = re.match(r"---\n(.*?)\n---\n", README.read_text(), re.DOTALL)
     assert block, "no front matter block"
     meta = yaml.safe_load(block.group(1))
     assert meta["sdk"] == "gradio"
@@ -101,7 +102,8 @@ def test_neuron_requirements_are_one_torchneuron_stack() -> None:
 
 def test_nothing_documents_unsupported_neuron_hardware() -> None:
     """TorchNeuron runs on Trn2 and Trn3 only: no Trn1 or Inferentia2 instance is offered anywhere."""
-    paths = [ROOT / "README.md", ROOT / "Dockerfile", ROOT / "requirements-neuron.txt", *ROOT.glob("scripts/*.sh")]
+    paths = [README, *ROOT.glob("docs/*.md"), ROOT / "Dockerfile", ROOT / "requirements-neuron.txt"]
+    paths += list(ROOT.glob("scripts/*.sh"))
     paths += list((ROOT / "neuron_app").rglob("*.py"))
     for path in paths:
         text = path.read_text()

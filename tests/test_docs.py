@@ -1,0 +1,45 @@
+"""The front-door README stays short and current, and every relative link in README.md and docs/ resolves."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import ROOT
+
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def code_map() -> str:
+    """The code block under "How it is built"."""
+    section = README.read_text().split("## How it is built", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_readme_is_a_front_door() -> None:
+    """At most 250 lines, with the quick start, the test commands and the quick loop."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    assert "NEURON_APP_SETTINGS=quickstart.toml python app.py" in text
+    assert "python -m pytest\n" in text and 'python -m pytest -m "not slow and not browser"' in text
+
+
+def test_code_map_names_every_module() -> None:
+    """Each module of neuron_app/ has its line in the map (a folder's line stands for its __init__.py)."""
+    names = re.findall(r"^\s*([\w.]+/?)\s", code_map(), re.MULTILINE)
+    for path in (ROOT / "neuron_app").rglob("*.py"):
+        name = path.parent.name + "/" if path.name == "__init__.py" else path.name
+        assert name in names, f"{path.relative_to(ROOT)} is missing from README.md's code map"
+    listed = {n for n in names if n.endswith(".py")}
+    present = {p.name for p in (ROOT / "neuron_app").rglob("*.py")} | {"app.py"}
+    assert listed <= present, f"the map lists modules that do not exist: {sorted(listed - present)}"
+
+
+def test_relative_links_resolve() -> None:
+    """Links and images to files of this repository point at files that exist."""
+    for page in [README, *DOCS]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            assert path.exists(), f"{page.relative_to(ROOT)} links to missing {target}"

@@ -6,7 +6,9 @@ Secrets (auth password, Hub token) come from the environment only and are `Secre
 
 from __future__ import annotations
 
+import difflib
 import functools
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +26,8 @@ from neuron_app.shapes import Resolution, ShapeError
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "NEURON_APP_"
 SETTINGS_FILE_ENV = "NEURON_APP_SETTINGS"
+#: `NEURON_APP_*` variables the app reads that are not settings (the rest must name a setting).
+NON_SETTING_VARS = (SETTINGS_FILE_ENV,)
 SECRET_FIELDS = ("auth_username", "auth_password", "hf_token", "api_key")
 TINY = "tiny"
 #: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).
@@ -199,6 +203,11 @@ class Settings(BaseSettings):
         "before the server closes.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
+    strict_env: bool = Field(
+        False,
+        description="A NEURON_APP_* variable that is not a setting stops the start (default: a warning that "
+        "names the closest setting).",
+    )
 
     # --- other interfaces: OpenAI-compatible Images API, MCP, several images per request ----------
     api_key: SecretStr | None = Field(
@@ -353,17 +362,47 @@ class Settings(BaseSettings):
         return None
 
 
+def unknown_env_vars(environ: dict[str, str] | None = None) -> list[str]:
+    """One line per `NEURON_APP_*` variable that is not a setting, with the closest setting's variable.
+
+    pydantic-settings ignores such variables, so a typo (`NEURON_APP_REPLICA=2`) would change nothing and say
+    nothing. Names only: values may be secrets.
+    """
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | set(NON_SETTING_VARS)
+    suffixes = {k.removeprefix(ENV_PREFIX): k for k in known}
+    lines = []
+    for name in sorted(os.environ if environ is None else environ):
+        upper = name.upper()  # pydantic-settings matches variable names case-insensitively
+        if not upper.startswith(ENV_PREFIX) or upper in known:
+            continue
+        close = difflib.get_close_matches(upper.removeprefix(ENV_PREFIX), suffixes, n=1)
+        hint = f"did you mean {suffixes[close[0]]}?" if close else "see docs/configuration.md"
+        lines.append(f"{name} is not a setting; {hint}")
+    return lines
+
+
+def _check_env_names(strict: bool) -> None:
+    """Unknown `NEURON_APP_*` variables: a warning each, or a `SettingsError` with `strict_env = true`."""
+    lines = unknown_env_vars()
+    if lines and strict:
+        raise SettingsError("; ".join(lines) + " (strict_env = true refuses unknown NEURON_APP_* variables)")
+    for line in lines:
+        logging.getLogger(__name__).warning("%s", line)
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Build settings, turning validation errors into one readable `SettingsError`."""
+    """Build settings, turning validation errors into one readable `SettingsError`; unknown variables are named."""
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "(settings)"
             env = f"{ENV_PREFIX}{field.split('.')[0].upper()}" if err["loc"] else "NEURON_APP_*"
             lines.append(f"{field}: {err['msg']} (from {settings_file()} or ${env})")
-        raise SettingsError("invalid settings - " + "; ".join(lines)) from None
+        raise SettingsError("invalid settings - " + "; ".join(lines + unknown_env_vars())) from None
+    _check_env_names(settings.strict_env)
+    return settings
 
 
 @functools.cache

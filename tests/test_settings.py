@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +93,63 @@ def test_readme_configuration_table_lists_every_setting() -> None:
     readme = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
     for name in Settings.model_fields:
         assert f"| `{name}` | `NEURON_APP_{name.upper()}` |" in readme, name
+
+
+# --- unknown NEURON_APP_* variables ------------------------------------------------------------
+
+
+def test_unknown_variables_are_named_with_the_closest_setting(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pydantic-settings ignores a typo'd variable, so the load names it and the setting it probably meant."""
+    monkeypatch.setenv("NEURON_APP_REPLICA", "2")
+    monkeypatch.setenv("NEURON_APP_XYZZY", "1")
+    monkeypatch.setenv("NEURON_APP_SETTINGS", str(PROJECT_ROOT / "settings.toml"))  # read by the app, not a field
+    monkeypatch.setenv("NEURON_APP_MAX_STEPS", "8")
+    with caplog.at_level(logging.WARNING, logger="neuron_app.settings"):
+        settings = load_settings()
+    assert settings.replicas == 1 and settings.max_steps == 8  # the typo changed nothing
+    assert [r.getMessage() for r in caplog.records if r.name == "neuron_app.settings"] == [
+        "NEURON_APP_REPLICA is not a setting; did you mean NEURON_APP_REPLICAS?",
+        "NEURON_APP_XYZZY is not a setting; see docs/configuration.md",
+    ]
+
+
+def test_strict_env_refuses_unknown_variables_without_showing_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With strict_env = true the typo stops the load; the message names variables, never their values."""
+    monkeypatch.setenv("NEURON_APP_AUTH_PASWORD", "hunter2-secret")
+    monkeypatch.setenv("NEURON_APP_STRICT_ENV", "true")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    message = str(info.value)
+    assert message.startswith("NEURON_APP_AUTH_PASWORD is not a setting; did you mean NEURON_APP_AUTH_PASSWORD?")
+    assert "strict_env" in message and "hunter2" not in message
+    monkeypatch.delenv("NEURON_APP_STRICT_ENV")
+    assert load_settings(strict_env=False).auth is None
+
+
+def test_a_settings_error_also_names_the_unknown_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The typo that probably caused a bad combination is named in the same message."""
+    monkeypatch.setenv("NEURON_APP_MAX_STEP", "32")
+    monkeypatch.setenv("NEURON_APP_DEFAULT_STEPS", "20")
+    with pytest.raises(SettingsError, match="above max_steps") as info:
+        load_settings()
+    assert "NEURON_APP_MAX_STEP is not a setting; did you mean NEURON_APP_MAX_STEPS?" in str(info.value)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["warning", "strict"])
+def test_app_py_names_an_unknown_variable_at_start(tmp_path: Path, strict: bool) -> None:
+    """`python app.py` prints the warning before anything else; with strict_env it is the one-line start error.
+    (share=true without auth stops the non-strict start right after, before any model work.)"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+    env |= {"NEURON_APP_REPLICA": "2", "NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path)}
+    env |= {"NEURON_APP_STRICT_ENV": "true"} if strict else {"NEURON_APP_SHARE": "true"}
+    done = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "app.py")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = "NEURON_APP_REPLICA is not a setting; did you mean NEURON_APP_REPLICAS?"
+    if strict:
+        assert done.stderr.startswith(f"error: {line}") and len(done.stderr.splitlines()) == 1, done.stderr
+    else:
+        assert done.stderr.startswith(line) and "error: share=true opens a public link" in done.stderr

@@ -2,7 +2,8 @@
 
 One verdict per check (ok / problem with its fix, or info), exit 0 only when serving on the
 neuron device would work. `--stack` checks the installed software only (no device, no instance,
-no cache volume): what an image build can check. Nothing here reaches the network, and torch is
+no cache volume): what an image build can check, including that `torch_neuronx` really imports (in a
+subprocess, so an unloadable wheel fails the build). Nothing here reaches the network, and torch is
 imported only when a TorchNeuron package is installed (after the environment is exported, as the
 app does it); any failure becomes a problem line, never a traceback.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -26,6 +28,14 @@ SUPPORTED_INSTANCES = ("trn2", "trn3")
 PRODUCT_NAME = Path("/sys/devices/virtual/dmi/id/product_name")
 VOLATILE_FS = ("tmpfs", "ramfs", "overlay")
 EXIT_OK, EXIT_PROBLEM = 0, 1
+#: How long `import torch_neuronx` may take in its own process (torch alone takes seconds on a slow disk).
+IMPORT_TIMEOUT_S = 180.0
+#: Run in a fresh interpreter: a wheel that cannot load (a glibc or Python it was not built for, a missing
+#: libnrt) fails there, with the app's environment, and cannot take the doctor down with it.
+IMPORT_PROBE = (
+    "import json, torch, torch_neuronx; "
+    "print('NEURON_IMPORT ' + json.dumps({'torch': torch.__version__, 'neuron': hasattr(torch, 'neuron')}))"
+)
 
 
 @dataclass
@@ -52,8 +62,8 @@ def check_python() -> Check:
         "python",
         "problem",
         found,
-        "TorchNeuron ships for Python 3.12-3.14: use Ubuntu 24.04's python3.12 venv, the Neuron DLAMI or this "
-        "project's Docker image",
+        "TorchNeuron ships for Python 3.12-3.14: use Ubuntu 26.04's python3 venv (scripts/install-neuron.sh), the "
+        "Neuron DLAMI's TorchNeuron venv or this project's Docker image",
     )
 
 
@@ -72,7 +82,14 @@ def check_torch_neuronx() -> tuple[Check, str | None]:
 def check_torch(neuronx: str | None) -> Check:
     found = _version("torch")
     if found is None:
-        return Check("torch", "problem", "absent", "install torch==2.13.0 with torch-neuronx==2.13.*")
+        return Check(
+            "torch", "problem", "absent", "install torch==2.13.0 with torch-neuronx==2.13.* (or 2.14.0 with 2.14.*)"
+        )
+    from neuron_app.backends.neuron import TORCHNEURON_FROM, release_family
+
+    released = neuronx is not None and (release_family(neuronx) or (0, 0)) >= TORCHNEURON_FROM
+    if neuronx is not None and not released:  # a source build's version (0.1.0) says nothing about its torch
+        return Check("torch", "ok", f"{found} (torch-neuronx {neuronx} is a source build: not matched by version)")
     if neuronx is not None:
         family = ".".join(neuronx.split(".")[:2])
         if ".".join(found.split("+")[0].split(".")[:2]) != family:
@@ -81,9 +98,49 @@ def check_torch(neuronx: str | None) -> Check:
                 "problem",
                 found,
                 f"torch-neuronx {neuronx} needs torch {family}.*: install the matching pair (torch==2.13.0 with "
-                "torch-neuronx==2.13.*)",
+                "torch-neuronx==2.13.*, or torch==2.14.0 with torch-neuronx==2.14.*)",
             )
     return Check("torch", "ok", found)
+
+
+def check_sdk_import(timeout_s: float = IMPORT_TIMEOUT_S) -> Check:
+    """`import torch_neuronx` in a subprocess: package metadata says a wheel is installed, not that it loads.
+
+    Import alone does not start the Neuron runtime (TorchNeuron defers it), so this runs in `docker build`.
+    """
+    name = "import torch_neuronx"
+    fix = (
+        "the installed wheel does not load here: TorchNeuron 2.33 wheels are built for Ubuntu 26.04 and "
+        "Python 3.12-3.14; use the Docker image (ubuntu:26.04), the Neuron DLAMI's TorchNeuron venv or "
+        "scripts/install-neuron.sh on Ubuntu 26.04 (docs/deploy-trn.md)"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", IMPORT_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return Check(name, "problem", f"did not finish in {timeout_s:g} s", fix)
+    except OSError as exc:
+        return Check(name, "problem", f"could not start {sys.executable}: {exc.strerror}", fix)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("NEURON_IMPORT ")), None)
+    if done.returncode != 0 or line is None:
+        errors = [x.strip() for x in done.stderr.splitlines() if x.strip()]
+        last = errors[-1] if errors else f"exit code {done.returncode}, no error printed"
+        return Check(name, "problem", f"failed: {last[:300]}", fix)
+    seen = json.loads(line.removeprefix("NEURON_IMPORT "))
+    if not seen.get("neuron"):
+        return Check(
+            name,
+            "problem",
+            f"imported, but torch {seen.get('torch')} has no 'neuron' device module",
+            "this is not TorchNeuron (the PyTorch/XLA package registers no 'neuron' device): install "
+            "torch-neuronx 2.13.* or 2.14.* from Neuron SDK 2.33+",
+        )
+    return Check(name, "ok", f"loads with torch {seen.get('torch')} (torch.neuron present)")
 
 
 def check_compiler() -> list[Check]:
@@ -232,7 +289,7 @@ def run_checks(stack_only: bool = False) -> list[Check]:
     state = fallback_state()
     checks.append(
         Check("fallback", "ok", state)
-        if state.startswith("off")
+        if not state.startswith("ON")
         else Check(
             "fallback",
             "problem",
@@ -241,6 +298,8 @@ def run_checks(stack_only: bool = False) -> list[Check]:
         )
     )
     checks.append(check_cores(settings))
+    if neuronx is not None:  # after prepare_process: the probe imports with the app's environment
+        checks.append(check_sdk_import())
     if not stack_only:
         checks.append(check_instance())
         checks.append(check_device(neuronx is not None))

@@ -6,6 +6,7 @@ passes for TorchNeuron (2.13.3.0) or for the PyTorch/XLA torch-neuronx (2.9.x).
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 from collections.abc import Iterator
@@ -19,17 +20,36 @@ TORCHNEURON_VERSION = "2.13.3.0"
 XLA_VERSION = "2.9.0.2.15.32035"
 
 
-def fake_sdk_dir(root: Path, sdk_version: str = TORCHNEURON_VERSION) -> Path:
-    """A site folder holding the fake package with metadata of `sdk_version`."""
-    if sdk_version == TORCHNEURON_VERSION:
+#: A FAKE wheel that cannot load, as a TorchNeuron wheel built for another glibc or Python fails at import.
+BROKEN_IMPORT = 'raise ImportError("FAKE: libnrt.so.1: cannot open shared object file: No such file or directory")'
+
+
+def fake_sdk_dir(
+    root: Path, sdk_version: str = TORCHNEURON_VERSION, *, dynamo_backend: bool = False, on_import: str = ""
+) -> Path:
+    """A site folder holding the fake package with metadata of `sdk_version`.
+
+    `dynamo_backend` adds an (empty, FAKE) `torch_neuronx.neuron_dynamo_backend` package, as TorchNeuron has
+    and the PyTorch/XLA package has not; `on_import` is Python run first when the fake is imported (a
+    raise, a sleep), for a wheel that is installed but does not load.
+    """
+    if sdk_version == TORCHNEURON_VERSION and not dynamo_backend and not on_import:
         return FAKE_SDK
-    site = root / f"fake-sdk-{sdk_version}"
+    tag = hashlib.sha256(f"{sdk_version}|{dynamo_backend}|{on_import}".encode()).hexdigest()[:8]
+    site = root / f"fake-sdk-{sdk_version}-{tag}"
     if not site.exists():
         shutil.copytree(FAKE_SDK / "torch_neuronx", site / "torch_neuronx")
         info = site / f"torch_neuronx-{sdk_version}.dist-info"
         info.mkdir()
         metadata = (FAKE_SDK / f"torch_neuronx-{TORCHNEURON_VERSION}.dist-info" / "METADATA").read_text()
         (info / "METADATA").write_text(metadata.replace(TORCHNEURON_VERSION, sdk_version))
+        if dynamo_backend:
+            backend = site / "torch_neuronx" / "neuron_dynamo_backend"
+            backend.mkdir()
+            (backend / "__init__.py").write_text('"""FAKE: TorchNeuron\'s dynamo backend package, present."""\n')
+        if on_import:
+            init = site / "torch_neuronx" / "__init__.py"
+            init.write_text(f"{on_import}\n{init.read_text()}")
     return site
 
 

@@ -6,14 +6,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from neuron_app.doctor import check_instance
+from neuron_app.doctor import check_instance, check_sdk_import
 from tests.conftest import ROOT
-from tests.neuron_fakes import FAKE_SDK, XLA_VERSION, fake_sdk_dir
+from tests.neuron_fakes import BROKEN_IMPORT, FAKE_SDK, XLA_VERSION, fake_sdk_dir
 from tests.test_neuron_stack import PROBE, WATCHED
 
 #: Not under /tmp (the doctor rightly calls /tmp a problem): the project's ignored .cache folder.
@@ -64,6 +65,39 @@ def test_with_torchneuron_installed_the_stack_and_device_checks_pass() -> None:
     assert checks["NEFF cache"]["verdict"] == "ok" and str(PERSISTENT / "neff") in checks["NEFF cache"]["found"]
     stack = verdicts(doctor("--json", "--stack", pythonpath=FAKE_SDK))
     assert "neuron device" not in stack and "instance" not in stack  # an image build has neither
+    imported = stack["import torch_neuronx"]
+    assert imported["verdict"] == "ok" and "torch.neuron present" in imported["found"]
+
+
+def test_an_installed_wheel_that_does_not_load_fails_the_build_check(tmp_path: Path) -> None:
+    """Package metadata says TorchNeuron 2.13 is installed, but importing it raises (a wheel built for another
+    Ubuntu or Python): `doctor --stack`, the Dockerfile's build check, fails with that one line."""
+    broken = fake_sdk_dir(tmp_path, on_import=BROKEN_IMPORT)
+    result = doctor("--stack", pythonpath=broken)
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("import torch_neuronx"))
+    assert line.split()[2] == "problem" and "ImportError: FAKE: libnrt.so.1: cannot open shared object" in line
+    assert "Ubuntu 26.04" in result.stdout and "import torch_neuronx)" in result.stdout.splitlines()[-1]
+    checks = verdicts(doctor("--json", "--stack", pythonpath=broken))
+    assert checks["torch-neuronx"]["verdict"] == "ok"  # metadata alone would have passed it
+
+
+def test_the_import_check_has_a_timeout_and_wants_the_neuron_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An import that hangs is a problem after the timeout; a torch_neuronx that registers no `neuron` device
+    module (the PyTorch/XLA package's shape) is one too."""
+    hangs = fake_sdk_dir(tmp_path, on_import="import time; time.sleep(60)")
+    monkeypatch.setenv("PYTHONPATH", str(hangs))
+    start = time.monotonic()
+    check = check_sdk_import(timeout_s=2)
+    assert check.verdict == "problem" and check.found == "did not finish in 2 s" and time.monotonic() - start < 30
+    bare = tmp_path / "bare-site" / "torch_neuronx"
+    bare.mkdir(parents=True)
+    (bare / "__init__.py").write_text('"""FAKE: a torch_neuronx that registers no neuron device."""\n')
+    monkeypatch.setenv("PYTHONPATH", str(bare.parent))
+    check = check_sdk_import(timeout_s=120)
+    assert check.verdict == "problem" and "has no 'neuron' device module" in check.found
 
 
 def test_the_xla_package_a_silent_fallback_and_a_tmp_cache_are_problems(tmp_path: Path) -> None:
@@ -76,7 +110,7 @@ def test_the_xla_package_a_silent_fallback_and_a_tmp_cache_are_problems(tmp_path
     checks = verdicts(result)
     assert result.returncode == 1
     assert checks["torch-neuronx"]["verdict"] == "problem" and "PyTorch/XLA" in checks["torch-neuronx"]["found"]
-    assert "torch-neuronx==2.13.*" in checks["torch-neuronx"]["fix"]
+    assert {"torch-neuronx==2.13.*", "torch-neuronx==2.14.*"} <= set(checks["torch-neuronx"]["fix"].split())
     assert checks["neuron device"]["verdict"] == "problem" and "not checked" in checks["neuron device"]["found"]
     assert checks["fallback"]["verdict"] == "problem" and "DISABLE_FALLBACK_EXECUTION=0" in checks["fallback"]["found"]
     assert checks["NEFF cache"]["verdict"] == "problem" and "wiped on reboot" in checks["NEFF cache"]["fix"]

@@ -54,6 +54,31 @@ def test_version_family_tells_torchneuron_from_the_xla_package(found: str | None
     assert sdk_kind(found) == kind
 
 
+def test_a_source_build_is_told_from_the_xla_package_by_its_dynamo_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TorchNeuron source build may carry its tree's version, 0.1.0: accepted when TorchNeuron's
+    `neuron_dynamo_backend` is there (found without importing the package), refused as XLA when it is not."""
+    with fake_sdk_on_path(monkeypatch, fake_sdk_dir(tmp_path, "0.1.0", dynamo_backend=True)):
+        assert sdk_kind("0.1.0") == "torchneuron"
+        backend = resolve_backend("neuron", tmp_path / "cache")
+        assert backend.name == "neuron"
+    with fake_sdk_on_path(monkeypatch, fake_sdk_dir(tmp_path, "0.1.0")):
+        assert sdk_kind("0.1.0") == "xla"
+        with pytest.raises(DeviceUnavailable, match=r"0\.1\.0 is the PyTorch/XLA package"):
+            resolve_backend("neuron", tmp_path / "cache")
+        assert "torch_neuronx" not in sys.modules
+
+
+def test_the_doctor_does_not_match_a_source_builds_version_against_torch() -> None:
+    from neuron_app.doctor import check_torch
+
+    assert check_torch("0.1.0").verdict == "ok" and "source build" in check_torch("0.1.0").found
+    assert check_torch("2.13.3.0").verdict == "ok"  # torch 2.13.0 here
+    wrong = check_torch("2.14.3.0")
+    assert wrong.verdict == "problem" and "torch==2.14.0 with torch-neuronx==2.14.*" in wrong.fix
+
+
 @pytest.mark.parametrize("device", ["neuron", "auto"])
 def test_xla_torch_neuronx_is_refused_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str
@@ -67,6 +92,7 @@ def test_xla_torch_neuronx_is_refused_with_the_fix(
     message = str(info.value)
     assert "\n" not in message and XLA_VERSION in message and "PyTorch/XLA" in message
     assert "torch-neuronx==2.13.*" in message and "torch==2.13.0" in message
+    assert "torch-neuronx==2.14.*" in message and "torch==2.14.0" in message
 
 
 def test_torchneuron_needs_a_neuron_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
@@ -28,15 +29,18 @@ SDK_DIST = "torch-neuronx"
 #: The first torch-neuronx release family that is TorchNeuron (torch 2.13); the XLA package stopped at 2.9.
 TORCHNEURON_FROM = (2, 13)
 INSTALL_HINT = (
-    "device 'neuron' needs TorchNeuron (torch-neuronx==2.13.* with torch==2.13.0, Neuron SDK 2.33+, Trn2/Trn3), "
-    "which is not on PyPI: pip install 'torch-neuronx==2.13.*' 'neuronx-cc==2.*' nki "
-    "--extra-index-url https://pip.repos.neuron.amazonaws.com (https://awsdocs-neuron.readthedocs-hosted.com/"
+    "device 'neuron' needs TorchNeuron (Neuron SDK 2.33+, Trn2/Trn3): torch-neuronx==2.13.* with torch==2.13.0, "
+    "or torch-neuronx==2.14.* with torch==2.14.0 (the 2.33 DLAMI's /opt/aws_neuronx_venv_torch_neuronx_2_14_0 "
+    "carries 2.14: install only requirements-common.txt there). It is not on PyPI: pip install "
+    "'torch-neuronx==2.13.*' 'neuronx-cc==2.*' nki --extra-index-url https://pip.repos.neuron.amazonaws.com "
+    "(wheels for Ubuntu 26.04, Python 3.12-3.14; https://awsdocs-neuron.readthedocs-hosted.com/"
     "en/v2.33.0/setup/pytorch/index.html); or choose another device with NEURON_APP_DEVICE=cpu"
 )
 XLA_FIX = (
     "torch-neuronx {found} is the PyTorch/XLA package (device 'xla', no torch.compile backend 'neuron'), "
-    "not TorchNeuron: install torch-neuronx==2.13.* with torch==2.13.0 from Neuron SDK 2.33+ "
-    "(see README 'Deploy on a trn instance'), or choose another device with NEURON_APP_DEVICE=cpu"
+    "not TorchNeuron: install torch-neuronx==2.13.* with torch==2.13.0 (or torch-neuronx==2.14.* with "
+    "torch==2.14.0) from Neuron SDK 2.33+ (see docs/deploy-trn.md), or choose another device with "
+    "NEURON_APP_DEVICE=cpu"
 )
 
 SdkKind = Literal["torchneuron", "xla", "absent"]
@@ -49,16 +53,38 @@ def installed_version() -> str | None:
         return None
 
 
-def sdk_kind(found: str | None) -> SdkKind:
-    """Which product a torch-neuronx version is: TorchNeuron (2.13+) or the PyTorch/XLA package (older)."""
-    if found is None:
-        return "absent"
+def release_family(found: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch-neuronx version, None when it is not a release number."""
     parts = found.split(".")
     try:
-        family = (int(parts[0]), int(parts[1]))
+        return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
-        return "xla"  # not a version this app knows: refuse rather than guess
-    return "torchneuron" if family >= TORCHNEURON_FROM else "xla"
+        return None
+
+
+def _has_dynamo_backend() -> bool:
+    """TorchNeuron's `torch_neuronx.neuron_dynamo_backend` is on disk (found without importing torch_neuronx),
+    or torch already carries TorchNeuron's `neuron` device module: the XLA package has neither."""
+    spec = importlib.util.find_spec(SDK_MODULE)
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(folder) / "neuron_dynamo_backend").is_dir() or (Path(folder) / "neuron_dynamo_backend.py").is_file():
+            return True
+    torch = sys.modules.get("torch")  # not imported for this: check_sdk runs before the app's environment is set
+    return torch is not None and hasattr(torch, "neuron")
+
+
+def sdk_kind(found: str | None) -> SdkKind:
+    """Which product a torch-neuronx version is: TorchNeuron (2.13+) or the PyTorch/XLA package (older).
+
+    A version below 2.13 is the XLA package only when TorchNeuron's dynamo backend is absent too: a
+    TorchNeuron source build (AWS's route on Ubuntu 22.04/24.04) may say 0.1.0, its source tree's version.
+    """
+    if found is None:
+        return "absent"
+    family = release_family(found)
+    if family is not None and family >= TORCHNEURON_FROM:
+        return "torchneuron"
+    return "torchneuron" if _has_dynamo_backend() else "xla"
 
 
 def check_sdk() -> str:

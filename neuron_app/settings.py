@@ -10,10 +10,11 @@ import difflib
 import functools
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,7 +29,7 @@ ENV_PREFIX = "NEURON_APP_"
 SETTINGS_FILE_ENV = "NEURON_APP_SETTINGS"
 #: `NEURON_APP_*` variables the app reads that are not settings (the rest must name a setting).
 NON_SETTING_VARS = (SETTINGS_FILE_ENV,)
-SECRET_FIELDS = ("auth_username", "auth_password", "hf_token", "api_key")
+SECRET_FIELDS = ("auth_username", "auth_password", "hf_token", "api_key", "api_keys")
 TINY = "tiny"
 #: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).
 MAX_REFERENCE_AREA = 1024 * 1024
@@ -48,6 +49,23 @@ def _default_cache_dir() -> Path:
 
 class SettingsError(RuntimeError):
     """Settings that cannot work; the message names the field and where it came from."""
+
+
+#: API key names become a Prometheus label and log words: short, plain.
+_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: The name `/metrics` gives the old single `api_key`.
+DEFAULT_KEY_NAME = "default"
+MIN_KEY_CHARS = 16
+
+
+class ApiKey(BaseModel):
+    """One named API key and its limits (images, counted by `n`; 0 = no limit)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: SecretStr = Field(description="The bearer token (at least 16 characters).")
+    images_per_minute: int = Field(0, ge=0, description="Images this key may ask for in any 60 seconds; 0 = no limit.")
+    images_per_day: int = Field(0, ge=0, description="Images this key may ask for in any 24 hours; 0 = no limit.")
 
 
 class _TomlWithoutSecrets(TomlConfigSettingsSource):
@@ -219,6 +237,25 @@ class Settings(BaseSettings):
     image_url_ttl_s: float = Field(
         3600.0, ge=600.0, description="How long images returned as `url` by the OpenAI API stay downloadable."
     )
+    api_keys: dict[str, ApiKey] = Field(
+        {},
+        description="Named API keys with their own limits, name -> {key, images_per_minute, images_per_day} "
+        "(environment only: NEURON_APP_API_KEYS as JSON). Names appear in /metrics, keys never.",
+    )
+    page_images_per_minute: int = Field(
+        0,
+        ge=0,
+        description="Images one client address may ask for in any 60 seconds through the page, gradio_client and "
+        "MCP (and the OpenAI API when no key is configured); 0 = no limit.",
+    )
+    blocked_terms: list[str] = Field(
+        [],
+        description="Prompts containing one of these words or phrases are refused before any model work "
+        "(whole words, case-insensitive, after Unicode normalisation).",
+    )
+    blocked_terms_file: Path | None = Field(
+        None, description="A UTF-8 file of more blocked terms, one a line (# comments); re-read when it changes."
+    )
     mcp_server: bool = Field(
         True, description="Serve generate and status as MCP tools at /gradio_api/mcp/ (off while page auth is on)."
     )
@@ -298,6 +335,46 @@ class Settings(BaseSettings):
     def _check_cache_dir(cls, value: Path) -> Path:
         return value.expanduser().resolve()
 
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, value: dict[str, ApiKey]) -> dict[str, ApiKey]:
+        seen: set[str] = set()
+        for name, entry in value.items():
+            if not _KEY_NAME.fullmatch(name):
+                raise ValueError(
+                    f"API key name {name!r} is not allowed (1-64 of A-Z a-z 0-9 _ . -, a letter or digit first)"
+                )
+            secret = entry.key.get_secret_value()
+            if len(secret) < MIN_KEY_CHARS or secret.strip() != secret:
+                raise ValueError(
+                    f"API key {name!r} is too short or has surrounding spaces: use at least {MIN_KEY_CHARS} "
+                    "characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+                )
+            if secret in seen:
+                raise ValueError(f"API key {name!r} has the same key as another name")
+            seen.add(secret)
+        return value
+
+    @field_validator("blocked_terms")
+    @classmethod
+    def _check_blocked_terms(cls, value: list[str]) -> list[str]:
+        for term in value:
+            if not isinstance(term, str) or not re.search(r"[^\W_]", term):
+                raise ValueError(f"blocked term {term!r} has no letter or digit: it would match nothing")
+        return [term.strip() for term in value]
+
+    @field_validator("blocked_terms_file")
+    @classmethod
+    def _check_blocked_terms_file(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        path = value.expanduser().resolve()
+        try:
+            path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"blocked_terms_file {path} cannot be read as UTF-8 text: {exc}") from None
+        return path
+
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:
         if self.default_resolution not in self.resolutions:
@@ -313,6 +390,13 @@ class Settings(BaseSettings):
             raise ValueError(f"vae_tile_overlap {self.vae_tile_overlap} is above half of vae_tile {self.vae_tile}")
         if bool(self.auth_username) != bool(self.auth_password):
             raise ValueError("auth needs both NEURON_APP_AUTH_USERNAME and NEURON_APP_AUTH_PASSWORD")
+        if self.api_key is not None:
+            if DEFAULT_KEY_NAME in self.api_keys:
+                raise ValueError(
+                    f"api_keys may not name a key {DEFAULT_KEY_NAME!r} while api_key is set: that is api_key's name"
+                )
+            if any(k.key.get_secret_value() == self.api_key.get_secret_value() for k in self.api_keys.values()):
+                raise ValueError("api_key is also one of api_keys: give each caller one key")
         if self.replicas > 1 and self.tp_degree > 1:
             raise ValueError(
                 f"replicas={self.replicas} with tp_degree={self.tp_degree} is not supported: replicas are data "

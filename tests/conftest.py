@@ -1,4 +1,5 @@
-"""Shared fixtures: the real tiny FLUX.2-klein on CPU, a manager, and a launched app.
+"""Shared fixtures: the real tiny FLUX.2-klein on CPU, a manager, and a launched app. Helpers that test
+modules import live in tests/support.py.
 
 Everything runs the project's real code; compile tests use `aot_eager` (seconds) unless the
 persistent disk cache is the point, where they use `inductor`.
@@ -7,7 +8,6 @@ persistent disk cache is the point, where they use `inductor`.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT, TINY_OVERRIDES, AppProcess, free_port, link_models
+
 # Before gradio is imported anywhere: its temp folder, no analytics; no NEURON_APP_* leaks in.
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="neuron-app-tests-"))
 os.environ["GRADIO_TEMP_DIR"] = str(_SESSION_TMP / "gradio")
@@ -24,18 +25,6 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 for _key in [k for k in os.environ if k.startswith("NEURON_APP_")]:
     del os.environ[_key]
 sys.path.insert(0, str(ROOT))
-
-#: Small shapes: 64x64 (16 tokens), 128x64 and its transpose (32 tokens each), 128x128 (64 tokens).
-TEST_SHAPES = ["64x64", "128x64", "64x128", "128x128"]
-TINY_OVERRIDES: dict[str, Any] = {
-    "model": "tiny",
-    "device": "cpu",
-    "compile_backend": "aot_eager",
-    "resolutions": TEST_SHAPES,
-    "default_resolution": "64x64",
-    "max_sequence_length": 32,
-    "max_steps": 8,
-}
 
 
 #: What the app exports for the Neuron stack (neuron_app.environment): restored after every test, so a test that
@@ -80,14 +69,6 @@ def shared_models() -> Path:
     return models
 
 
-def link_models(cache_dir: Path, models: Path) -> Path:
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    link = cache_dir / "models"
-    if not link.exists():
-        link.symlink_to(models, target_is_directory=True)
-    return cache_dir
-
-
 @pytest.fixture
 def make_settings(tmp_path: Path, shared_models: Path) -> Callable[..., Any]:
     """Tiny-model settings in a fresh cache folder; keyword arguments override."""
@@ -111,12 +92,6 @@ def module_manager(tmp_path_factory: pytest.TempPathFactory, shared_models: Path
     manager = PipelineManager(load_settings(**(TINY_OVERRIDES | {"cache_dir": cache_dir})))
     manager.ensure_loaded()
     return manager
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -165,54 +140,6 @@ def launch_tiny(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -
     yield launch_one
     for app in apps:
         app.demo.close()
-
-
-class AppProcess:
-    """`python app.py` in a subprocess (tiny model, aot_eager), its output captured in a file."""
-
-    def __init__(self, cache_dir: Path, env: dict[str, str], log_path: Path) -> None:
-        import subprocess
-
-        self.cache_dir = cache_dir
-        self.port = int(env["NEURON_APP_SERVER_PORT"])
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
-        )
-
-    def output(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def wait_up(self, timeout: float = 90.0) -> None:
-        """Until this process says it runs on its port and the port answers HTTP (401 under auth is up too)."""
-        import time
-        import urllib.error
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"app.py exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
-            if f"127.0.0.1:{self.port}" not in self.output():
-                time.sleep(0.2)
-                continue
-            try:
-                urllib.request.urlopen(self.url + "gradio_api/info", timeout=2).close()
-                return
-            except urllib.error.HTTPError:
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError(f"app.py did not answer within {timeout} s:\n{self.output()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        self._log.close()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOT = ROOT / "docs" / "screenshot.png"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 LAUNCH = ROOT / "scripts" / "launch-trn.sh"

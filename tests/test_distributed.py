@@ -25,7 +25,7 @@ from PIL import Image
 
 from neuron_app.scale.distributed import check_single_process, check_tp_degree, settings_for_world, transformer_heads
 from neuron_app.settings import SettingsError, get_settings
-from tests.conftest import ROOT, TINY_OVERRIDES, free_port, link_models
+from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models
 
 PROMPT = "a lighthouse on a cliff"
 SHAPES = ["64x64", "128x64"]

@@ -20,7 +20,7 @@ from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.references import load_reference
 from neuron_app.engine.requests import RequestError
 from neuron_app.web.editing import edit_choices
-from tests.conftest import TINY_OVERRIDES
+from tests.support import TINY_OVERRIDES
 
 
 def png(width: int, height: int, color: tuple[int, int, int] = (200, 40, 40), mode: str = "RGB") -> bytes:

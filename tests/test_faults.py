@@ -34,7 +34,7 @@ from neuron_app.engine.records import GenerationFailed, ProgressEvent
 from neuron_app.engine.requests import ShuttingDown
 from neuron_app.engine.tiny import VARIANTS
 from neuron_app.settings import load_settings
-from tests.conftest import ROOT, TINY_OVERRIDES, AppProcess
+from tests.support import ROOT, TINY_OVERRIDES, AppProcess
 
 #: 128x128 is 64 image tokens (8x8 patches of 16 px); the backend below fails that graph.
 FAILING_SHAPE, FAILING_TOKENS = "128x128", 64

@@ -20,7 +20,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from tests.conftest import ROOT, TINY_OVERRIDES, link_models
+from tests.support import ROOT, TINY_OVERRIDES, link_models
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2"}
 PROMPT, SHAPE, STEPS, SEED = "a red barn in snow", "64x64", 2, 11

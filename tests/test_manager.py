@@ -168,7 +168,7 @@ def test_more_shapes_than_dynamos_default_limit_compile_on_worker_threads(tmp_pa
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, link_models
+    from tests.support import ROOT, link_models
 
     cache_dir = link_models(tmp_path / "cache", shared_models)
     result = subprocess.run(

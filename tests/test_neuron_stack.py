@@ -19,11 +19,8 @@ from neuron_app import environment
 from neuron_app.backends import DeviceUnavailable, resolve_backend
 from neuron_app.backends.neuron import NeuronCacheProbe, sdk_kind
 from neuron_app.settings import SettingsError
-from tests.conftest import ROOT, TINY_OVERRIDES
 from tests.neuron_fakes import FAKE_SDK, XLA_VERSION, fake_sdk_dir, fake_sdk_on_path
-
-FALLBACKS = list(environment.FALLBACK_VARS)
-WATCHED = [environment.NEFF_CACHE_VAR, *FALLBACKS, environment.VISIBLE_CORES_VAR]
+from tests.support import FALLBACKS, PROBE, ROOT, TINY_OVERRIDES, WATCHED, free_port, link_models
 
 
 @pytest.fixture(autouse=True)
@@ -308,25 +305,6 @@ def test_warmup_runs_the_serving_step_count_and_waits_for_the_device(
 
 
 # --- every entry exports the environment before torch is imported -----------------------------------------------
-PROBE = """
-import json, os, runpy, sys
-class Probe:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            print("PROBE " + json.dumps({k: os.environ.get(k) for k in %(watched)r}), flush=True)
-            os._exit(0)
-        return None
-sys.meta_path.insert(0, Probe())
-sys.argv = %(argv)r
-if sys.argv[0] == "-m":
-    sys.argv = sys.argv[1:]
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-else:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-print("NO TORCH IMPORT", flush=True)
-"""
-
-
 def _bench_spec(cache_dir: Path) -> str:
     settings = TINY_OVERRIDES | {"cache_dir": str(cache_dir), "device": "auto"}
     return json.dumps({"kind": "measure", "settings": settings, "steps": 1, "repeats": 1, "shapes": ["64x64"]})
@@ -347,8 +325,6 @@ def test_every_entry_exports_the_environment_before_torch_is_imported(
 ) -> None:
     """At the moment `import torch` first runs (when TorchNeuron autoloads and reads it), the NEFF
     folder and both fallback switches are already in the environment."""
-    from tests.conftest import link_models
-
     cache = link_models(tmp_path / "cache", shared_models)
     env = {k: v for k, v in os.environ.items() if k not in WATCHED and not k.startswith("NEURON_APP_")}
     env |= {"NEURON_APP_MODEL": "tiny", "NEURON_APP_DEVICE": "auto", "NEURON_APP_CACHE_DIR": str(cache)}
@@ -357,6 +333,7 @@ def test_every_entry_exports_the_environment_before_torch_is_imported(
         "NEURON_APP_DEFAULT_RESOLUTION": "64x64",
     }
     env |= {"NEURON_APP_LOAD_ON_START": "true", "NEURON_APP_WARMUP": "all"}
+    env["NEURON_APP_SERVER_PORT"] = str(free_port())  # app.py binds before torch loads: 7860 may be taken
     if entry.endswith("doctor"):  # it imports torch only where a TorchNeuron is installed: the FAKE one
         env["PYTHONPATH"] = str(FAKE_SDK)
     if entry.startswith("torchrun"):

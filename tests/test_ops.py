@@ -9,7 +9,7 @@ import pytest
 from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port
+from tests.support import free_port
 
 PROMPT = "a red square on a white table"
 

@@ -16,7 +16,7 @@ from neuron_app.engine.cache import Manifest
 from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.records import ShapeState
 from neuron_app.engine.requests import RequestError
-from tests.conftest import ROOT, TEST_SHAPES, link_models
+from tests.support import ROOT, TEST_SHAPES, link_models
 
 SECOND_PROCESS = """
 import json

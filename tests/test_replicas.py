@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, TINY_OVERRIDES, AppProcess, free_port, link_models
+from tests.support import ROOT, TINY_OVERRIDES, AppProcess, free_port, link_models
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

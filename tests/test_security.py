@@ -28,7 +28,7 @@ from pydantic import SecretStr
 from neuron_app.engine.cache import ARTIFACT_DIRS
 from neuron_app.settings import SECRET_FIELDS, Settings, SettingsError, load_settings
 from neuron_app.web.server import resolve_auth
-from tests.conftest import ROOT, AppProcess
+from tests.support import ROOT, AppProcess
 
 USER = "alice"
 PASSWORD = f"pw-{uuid.uuid4().hex}"

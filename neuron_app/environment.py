@@ -181,6 +181,19 @@ def prepare_process(settings: Any) -> list[EnvValue]:
     return values
 
 
+def forwarded_env() -> dict[str, str]:
+    """What a Ray replica on another node must see as this process left it: the NEFF cache folder, the
+    fallback switches and the marker of who set them (`runtime_env` env vars). A replica on a joined
+    cluster descends from `ray start` on its own node, not from this process, so it inherits none of
+    them. Never NEURON_RT_VISIBLE_CORES: Ray sets it for each replica."""
+    names = [NEFF_CACHE_VAR, *FALLBACK_VARS]
+    env = {name: os.environ[name] for name in names if name in os.environ}
+    marks = {name: value for name, value in _exported().items() if name in names}
+    if marks:
+        env[MARK_VAR] = json.dumps(marks, sort_keys=True)
+    return env
+
+
 def fallback_state(fallen_back: list[str] | None = None) -> str:
     """One line for the status panel: are TorchNeuron's silent fallbacks off, who said so, and what still fell
     back: with both switches set, failing graphs and failing ops raise, but ops TorchNeuron does not implement

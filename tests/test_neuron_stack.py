@@ -236,6 +236,40 @@ def test_the_doctor_reads_the_runtimes_core_grammar(
         assert "contiguous" in check.fix
 
 
+def test_a_replica_exports_the_neuron_environment_itself(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica on a joined Ray cluster inherits nothing from the front end: its `_load` runs prepare_process
+    first (switches and NEFF folder exported before torch), keeps the cores Ray gave it, and the front end
+    forwards its own values in `runtime_env` (never the cores)."""
+    from neuron_app.scale.replica_server import prepare_replica_environment
+
+    settings = make_settings(device="neuron", compile_backend=None, visible_cores="0-3")
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "5")  # Ray's choice for this replica
+    prepare_replica_environment(settings)
+    assert {name: os.environ[name] for name in FALLBACKS} == environment.FALLBACK_VARS
+    assert os.environ[environment.NEFF_CACHE_VAR] == str(settings.cache_dir / "neff")
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "5"
+    forwarded = environment.forwarded_env()
+    assert set(forwarded) == {environment.NEFF_CACHE_VAR, *FALLBACKS, environment.MARK_VAR}
+    assert "NEURON_RT_VISIBLE_CORES" not in json.loads(forwarded[environment.MARK_VAR])
+    # What a replica on another node receives reads as the app's own values there, not as the user's.
+    for name in WATCHED:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(environment.MARK_VAR)
+    for name, value in forwarded.items():
+        monkeypatch.setenv(name, value)
+    assert {environment.origin(name) for name in [environment.NEFF_CACHE_VAR, *FALLBACKS]} == {"app"}
+
+
+def test_the_replicas_load_runs_prepare_process_before_the_manager(make_settings: Any) -> None:
+    """The real `_load` of a replica (the tiny model on the CPU, no Ray): the NEFF folder is exported by it."""
+    from neuron_app.scale.replica_server import ReplicaServer
+
+    settings = make_settings()
+    assert environment.NEFF_CACHE_VAR not in os.environ
+    manager = ReplicaServer._load(settings)
+    assert manager.loaded and os.environ[environment.NEFF_CACHE_VAR] == str(settings.cache_dir / "neff")
+
+
 def test_cache_evidence_uses_torchneurons_counters_when_present(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

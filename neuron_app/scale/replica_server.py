@@ -43,6 +43,16 @@ def graph_ids(settings: Settings, per_orientation: bool) -> dict[str, str]:
     return ids
 
 
+def prepare_replica_environment(settings: Settings) -> None:
+    """`prepare_process` in the replica's own worker: on a joined cluster (`ray start` on each node) the
+    worker does not descend from the front end, so the fail-fast switches and the NEFF cache folder are
+    exported here too (`runtime_env` carries the front end's values). The cores are Ray's: it sets
+    NEURON_RT_VISIBLE_CORES for each replica, so the front end's `visible_cores` is not applied here."""
+    from neuron_app.environment import prepare_process
+
+    prepare_process(settings.model_copy(update={"visible_cores": None}))
+
+
 # --- the status board (a plain Ray actor) ----------------------------------------------------------------------
 class StatusBoard:
     """Last status each replica published, with the board's clock: status never waits for a busy replica."""
@@ -88,6 +98,7 @@ class ReplicaServer:
 
     @staticmethod
     def _load(settings: Settings) -> Any:
+        prepare_replica_environment(settings)  # first: nothing in this worker has imported torch yet
         from neuron_app.engine.manager import PipelineManager
 
         manager = PipelineManager(settings)

@@ -7,8 +7,8 @@ replica that has that id loaded (or is loading it) and falls back to the replica
 those are busy. Loading a graph is compiling it, once per cluster: a per-graph file lock in the cache folder
 lets one replica compile while the others wait and then load the result from the compiler's disk cache.
 
-The Gradio process runs `ReplicaClient`, shaped like the manager (`ManagerLike` in web/ui.py): web/ needs no
-branch of its own. Replicas publish their status to a small `StatusBoard` actor every half second, so `status`
+The Gradio process runs `ReplicaClient`, which implements the manager contract (engine/contract.py): web/ needs
+no branch of its own. Replicas publish their status to a small `StatusBoard` actor every half second, so `status`
 never queues behind a compile (each replica takes one request at a time) and a dead replica shows as unhealthy.
 
 Ray is imported only here, and this module is imported only when `replicas > 1` or `ray_address` is set.
@@ -17,7 +17,6 @@ Ray is imported only here, and this module is imported only when `replicas > 1` 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 import re
@@ -63,7 +62,7 @@ PROGRESS_TICK_S = 1.0
 
 
 class ReplicaClient(Admitted):
-    """Manager-shaped front for the replicas (`ManagerLike`): web/ uses it exactly like a `PipelineManager`."""
+    """The replicas behind the manager contract (`engine.contract.Manager`): web/ uses it like a `PipelineManager`."""
 
     def __init__(self, settings: Settings, handle: Any, board: Any, *, owns_ray: bool) -> None:
         self.settings = settings
@@ -89,6 +88,11 @@ class ReplicaClient(Admitted):
     def start_warmup(self) -> None:
         """Each replica warms up itself (settings.warmup) right after it loads."""
         return None
+
+    @property
+    def supports_editing(self) -> bool:
+        """Every replica runs the manager's editing path; off with `max_references = 0`."""
+        return self.settings.max_references > 0
 
     def offered_resolutions(self) -> list[str]:
         if not self.settings.only_precompiled:
@@ -240,17 +244,6 @@ class ReplicaClient(Admitted):
             ray.shutdown()  # disconnects this driver; the cluster keeps running
 
 
-def _mirror_manager_signature() -> None:
-    """`generate` takes what the replicas' `PipelineManager.generate` takes (the same code runs on every node), so
-    callers that look at the signature (the OpenAI API's editing switch) see the manager's options, not `**options`."""
-    from neuron_app.engine.manager import PipelineManager
-
-    ReplicaClient.generate.__signature__ = inspect.signature(PipelineManager.generate)  # type: ignore[attr-defined]
-
-
-_mirror_manager_signature()
-
-
 def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: list[dict[str, Any]]) -> ManagerStatus:
     """A shape is ready where at least one replica has it ready; counters are summed over replicas."""
     shapes = {}
@@ -299,6 +292,7 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         shapes=shapes,
         loras=base.loras if base else [],
         fallback=base.fallback if base else "",
+        broken=next((s.broken for s in statuses if s.broken), None),
         replicas=replicas,
         vae_compiles=sum(s.vae_compiles for s in statuses),
         prompt_cache=_summed([s.prompt_cache for s in statuses]),
@@ -370,7 +364,12 @@ def start_replicas(settings: Settings) -> ReplicaClient:
     from ray import serve
 
     owns_ray = not settings.ray_address
-    runtime_env = {"env_vars": {"PYTHONPATH": str(PROJECT_ROOT), "TOKENIZERS_PARALLELISM": "false"}}
+    from neuron_app.environment import forwarded_env
+
+    # The fallback switches and NEFF folder as this process exported them: a joined cluster's workers do not
+    # inherit this environment (each replica also runs prepare_process itself).
+    env_vars = {"PYTHONPATH": str(PROJECT_ROOT), "TOKENIZERS_PARALLELISM": "false", **forwarded_env()}
+    runtime_env = {"env_vars": env_vars}
     init: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "logging_level": logging.WARNING}
     if owns_ray:
         cpus = settings.replicas * (settings.cores_per_replica if settings.device in ("cpu", "auto") else 1)

@@ -197,7 +197,8 @@ class Access:
     def page_images_for(self, request: Any, images: int) -> Iterator[None]:
         """Charge a Gradio event to the caller's address; given back if it raises."""
         caller = page_caller(request)
-        refund = self.limiter.charge(f"page:{caller}", images, self.page_limits, f"address {caller}")
+        who = "MCP (all its callers together)" if caller == MCP_CALLER else f"address {caller}"
+        refund = self.limiter.charge(f"page:{caller}", images, self.page_limits, who)
         try:
             yield
         except BaseException:

@@ -42,7 +42,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
     from neuron_app.engine import requests
     from neuron_app.engine.edits import edit_label
-    from neuron_app.engine.records import CompileFailed
+    from neuron_app.errors import CompileFailed, RequestError
 
     manager = _manager()
     names = args.resolutions or [str(r) for r in manager.resolutions]
@@ -51,8 +51,9 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     settings = manager.settings
     counts = sorted(set(args.references))
     if any(n < 0 or n > settings.max_references for n in counts):
-        raise requests.RequestError(
-            f"--references counts must be between 0 and max_references ({settings.max_references})"
+        raise RequestError(
+            f"--references counts must be between 0 and max_references ({settings.max_references})",
+            param="references",
         )
     first = [*settings.parsed_reference_resolutions, None][0]
     bucket = requests.check_bucket(settings, args.reference_bucket or first) if any(counts) else None
@@ -178,14 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[ENV_PREFIX + "VISIBLE_CORES"] = args.cores  # validated with the other settings
         get_settings.cache_clear()
 
-    from neuron_app.backends import DeviceUnavailable
-    from neuron_app.engine.loader import ModelLoadError
-    from neuron_app.engine.requests import RequestError
-    from neuron_app.settings import SettingsError
+    from neuron_app.errors import AppError
 
     try:
         return args.func(args)
-    except (SettingsError, DeviceUnavailable, ModelLoadError, RequestError) as exc:
+    except AppError as exc:  # refusals and start-up errors are one clear line; failures keep their traceback
+        if exc.kind == "failed":
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 

@@ -271,7 +271,8 @@ def check_cache(folder: Path, name: str, origin: str) -> Check:
 
 
 def run_checks(stack_only: bool = False) -> list[Check]:
-    from neuron_app.settings import SettingsError, load_settings
+    from neuron_app.errors import SettingsError
+    from neuron_app.settings import load_settings
 
     checks = [check_python()]
     neuronx_check, neuronx = check_torch_neuronx()

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from neuron_app.errors import SettingsError
+
 log = logging.getLogger(__name__)
 
 NEFF_CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_DIR"
@@ -142,8 +144,6 @@ def prepare_process(settings: Any) -> list[EnvValue]:
     Raises `SettingsError` for a core reservation that cannot work (any reservation under torchrun, or
     one against a different NEURON_RT_VISIBLE_CORES already in the environment).
     """
-    from neuron_app.settings import SettingsError
-
     if "torch" in sys.modules:  # too late for TorchNeuron's import-time reads: say so loudly
         log.warning("torch was imported before the Neuron environment was exported; %s may be ignored", NEFF_CACHE_VAR)
     folder = settings.cache_dir / "neff"

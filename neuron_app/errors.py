@@ -21,11 +21,13 @@ class AppError(Exception):
     kind: ClassVar[Kind] = "failed"
     #: HTTP status for the OpenAI-compatible API (and the status code of a job that ends this way).
     http_status: ClassVar[int] = 500
+    #: The machine-readable code when the raise site names none (OpenAI's `error.code`).
+    default_code: ClassVar[str | None] = None
 
     def __init__(self, message: str = "", *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-        self.code = code
+        self.code = code if code is not None else self.default_code
 
     @property
     def message(self) -> str:
@@ -45,6 +47,7 @@ class RequestError(AppError, ValueError):
 
     kind = "refused"
     http_status = 400
+    default_code = "invalid_value"
 
 
 class ShapeError(RequestError):
@@ -86,12 +89,17 @@ def _rebuild_rate(message: str, param: str | None, code: str | None, retry_after
 
 # --- unavailable: the server cannot take it now ------------------------------------------------------
 class Unavailable(AppError):
+    """The server cannot do it now (loading, shutting down, no device); the caller may retry later."""
+
     kind = "unavailable"
     http_status = 503
+    default_code = "unavailable"
 
 
 class ShuttingDown(Unavailable):
     """The server is draining for shutdown: new device work is refused with a clear message."""
+
+    default_code = "shutting_down"
 
 
 class DeviceUnavailable(Unavailable, RuntimeError):
@@ -100,6 +108,8 @@ class DeviceUnavailable(Unavailable, RuntimeError):
 
 class ModelLoadError(Unavailable, RuntimeError):
     """The model could not be loaded; the message says why and what to do."""
+
+    default_code = "model_unavailable"
 
 
 class LoraError(ModelLoadError):
@@ -117,9 +127,13 @@ class SettingsError(AppError, RuntimeError):
 class CompileFailed(AppError, RuntimeError):
     """Compiling a shape failed; remembered per graph and retried on the next request."""
 
+    default_code = "generation_failed"
+
 
 class GenerationFailed(AppError, RuntimeError):
-    """The pipeline call failed after its shape was ready."""
+    """The pipeline call failed after its shape was ready (e.g. out of memory); only this request is lost."""
+
+    default_code = "generation_failed"
 
 
 class LockstepError(AppError, RuntimeError):
@@ -144,13 +158,19 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def app_error_of(exc: BaseException) -> AppError | None:
-    """The `AppError` behind `exc` (itself, a cause, or Ray's `.cause`), or None."""
+    """The `AppError` behind `exc` (itself, a cause, or Ray's `.cause`), or None.
+
+    Ray re-raises a remote error as a `RayTaskError` that is also an instance of the original class but whose
+    text is the remote traceback: its `.cause` (the original, unpickled with its fields) is preferred."""
     seen = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        remote = getattr(current, "cause", None)
+        if isinstance(remote, BaseException):
+            current = remote
+            continue
         if isinstance(current, AppError):
             return current
-        seen.add(id(current))
-        nxt = getattr(current, "cause", None)
-        current = nxt if isinstance(nxt, BaseException) else current.__cause__
+        current = current.__cause__
     return None

@@ -22,7 +22,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from neuron_app.shapes import Resolution, ShapeError
+from neuron_app.errors import SettingsError, ShapeError
+from neuron_app.shapes import Resolution
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "NEURON_APP_"
@@ -45,10 +46,6 @@ def settings_file() -> Path:
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "neuron-app"
-
-
-class SettingsError(RuntimeError):
-    """Settings that cannot work; the message names the field and where it came from."""
 
 
 #: API key names become a Prometheus label and log words: short, plain.

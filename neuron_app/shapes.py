@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from neuron_app.errors import ShapeError
+
 #: FLUX.2 packs 2x2 latent patches over a VAE of scale factor 8.
 MULTIPLE = 16
 #: Largest side accepted anywhere; FLUX.2-klein has been served up to 2048x2048.
@@ -15,10 +17,6 @@ MAX_SIDE = 4096
 
 #: Exactly "WIDTHxHEIGHT": no sign, spaces, leading zeros or trailing newline (used with `fullmatch`).
 _SHAPE_RE = re.compile(r"(0|[1-9][0-9]{0,4})x(0|[1-9][0-9]{0,4})")
-
-
-class ShapeError(ValueError):
-    """A shape string that is not a valid "WIDTHxHEIGHT"."""
 
 
 @dataclass(frozen=True, order=True)

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from neuron_app.backends import DeviceUnavailable, resolve_backend
+from neuron_app.backends import resolve_backend
 from neuron_app.backends.base import FolderCacheProbe
 from neuron_app.backends.neuron import NeuronCacheProbe
+from neuron_app.errors import DeviceUnavailable
 from tests.neuron_fakes import FAKE_SDK, fake_sdk_on_path
 
 

@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from neuron_app.errors import SettingsError
 from neuron_app.scale.distributed import check_single_process, check_tp_degree, settings_for_world, transformer_heads
-from neuron_app.settings import SettingsError, get_settings
+from neuron_app.settings import get_settings
 from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models
 
 PROMPT = "a lighthouse on a cliff"
@@ -165,7 +166,8 @@ import os, sys, time
 from datetime import timedelta
 import torch.distributed as dist
 from neuron_app.backends import get_backend
-from neuron_app.scale.distributed import Lockstep, LockstepError, RankInfo, init_group
+from neuron_app.scale.distributed import Lockstep, RankInfo, init_group
+from neuron_app.errors import LockstepError
 from neuron_app.engine.runner import PipelineCall
 
 mode, info = sys.argv[1], RankInfo.from_env()

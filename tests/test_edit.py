@@ -18,7 +18,7 @@ from PIL import Image
 
 from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.references import load_reference
-from neuron_app.engine.requests import RequestError
+from neuron_app.errors import RequestError
 from neuron_app.web.editing import edit_choices
 from tests.support import TINY_OVERRIDES
 
@@ -224,7 +224,7 @@ def test_settings_reference_buckets_default_to_served_shapes(make_settings: Any)
     settings = make_settings()
     assert [str(r) for r in settings.parsed_reference_resolutions] == TINY_OVERRIDES["resolutions"]
     assert [str(r) for r in make_settings(reference_resolutions=["64x64"]).parsed_reference_resolutions] == ["64x64"]
-    from neuron_app.settings import SettingsError
+    from neuron_app.errors import SettingsError
 
     with pytest.raises(SettingsError, match="at most 1048576 pixels"):
         make_settings(reference_resolutions=["2048x2048"])

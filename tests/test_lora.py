@@ -113,7 +113,7 @@ def test_status_lists_adapters_and_fingerprint_covers_rank_not_compile_keys(lora
 def test_bad_lora_requests_are_refused_before_any_model_work(
     lora_manager: Any, options: dict[str, Any], fragment: str
 ) -> None:
-    from neuron_app.engine.requests import RequestError
+    from neuron_app.errors import RequestError
 
     before = lora_manager.status()
     active = lora_manager.adapters.active
@@ -140,8 +140,8 @@ def _write_lora(path: Path, module: str, rank: int = 4, width: int = 32) -> Path
 
 
 def test_adapter_problems_stop_the_start_naming_the_adapter(make_settings: Callable[..., Any], tmp_path: Path) -> None:
-    from neuron_app.engine.lora import LoraError
     from neuron_app.engine.manager import PipelineManager
+    from neuron_app.errors import LoraError
 
     corrupt = tmp_path / "corrupt.safetensors"
     corrupt.write_bytes(b"\x00\x01 not a safetensors file")
@@ -160,8 +160,8 @@ def test_adapter_problems_stop_the_start_naming_the_adapter(make_settings: Calla
 
 
 def test_adapter_for_absent_modules_fails_the_load_naming_it(make_settings: Callable[..., Any], tmp_path: Path) -> None:
-    from neuron_app.engine.lora import LoraError
     from neuron_app.engine.manager import PipelineManager
+    from neuron_app.errors import LoraError
 
     alien = _write_lora(tmp_path / "alien.safetensors", "transformer_blocks.7.attn.to_q")
     manager = PipelineManager(make_settings(loras={"red": "tiny:1", "alien": str(alien)}))

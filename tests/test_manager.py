@@ -10,7 +10,7 @@ import pytest
 
 from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.records import CacheResult, ProgressEvent, ShapeState
-from neuron_app.engine.requests import RequestError
+from neuron_app.errors import RequestError
 
 
 def test_loads_the_tiny_model_through_from_pretrained(module_manager: PipelineManager) -> None:
@@ -129,7 +129,7 @@ def test_hub_model_without_network_names_the_offline_choice(
     make_settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """This machine cannot reach the Hub; HF_HUB_OFFLINE makes that immediate and deterministic."""
-    from neuron_app.engine.loader import ModelLoadError
+    from neuron_app.errors import ModelLoadError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     manager = PipelineManager(make_settings(model="black-forest-labs/FLUX.2-klein-4B"))

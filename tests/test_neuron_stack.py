@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from neuron_app import environment
-from neuron_app.backends import DeviceUnavailable, resolve_backend
+from neuron_app.backends import resolve_backend
 from neuron_app.backends.neuron import NeuronCacheProbe, sdk_kind
-from neuron_app.settings import SettingsError
+from neuron_app.errors import DeviceUnavailable, SettingsError
 from tests.neuron_fakes import FAKE_SDK, XLA_VERSION, fake_sdk_dir, fake_sdk_on_path
 from tests.support import FALLBACKS, PROBE, ROOT, TINY_OVERRIDES, WATCHED, free_port, link_models
 
@@ -317,7 +317,7 @@ def test_warmup_runs_the_serving_step_count_and_waits_for_the_device(
     """Counted by the real tiny pipeline's scheduler: the warm-up compile ran `default_steps` steps; a
     device error that surfaces only at the sync marks the shape failed with its message."""
     from neuron_app.engine.manager import PipelineManager
-    from neuron_app.engine.records import CompileFailed
+    from neuron_app.errors import CompileFailed
 
     manager = PipelineManager(make_settings(default_steps=3))
 

@@ -21,7 +21,8 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 
-from neuron_app.engine.requests import MAX_SEED, RequestError, check_images, check_seed_run, resolve_size
+from neuron_app.engine.requests import MAX_SEED, check_images, check_seed_run, resolve_size
+from neuron_app.errors import RequestError
 
 KEY = f"sk-test-{uuid.uuid4().hex}"
 PROMPT = "a lighthouse at dawn"

@@ -15,7 +15,7 @@ import pytest
 from neuron_app.engine.cache import Manifest
 from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.records import ShapeState
-from neuron_app.engine.requests import RequestError
+from neuron_app.errors import RequestError
 from tests.support import ROOT, TEST_SHAPES, link_models
 
 SECOND_PROCESS = """

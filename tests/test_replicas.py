@@ -58,7 +58,8 @@ def test_one_replica_never_imports_ray(tmp_path: Path, shared_models: Path) -> N
 
 
 def test_replicas_with_tensor_parallel_are_refused_in_one_line() -> None:
-    from neuron_app.settings import SettingsError, load_settings
+    from neuron_app.errors import SettingsError
+    from neuron_app.settings import load_settings
 
     with pytest.raises(SettingsError, match="replicas=2 with tp_degree=2 is not supported") as err:
         load_settings(**TINY_OVERRIDES, replicas=2, tp_degree=2)
@@ -182,7 +183,7 @@ def test_two_replicas_serve_and_routing_prefers_the_replica_with_the_graph(repli
 
 
 def test_bad_requests_are_refused_before_any_replica_work(replicas: Any) -> None:
-    from neuron_app.engine.requests import RequestError
+    from neuron_app.errors import RequestError
 
     before = replicas.status().compiles
     for args in (("", "64x64", 2, 0), ("x", "96x96", 2, 0), ("x", "64x64", 99, 0)):
@@ -211,7 +212,7 @@ def test_a_ready_shape_is_served_by_the_other_replica_during_a_cold_compile(repl
 def test_options_flow_through_to_the_replica_unchanged(replicas: Any) -> None:
     """The client forwards every keyword option of generate (LoRA here; editing's references the same way) to the
     replica, whose manager builds the record from it; a refused value reads as the manager's own refusal."""
-    from neuron_app.engine.requests import RequestError
+    from neuron_app.errors import RequestError
 
     record = replicas.generate("options", "64x64", 2, 3, lora="none", lora_scale=0.5)
     assert record.image is not None and (record.lora, record.lora_scale) == ("none", 0.5)

@@ -26,7 +26,8 @@ from PIL import Image
 from pydantic import SecretStr
 
 from neuron_app.engine.cache import ARTIFACT_DIRS
-from neuron_app.settings import SECRET_FIELDS, Settings, SettingsError, load_settings
+from neuron_app.errors import SettingsError
+from neuron_app.settings import SECRET_FIELDS, Settings, load_settings
 from neuron_app.web.server import resolve_auth
 from tests.support import ROOT, AppProcess
 

@@ -21,8 +21,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from neuron_app.engine.manager import PipelineManager
-from neuron_app.engine.requests import MAX_SEED, RequestError
-from neuron_app.shapes import MAX_SIDE, MULTIPLE, Resolution, ShapeError
+from neuron_app.engine.requests import MAX_SEED
+from neuron_app.errors import RequestError, ShapeError
+from neuron_app.shapes import MAX_SIDE, MULTIPLE, Resolution
 
 MAX_PROMPT = 2000  # settings default, kept by the tiny test settings
 MAX_STEPS = 8  # conftest's TINY_OVERRIDES

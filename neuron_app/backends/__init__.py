@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_app.backends.base import DeviceBackend, DeviceUnavailable
+from neuron_app.backends.base import DeviceBackend
+from neuron_app.errors import DeviceUnavailable
 
-__all__ = ["DeviceBackend", "DeviceUnavailable", "get_backend", "resolve_backend"]
+__all__ = ["DeviceBackend", "get_backend", "resolve_backend"]
 
 
 def get_backend(name: str) -> DeviceBackend:

@@ -7,11 +7,9 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from neuron_app.errors import DeviceUnavailable
+
 CacheVerdict = Literal["disk", "miss"]
-
-
-class DeviceUnavailable(RuntimeError):
-    """The chosen device cannot be used here; the message says what to do."""
 
 
 class CacheProbe:

@@ -20,7 +20,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
-from neuron_app.backends.base import CacheProbe, CacheVerdict, DeviceBackend, DeviceUnavailable, FolderCacheProbe
+from neuron_app.backends.base import CacheProbe, CacheVerdict, DeviceBackend, FolderCacheProbe
+from neuron_app.errors import DeviceUnavailable
 
 log = logging.getLogger(__name__)
 

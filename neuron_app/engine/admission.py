@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from neuron_app.engine.records import RequestFailed
-from neuron_app.engine.requests import RequestError, ShuttingDown
-from neuron_app.errors import one_line
+from neuron_app.errors import ShuttingDown
 
 
 class Admission:
@@ -95,7 +94,7 @@ def reports_failures(method: Callable[..., _T]) -> Callable[..., _T]:
         try:
             return method(self, *args, **kwargs)
         except Exception as exc:
-            self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", one_line(exc)))
+            self._emit(RequestFailed.of(exc))
             raise
 
     return wrapper

@@ -10,7 +10,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from neuron_app.shapes import Resolution, ShapeError
+from neuron_app.errors import ShapeError
+from neuron_app.shapes import Resolution
 
 _LABEL_RE = re.compile(r"(\d+x\d+) \+ (\d+) refs? \(([0-9x, ]+)\)")
 #: Reference pixels of a compile-only call: any content compiles the same graph as a real upload.

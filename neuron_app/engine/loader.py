@@ -10,14 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from neuron_app.engine.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
-from neuron_app.errors import one_line
+from neuron_app.errors import ModelLoadError, one_line
 from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded; the message says why and what to try."""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_app.engine.loader import ModelLoadError
-from neuron_app.errors import one_line
+from neuron_app.errors import LoraError, one_line
 from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,10 +49,6 @@ TINY_TARGETS = (
     "attn.to_out",
 )
 _LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
-
-
-class LoraError(ModelLoadError):
-    """A configured adapter cannot be served; the message names the adapter and the reason."""
 
 
 def tiny_rank(seed: int) -> int:

@@ -29,15 +29,13 @@ from neuron_app.engine.cache import (
 )
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
 from neuron_app.engine.edits import blank_references, edit_label, edit_target, parse_label
-from neuron_app.engine.loader import ModelLoadError, ModelSource, load_pipeline, resolve_source
+from neuron_app.engine.loader import ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.lora import AdapterSet
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.prompt_cache import PromptCache
 from neuron_app.engine.records import (
     CacheResult,
-    CompileFailed,
     CompileOutcome,
-    GenerationFailed,
     GenerationRecord,
     GraphState,
     ManagerStatus,
@@ -46,11 +44,11 @@ from neuron_app.engine.records import (
     ShapeState,
     ShapeStatus,
 )
-from neuron_app.engine.requests import Request, RequestError
+from neuron_app.engine.requests import Request
 from neuron_app.engine.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.vae import TileSpec, install_tiled_decode, vae_backend, vae_compiled
 from neuron_app.engine.warmup import Warmup
-from neuron_app.errors import one_line
+from neuron_app.errors import CompileFailed, GenerationFailed, ModelLoadError, RequestError, one_line
 from neuron_app.settings import Settings, get_settings
 from neuron_app.shapes import GraphKey, Resolution
 
@@ -241,7 +239,8 @@ class PipelineManager(Admitted):
         res = requests.parse_resolution(resolution)
         if res not in self.resolutions:
             raise RequestError(
-                f"resolution {res} is not configured; configured: {', '.join(self.settings.resolutions)}"
+                f"resolution {res} is not configured; configured: {', '.join(self.settings.resolutions)}",
+                param="resolution",
             )
         return res
 

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from neuron_app.engine.cache import Validity
+from neuron_app.errors import ShuttingDown, app_error_of, one_line
 
 
 class ShapeState(StrEnum):
@@ -24,14 +25,6 @@ class CacheResult(StrEnum):
     MISS = "miss"  # compiled now, from scratch
     MEMORY = "memory"  # the graph was already compiled in this process
     DISK = "disk"  # compiled now, served from the persistent cache (by the compiler's evidence)
-
-
-class CompileFailed(RuntimeError):
-    """Compiling a shape failed; the shape is marked failed and may be retried."""
-
-
-class GenerationFailed(RuntimeError):
-    """Generation failed after compiling (e.g. out of memory); only this request is lost."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +82,13 @@ class RequestFailed:
 
     result: str  # refused | failed
     error: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RequestFailed:
+        """Refused: the request was turned away before device work (invalid, or the server is draining)."""
+        known = app_error_of(exc)
+        refused = known is not None and (known.kind == "refused" or isinstance(known, ShuttingDown))
+        return cls("refused" if refused else "failed", one_line(exc))
 
 
 @dataclass

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_app.errors import RequestError
 from neuron_app.settings import MIN_REFERENCE_SIDE, Settings
 from neuron_app.shapes import Resolution
 
@@ -31,10 +32,9 @@ MAX_ASPECT = 8.0
 _MB = 1024 * 1024
 
 
-def _error(message: str) -> Exception:
-    from neuron_app.engine.requests import RequestError  # requests imports this module: import at call time
-
-    return RequestError(message)
+def _error(message: str) -> RequestError:
+    """A refusal about the reference images (OpenAI's `image`)."""
+    return RequestError(message, param="references")
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,11 @@ from typing import Any
 
 from neuron_app.engine import references as refs
 from neuron_app.engine.runner import PipelineCall
+from neuron_app.errors import RequestError
 from neuron_app.settings import Settings
-from neuron_app.shapes import Resolution, ShapeError
+from neuron_app.shapes import Resolution
 
 MAX_SEED = 2**32 - 1
-
-
-class RequestError(ValueError):
-    """A request the UI would not offer; refused before any model work."""
-
-
-class ShuttingDown(RequestError):
-    """The server is draining for shutdown: new device work is refused with a clear message."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +69,9 @@ def validate(
     prompt = check_prompt(prompt, settings.max_prompt_chars)
     auto = resolution == "auto"
     if auto and references is None:
-        raise RequestError("resolution 'auto' needs reference images (it follows the first one's aspect ratio)")
+        raise RequestError(
+            "resolution 'auto' needs reference images (it follows the first one's aspect ratio)", param="resolution"
+        )
     res = None if auto else check_resolution(resolution, offered)
     steps = check_int("steps", steps, 1, settings.max_steps)
     seed = check_int("seed", seed, 0, MAX_SEED)
@@ -93,47 +88,51 @@ def check_lora(lora: Any, offered: list[str]) -> str:
         return "none"
     if not isinstance(lora, str) or lora.strip() not in offered:
         shown = repr(lora) if isinstance(lora, str) and len(lora) <= 80 else f"a {type(lora).__name__}"
-        raise RequestError(f"LoRA style {shown} is not offered; choose one of {', '.join(offered)}")
+        raise RequestError(f"LoRA style {shown} is not offered; choose one of {', '.join(offered)}", param="lora")
     return lora.strip()
 
 
 def check_float(name: str, value: Any, low: float, high: float) -> float:
     """A finite number in [low, high] (JSON clients may send integers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"{name} must be a number between {low:g} and {high:g}, got {type(value).__name__}")
+        message = f"{name} must be a number between {low:g} and {high:g}, got {type(value).__name__}"
+        raise RequestError(message, param=name)
     value = float(value)
     if not math.isfinite(value) or not low <= value <= high:
-        raise RequestError(f"{name} must be between {low:g} and {high:g}, got {value:g}")
+        raise RequestError(f"{name} must be between {low:g} and {high:g}, got {value:g}", param=name)
     return value
 
 
 def check_prompt(prompt: Any, max_chars: int) -> str:
     if not isinstance(prompt, str):
-        raise RequestError("prompt must be text")
+        raise RequestError("prompt must be text", param="prompt")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError:
-        raise RequestError("prompt contains invalid characters (unpaired surrogates)") from None
+        raise RequestError("prompt contains invalid characters (unpaired surrogates)", param="prompt") from None
     # Control characters (other than newline and tab) are replaced by spaces.
     cleaned = "".join(" " if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in prompt).strip()
     if not cleaned:
-        raise RequestError("prompt is empty: describe the image you want")
+        raise RequestError("prompt is empty: describe the image you want", param="prompt")
     if len(cleaned) > max_chars:
-        raise RequestError(f"prompt is {len(cleaned)} characters long; the limit is {max_chars}")
+        raise RequestError(f"prompt is {len(cleaned)} characters long; the limit is {max_chars}", param="prompt")
     return cleaned
 
 
-def parse_resolution(resolution: Any) -> Resolution:
+def parse_resolution(resolution: Any, param: str = "resolution") -> Resolution:
+    """A strict "WIDTHxHEIGHT"; a `ShapeError` (a `RequestError`) names `param`."""
     try:
         return Resolution.parse(resolution)
-    except ShapeError as exc:
-        raise RequestError(str(exc)) from None
+    except RequestError as exc:
+        exc.param = param
+        raise
 
 
 def check_resolution(resolution: Any, offered: list[str]) -> Resolution:
     res = parse_resolution(resolution)
     if str(res) not in offered:
-        raise RequestError(f"resolution {res} is not offered; choose one of {', '.join(offered)}")
+        message = f"resolution {res} is not offered; choose one of {', '.join(offered)}"
+        raise RequestError(message, param="resolution")
     return res
 
 
@@ -142,24 +141,27 @@ def check_bucket(settings: Settings, bucket: Any) -> Resolution:
     allowed = settings.parsed_reference_resolutions
     if not allowed:
         raise RequestError(
-            "no reference bucket fits (at least 64 px a side, at most 1024x1024): set reference_resolutions"
+            "no reference bucket fits (at least 64 px a side, at most 1024x1024): set reference_resolutions",
+            param="references",
         )
-    res = bucket if isinstance(bucket, Resolution) else parse_resolution(bucket)
+    res = bucket if isinstance(bucket, Resolution) else parse_resolution(bucket, "references")
     if res not in allowed:
-        raise RequestError(f"reference bucket {res} is not configured; configured: {', '.join(map(str, allowed))}")
+        configured = ", ".join(map(str, allowed))
+        raise RequestError(f"reference bucket {res} is not configured; configured: {configured}", param="references")
     return res
 
 
 def check_int(name: str, value: Any, low: int, high: int) -> int:
     """Integers only (an integral float such as 4.0 is accepted: JSON clients send those)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"{name} must be a whole number between {low} and {high}, got {type(value).__name__}")
+        message = f"{name} must be a whole number between {low} and {high}, got {type(value).__name__}"
+        raise RequestError(message, param=name)
     if isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
-            raise RequestError(f"{name} must be a whole number between {low} and {high}, got {value}")
+            raise RequestError(f"{name} must be a whole number between {low} and {high}, got {value}", param=name)
         value = int(value)
     if not low <= value <= high:
-        raise RequestError(f"{name} must be between {low} and {high}, got {value}")
+        raise RequestError(f"{name} must be between {low} and {high}, got {value}", param=name)
     return value
 
 

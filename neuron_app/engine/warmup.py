@@ -7,8 +7,7 @@ import threading
 from typing import Any
 
 from neuron_app.engine.edits import parse_label
-from neuron_app.engine.records import CompileFailed
-from neuron_app.engine.requests import RequestError, ShuttingDown
+from neuron_app.errors import CompileFailed, RequestError, ShuttingDown
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from typing import Any
 
 from neuron_app.engine.compiler import recompile_room
 from neuron_app.engine.runner import PipelineCall, run_call
-from neuron_app.errors import one_line
-from neuron_app.settings import Settings, SettingsError
+from neuron_app.errors import LockstepError, SettingsError, one_line
+from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,6 @@ TP_DEVICES = ("neuron",)
 KNOWN_HEADS = {"black-forest-labs/FLUX.2-klein-4B": 24}
 
 CALL, PING, SHUTDOWN = "call", "ping", "shutdown"
-
-
-class LockstepError(RuntimeError):
-    """A rank failed a call, or the group is no longer usable; the message names the rank."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,8 +18,7 @@ from neuron_app.engine.records import (
     CompileOutcome,
     GenerationRecord,
 )
-from neuron_app.engine.requests import RequestError
-from neuron_app.errors import one_line
+from neuron_app.errors import RequestError, one_line
 from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)

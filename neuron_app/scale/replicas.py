@@ -31,7 +31,6 @@ from neuron_app.engine.cache import estimate_words, human_seconds
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.records import (
     CompileOutcome,
-    GenerationFailed,
     GenerationRecord,
     ManagerStatus,
     ProgressCallback,
@@ -41,8 +40,7 @@ from neuron_app.engine.records import (
     ShapeStatus,
 )
 from neuron_app.engine.references import portable
-from neuron_app.engine.requests import RequestError, ShuttingDown
-from neuron_app.errors import one_line
+from neuron_app.errors import GenerationFailed, ModelLoadError, app_error_of, one_line
 from neuron_app.scale.replica_server import ReplicaServer, StatusBoard
 from neuron_app.settings import Settings
 
@@ -122,7 +120,7 @@ class ReplicaClient(Admitted):
                     options = {**options, "references": portable(self.settings, options["references"])}
                 record = self._run(req, options, progress)
         except Exception as exc:
-            self._emit(RequestFailed("refused" if isinstance(exc, RequestError) else "failed", one_line(exc)))
+            self._emit(RequestFailed.of(exc))
             raise
         if record.compiled:
             self._emit(CompileOutcome(record.resolution, record.cache, True, record.compile_s, record.graphs_compiled))
@@ -307,28 +305,27 @@ def _summed(counters: list[dict[str, int]]) -> dict[str, int]:
     return total
 
 
-_REMOTE_ERROR = re.compile(r"(RequestError|ShuttingDown|CompileFailed|GenerationFailed|ModelLoadError): (.+)")
-
-
 def _unwrap(exc: Exception) -> Exception:
-    """Turn a replica's exception (wrapped by Ray) back into the manager's own error with its one-line message."""
-    from neuron_app.engine.loader import ModelLoadError
-    from neuron_app.engine.records import CompileFailed
-
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, RequestError | CompileFailed | GenerationFailed | ModelLoadError):
-        return cause
-    match = _REMOTE_ERROR.search(str(exc))
-    if match:
-        kinds = {
-            "RequestError": RequestError,
-            "ShuttingDown": ShuttingDown,
-            "CompileFailed": CompileFailed,
-            "GenerationFailed": GenerationFailed,
-            "ModelLoadError": ModelLoadError,
-        }
-        return kinds[match.group(1)](match.group(2).strip())
+    """A replica's error as the manager raised it: Ray's `.cause` is the original, unpickled with its fields."""
+    known = app_error_of(exc)
+    if known is not None:
+        return known
     return GenerationFailed(f"generation failed on a replica: {one_line(exc, limit=200)}")
+
+
+#: `serve.run` reports a replica's failed constructor only as text (the replica's traceback, flattened).
+_START_ERROR = re.compile(r"ModelLoadError: (.+)")
+
+
+def start_failure(exc: BaseException) -> ModelLoadError:
+    """Why the replicas did not start: the replica's own `ModelLoadError` line when the text carries one."""
+    known = app_error_of(exc)
+    if isinstance(known, ModelLoadError):
+        return known
+    match = _START_ERROR.search(str(exc))
+    if match:
+        return ModelLoadError(match.group(1).strip())
+    return ModelLoadError(f"the replicas failed to start: {one_line(exc, limit=300)}")
 
 
 # --- start ---------------------------------------------------------------------------------------------------------
@@ -352,7 +349,7 @@ def start_replicas(settings: Settings) -> ReplicaClient:
 
     A replica that cannot load the model fails the start with the manager's own one-line `ModelLoadError`.
     """
-    from neuron_app.engine.loader import ModelLoadError, resolve_source
+    from neuron_app.engine.loader import resolve_source
     from neuron_app.settings import PROJECT_ROOT
 
     resolve_source(settings)  # a bad model path: the same one-line error as the single-process app, before Ray
@@ -398,10 +395,7 @@ def start_replicas(settings: Settings) -> ReplicaClient:
         with contextlib.suppress(Exception):
             serve.delete(APP_NAME) if not owns_ray else serve.shutdown()
         ray.shutdown()
-        match = re.search(r"ModelLoadError: (.+)", str(exc))
-        if match:
-            raise ModelLoadError(match.group(1).strip()) from None
-        raise ModelLoadError(f"the replicas failed to start: {one_line(exc, limit=300)}") from None
+        raise start_failure(exc) from None
     client = ReplicaClient(settings, handle, board, owns_ray=owns_ray)
     log.info("%d replica(s) up on Ray Serve (%s)", settings.replicas, "local Ray" if owns_ray else settings.ray_address)
     return client

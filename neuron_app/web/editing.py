@@ -15,7 +15,7 @@ import gradio as gr
 from neuron_app.engine.edits import edit_label
 from neuron_app.engine.records import ManagerStatus, ShapeStatus
 from neuron_app.engine.references import check_references
-from neuron_app.engine.requests import RequestError
+from neuron_app.errors import RequestError
 from neuron_app.settings import Settings
 from neuron_app.shapes import Resolution
 from neuron_app.web.views import shape_label

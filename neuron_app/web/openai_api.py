@@ -37,17 +37,9 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from neuron_app.engine.images import write_png
-from neuron_app.engine.loader import ModelLoadError
-from neuron_app.engine.records import CompileFailed, GenerationFailed, GenerationRecord, ProgressEvent
-from neuron_app.engine.requests import (
-    AUTO_SIZE,
-    MAX_SEED,
-    RequestError,
-    ShuttingDown,
-    check_images,
-    resolve_size,
-)
-from neuron_app.errors import one_line
+from neuron_app.engine.records import GenerationRecord, ProgressEvent
+from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
+from neuron_app.errors import AppError, RateLimited, RequestError, ShuttingDown, app_error_of, one_line
 from neuron_app.settings import Settings
 from neuron_app.web.batch import generate_many, offered_shapes, validate_many
 from neuron_app.web.ops import gradio_queue_length
@@ -62,15 +54,11 @@ MAX_EDIT_IMAGES = 16
 RESPONSE_FORMATS = ("b64_json", "url")
 #: OpenAI parameters accepted and without effect here (FLUX.2-klein has no such knobs).
 IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
-#: Which request field a validation message is about, by its first word (engine/requests.py messages).
+#: OpenAI's name of a request field, by the `param` an error carries (set where engine/requests.py checks it).
 PARAM_OF = {
-    "prompt": "prompt",
     "resolution": "size",
     "steps": "num_inference_steps",
-    "seed": "seed",
-    "n": "n",
-    "LoRA": "lora",
-    "lora_scale": "lora_scale",
+    "references": "image",
 }
 #: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength).
 EXTENSIONS = ("lora", "lora_scale")
@@ -99,21 +87,23 @@ class ApiError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-def refusal(exc: RequestError) -> ApiError:
-    """A validation refusal as OpenAI reports it (400, naming the field), or 503 while shutting down."""
-    if isinstance(exc, ShuttingDown):
-        return ApiError(503, str(exc), type="server_error", code="shutting_down", headers={"Retry-After": "5"})
-    message = str(exc)
-    param = "image" if "reference" in message or "editing" in message else PARAM_OF.get(message.split(" ", 1)[0])
-    return ApiError(400, str(exc), param=param, code="invalid_value")
+def refusal(exc: AppError) -> ApiError:
+    """An app error as OpenAI reports it, from its fields: status, type, the field it is about (OpenAI's name)
+    and its code; the message is the app's own."""
+    headers, type_ = None, "invalid_request_error" if exc.kind == "refused" else "server_error"
+    if isinstance(exc, RateLimited):
+        headers, type_ = {"Retry-After": str(max(1, round(exc.retry_after_s)))}, "rate_limit_error"
+    elif exc.http_status == 503:
+        headers = {"Retry-After": "5"}
+    param = PARAM_OF.get(exc.param, exc.param) if exc.param else None
+    return ApiError(exc.http_status, str(exc), type=type_, param=param, code=exc.code, headers=headers)
 
 
 def failure(exc: Exception) -> ApiError:
-    """Anything else raised by `generate`: a 500 with the manager's one-line reason."""
-    if isinstance(exc, RequestError):
-        return refusal(exc)
-    if isinstance(exc, CompileFailed | GenerationFailed | ModelLoadError):
-        return ApiError(500, str(exc), type="server_error", code="generation_failed")
+    """Anything raised by `generate`: an app error from its fields, else a 500 with a one-line reason."""
+    known = app_error_of(exc)
+    if known is not None:
+        return refusal(known)
     log.exception("unexpected error in the OpenAI-compatible API")
     return ApiError(500, one_line(exc, limit=200), type="server_error")
 

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_app.settings import Settings, SettingsError
+from neuron_app.errors import AppError, SettingsError
+from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +170,13 @@ def install_signal_handlers(
 
 
 def run_main(main: Callable[[], None]) -> int:
-    """Run the entry point; bad settings or an unloadable model print one clear line (no traceback), exit 2."""
-    from neuron_app.engine.loader import ModelLoadError
-
+    """Run the entry point; the app's own start-up errors (bad settings, no device, an unloadable model) print one
+    clear line (no traceback), exit 2."""
     try:
         main()
-    except (SettingsError, ModelLoadError) as exc:
+    except AppError as exc:
+        if exc.kind == "failed":
+            raise
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
     return EXIT_OK

@@ -13,17 +13,14 @@ from typing import Any, Protocol
 import gradio as gr
 
 from neuron_app.engine.images import ImageStore
-from neuron_app.engine.loader import ModelLoadError
 from neuron_app.engine.records import (
-    CompileFailed,
-    GenerationFailed,
     GenerationRecord,
     ManagerStatus,
     ProgressCallback,
     ProgressEvent,
 )
-from neuron_app.engine.requests import MAX_SEED, RequestError
-from neuron_app.errors import one_line
+from neuron_app.engine.requests import MAX_SEED
+from neuron_app.errors import app_error_of, one_line
 from neuron_app.settings import Settings
 from neuron_app.web import editing
 from neuron_app.web.batch import generate_many
@@ -66,12 +63,12 @@ class ManagerLike(Protocol):
 
 
 def _user_error(exc: Exception) -> gr.Error:
-    """Errors the user can act on keep their message; anything else is logged and summarized."""
-    if isinstance(exc, RequestError):
-        log.info("refused: %s", exc)
-        return gr.Error(str(exc), print_exception=False)
-    if isinstance(exc, CompileFailed | GenerationFailed | ModelLoadError):
-        return gr.Error(str(exc), print_exception=False)  # the manager logged it already
+    """The app's own errors keep their message (written for people); anything else is logged and summarized."""
+    known = app_error_of(exc)
+    if known is not None:
+        if known.kind != "failed":
+            log.info("%s: %s", known.kind, known)  # failures: the manager logged them already
+        return gr.Error(str(known), print_exception=False)
     log.exception("unexpected error")
     return gr.Error(one_line(exc, limit=200), print_exception=False)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_app.engine.text_encoder import truncate_pipeline_encoder
 from neuron_app.engine.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
 from neuron_app.errors import ModelLoadError, one_line
 from neuron_app.settings import Settings
@@ -82,6 +83,7 @@ def load_pipeline(settings: Settings, source: ModelSource, device: str, dtype: A
     except Exception as exc:
         raise ModelLoadError(_explain_load_error(source, exc)) from exc
     pipe.set_progress_bar_config(disable=True)
+    truncate_pipeline_encoder(pipe)  # before the move: the cut layers never reach the device
     if tp_mesh is None:
         pipe.to(device)
     else:

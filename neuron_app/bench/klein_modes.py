@@ -1,0 +1,131 @@
+"""`python -m neuron_app.bench.klein_modes`: what klein's extra modes cost, measured on the host.
+
+- text encoder: parameters (exact, at Qwen3-4B's real geometry, built on the meta device) and prompt-encode time
+  before and after `engine/text_encoder.py` cuts the layers klein never reads (timed at a narrower Qwen3 with
+  Qwen3-4B's depth and vocabulary: the 2-core CI host cannot hold 4B parameters twice);
+- previews: the host-side latent-to-RGB preview per denoising step (`engine/previews.py`), at serving shapes.
+
+Prints one JSON object; `--json PATH` also writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+#: Qwen3-4B (FLUX.2-klein-4B's text encoder), from its config.json.
+QWEN3_4B = {
+    "vocab_size": 151936,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": True,
+}
+#: Timed stand-in: Qwen3-4B's depth, vocabulary and head layout at 1024 wide.
+NARROW = {
+    **QWEN3_4B,
+    "hidden_size": 1024,
+    "intermediate_size": 3840,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+}
+READ = (9, 18, 27)
+
+
+def _qwen3(geometry: dict[str, Any], meta: bool = False) -> Any:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(max_position_embeddings=4096, **geometry)
+    if meta:
+        with torch.device("meta"):
+            return Qwen3ForCausalLM(config)
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def _params(module: Any) -> int:
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def _time_encode(encoder: Any, tokens: int, repeats: int) -> list[float]:
+    import torch
+
+    ids = torch.randint(0, encoder.config.vocab_size, (1, tokens))
+    mask = torch.ones_like(ids)
+    times = []
+    with torch.inference_mode():
+        for i in range(repeats + 1):
+            start = time.perf_counter()
+            out = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+            elapsed = time.perf_counter() - start
+            if i:  # the first call warms allocators up
+                times.append(elapsed)
+    torch.stack([out.hidden_states[k] for k in READ])  # what klein reads is there
+    return times
+
+
+def bench_text_encoder(tokens: int, repeats: int) -> dict[str, Any]:
+    import torch
+
+    from neuron_app.engine.text_encoder import truncate_text_encoder
+
+    real = _qwen3(QWEN3_4B, meta=True)
+    real_before, layer = _params(real), _params(real.model.layers[0])
+    truncate_text_encoder(real, READ)
+    real_after = _params(real)
+    head = 2 * QWEN3_4B["hidden_size"] * QWEN3_4B["vocab_size"]  # the lm_head matmul, per token
+    flops_before, flops_after = 2 * layer * QWEN3_4B["num_hidden_layers"] + head, 2 * layer * max(READ)
+    full = _qwen3(NARROW)
+    short = copy.deepcopy(full)
+    result = truncate_text_encoder(short, READ)
+    with torch.inference_mode():
+        ids = torch.randint(0, NARROW["vocab_size"], (1, tokens))
+        a = full(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        b = short(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        identical = all(torch.equal(a[k], b[k]) for k in READ)
+    before, after = _time_encode(full, tokens, repeats), _time_encode(short, tokens, repeats)
+    med_before, med_after = statistics.median(before), statistics.median(after)
+    return {
+        "qwen3_4b_params_before": real_before,
+        "qwen3_4b_params_after": real_after,
+        "qwen3_4b_bf16_gib_saved": round((real_before - real_after) * 2 / 2**30, 3),
+        "qwen3_4b_matmul_gflop_per_token_before": round(flops_before / 1e9, 3),
+        "qwen3_4b_matmul_gflop_per_token_after": round(flops_after / 1e9, 3),
+        "timed_geometry": NARROW,
+        "timed_layers": [result.layers_before, result.layers_after],
+        "tokens": tokens,
+        "encode_s_before": round(med_before, 4),
+        "encode_s_after": round(med_after, 4),
+        "speedup": round(med_before / med_after, 3),
+        "hidden_states_identical": identical,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m neuron_app.bench.klein_modes", description=__doc__)
+    parser.add_argument("--tokens", type=int, default=128, help="prompt tokens encoded (klein pads to 512)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-encoder", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    report: dict[str, Any] = {}
+    if not args.skip_encoder:
+        report["text_encoder"] = bench_text_encoder(args.tokens, args.repeats)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

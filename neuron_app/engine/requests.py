@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_app.engine import references as refs
+from neuron_app.engine.blocked_terms import check_blocked
 from neuron_app.engine.runner import PipelineCall
 from neuron_app.errors import RequestError
 from neuron_app.settings import Settings
@@ -67,6 +68,7 @@ def validate(
     `references` None is text-to-image; a sequence is an edit (see `engine/references.py`), where `resolution`
     may be "auto": the offered shape nearest in aspect ratio to the first reference."""
     prompt = check_prompt(prompt, settings.max_prompt_chars)
+    check_blocked(prompt, settings.blocked_terms, settings.blocked_terms_file)  # ContentRefused, before any work
     auto = resolution == "auto"
     if auto and references is None:
         raise RequestError(

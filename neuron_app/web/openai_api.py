@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hmac
 import inspect
 import io
 import json
@@ -41,6 +40,7 @@ from neuron_app.engine.records import GenerationRecord, ProgressEvent
 from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
 from neuron_app.errors import AppError, RateLimited, RequestError, ShuttingDown, app_error_of, one_line
 from neuron_app.settings import Settings
+from neuron_app.web.access import Access
 from neuron_app.web.batch import generate_many, offered_shapes, validate_many
 from neuron_app.web.ops import gradio_queue_length
 
@@ -175,10 +175,11 @@ def _form_value(value: Any) -> Any:
 class OpenAIImages:
     """The API of one app; `routes()` go to Ops (and from there to `launch(app_kwargs=...)`)."""
 
-    def __init__(self, settings: Settings, manager: Any, demo: Any = None) -> None:
+    def __init__(self, settings: Settings, manager: Any, demo: Any = None, access: Access | None = None) -> None:
         self.settings = settings
         self.manager = manager
         self.demo = demo
+        self.access = access or Access(settings)  # keys, limits and their counts (web/access.py)
         self.urls = UrlStore(settings.outputs_dir / "api", settings.image_url_ttl_s)
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -197,26 +198,30 @@ class OpenAIImages:
         return takes and getattr(self.settings, "max_references", 1) > 0
 
     # --- checks, in the order a request meets them --------------------------------------------------
-    def check_auth(self, request: Request) -> None:
-        key = self.settings.api_key
-        if key is None:
+    def check_auth(self, request: Request) -> str | None:
+        """The name of the caller's key (also kept as `request.state.api_key_name`), or None when no key is
+        configured; 401 for a missing or wrong key, and while the page needs a login and no key is set."""
+        request.state.api_key_name = None
+        if not self.access.keys_required:
             if self.settings.auth is not None:  # the page is protected: never serve the API unauthenticated
                 raise ApiError(
                     401,
-                    "this server's page needs a login and no API key is configured: set NEURON_APP_API_KEY on the "
-                    "server and send it as 'Authorization: Bearer <key>'",
+                    "this server's page needs a login and no API key is configured: set NEURON_APP_API_KEY (or "
+                    "NEURON_APP_API_KEYS) on the server and send it as 'Authorization: Bearer <key>'",
                     code="api_key_required",
                 )
-            return
+            return None
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        matches = hmac.compare_digest(token.strip().encode(), key.get_secret_value().encode())
-        if scheme.lower() != "bearer" or not matches:
+        name = self.access.identify(token.strip())  # every key compared, in constant time
+        if scheme.lower() != "bearer" or name is None:
             raise ApiError(
                 401,
                 "missing or invalid API key: send 'Authorization: Bearer <key>'",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        request.state.api_key_name = name
+        return name
 
     def check_model(self, model: Any) -> None:
         if model is not None and model != self.settings.model:
@@ -288,17 +293,26 @@ class OpenAIImages:
             validate_many(self.manager, prompt, size, steps, seed, count, **options)  # refused: nothing ran
         except RequestError as exc:
             log.info("openai api refused: %s", exc)
+            self.access.observe_error(exc, "openai")
             raise refusal(exc) from None
 
         def on_progress(event: ProgressEvent) -> None:
             log.info("openai api %s: %s", event.resolution or "", event.message)
 
-        with self.admitted():
+        with contextlib.ExitStack() as stack:
+            try:  # the key's (or the address's) images: 429 over a limit, given back if anything below fails
+                client = request.client.host if request.client else None
+                stack.enter_context(self.access.api_images(request.state.api_key_name, client, count))
+            except AppError as exc:
+                log.info("openai api refused: %s", exc)
+                raise refusal(exc) from None
+            stack.enter_context(self.admitted())
             try:
                 records = await run_in_threadpool(
                     generate_many, self.manager, prompt, size, steps, seed, count, on_progress, **options
                 )
             except Exception as exc:
+                self.access.observe_error(exc, "openai")
                 raise failure(exc) from None
         data = [self.image_item(request, record, response_format) for record in records]
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
@@ -334,7 +348,7 @@ class OpenAIImages:
                 raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
             return await self.serve(request, fields)
         except ApiError as exc:
-            return exc.response()
+            return self.answer_error(request, exc)
 
     async def edits(self, request: Request) -> Response:
         try:
@@ -370,7 +384,14 @@ class OpenAIImages:
             fields["prompt"] = form.get("prompt")  # text stays text
             return await self.serve(request, fields, references=references)
         except ApiError as exc:
-            return exc.response()
+            return self.answer_error(request, exc)
+
+    def answer_error(self, request: Request, exc: ApiError) -> Response:
+        """The error's answer; a refusal of a known key is counted under its name (rate limits count themselves)."""
+        name = getattr(request.state, "api_key_name", None)
+        if name is not None and exc.status < 500 and exc.code != "rate_limit_exceeded":
+            self.access.api_refused(name, exc.code)
+        return exc.response()
 
     async def image_file(self, request: Request) -> Response:
         path = self.urls.find(request.path_params["name"])

@@ -65,6 +65,7 @@ def build_app(settings: Settings, manager: Any) -> App:
     import gradio as gr
 
     from neuron_app.engine.images import ImageStore
+    from neuron_app.web.access import Access
     from neuron_app.web.openai_api import OpenAIImages
     from neuron_app.web.ops import Ops
     from neuron_app.web.ui import build_ui
@@ -73,10 +74,12 @@ def build_app(settings: Settings, manager: Any) -> App:
     # own cache on every answer (a few ms per request, and a second copy on disk). The folder was already
     # downloadable (`allowed_paths`); ImageStore keeps it bounded.
     gr.set_static_paths([settings.outputs_dir])
-    demo = build_ui(manager, ImageStore(settings.outputs_dir))
+    access = Access(settings)  # API keys, per-key and per-address limits, their counts (one per app)
+    demo = build_ui(manager, ImageStore(settings.outputs_dir), access)
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.device_lanes)
-    openai_api = OpenAIImages(settings, manager, demo)
+    openai_api = OpenAIImages(settings, manager, demo, access)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
+    ops.metrics.registry.register(access)  # its counts on /metrics, read at scrape time
     return App(settings, manager, demo, ops)
 
 

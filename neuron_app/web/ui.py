@@ -19,10 +19,11 @@ from neuron_app.engine.records import (
     ProgressCallback,
     ProgressEvent,
 )
-from neuron_app.engine.requests import MAX_SEED
+from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
 from neuron_app.settings import Settings
 from neuron_app.web import editing
+from neuron_app.web.access import Access, entry_of
 from neuron_app.web.batch import generate_many
 from neuron_app.web.views import (
     SHAPE_COLUMNS,
@@ -73,8 +74,9 @@ def _user_error(exc: Exception) -> gr.Error:
     return gr.Error(one_line(exc, limit=200), print_exception=False)
 
 
-def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
+def build_ui(manager: ManagerLike, images: ImageStore, access: Access | None = None) -> gr.Blocks:
     settings = manager.settings
+    access = access or Access(settings)  # the per-address page limit and the content-refusal counts
     lanes = settings.device_lanes  # one device event per replica
     store = images  # `images` is also the `edit` endpoint's parameter name
 
@@ -88,11 +90,19 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         return on_event
 
     def run(
-        prompt: Any, resolution: Any, steps: Any, seed: Any, progress: gr.Progress, **options: Any
+        prompt: Any,
+        resolution: Any,
+        steps: Any,
+        seed: Any,
+        progress: gr.Progress,
+        request: gr.Request | None,
+        **options: Any,
     ) -> GenerationRecord:
         try:
-            return manager.generate(prompt, resolution, steps, seed, progress=progress_bridge(progress), **options)
+            with access.page_images_for(request, 1):
+                return manager.generate(prompt, resolution, steps, seed, progress=progress_bridge(progress), **options)
         except Exception as exc:
+            access.observe_error(exc, entry_of(request, "gradio_api"))
             raise _user_error(exc) from exc
 
     def ui_generate(
@@ -106,6 +116,7 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         lora_scale: float,
         references: Any = None,
         buckets: list[str] | None = None,
+        request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[Any, ...]:
         if randomize:  # room for the consecutive seeds of the most images a request may ask for
@@ -114,8 +125,10 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         try:
             bridge = progress_bridge(progress)
             options = {"lora": lora, "lora_scale": lora_scale, "references": refs}
-            records = generate_many(manager, prompt, resolution, steps, seed, count, progress=bridge, **options)
+            with access.page_images_for(request, check_images(count, settings.max_images)):  # per address
+                records = generate_many(manager, prompt, resolution, steps, seed, count, progress=bridge, **options)
         except Exception as exc:
+            access.observe_error(exc, entry_of(request, "page"))
             raise _user_error(exc) from exc
         paths = [str(images.save(record)) for record in records]
         status = manager.status()
@@ -145,9 +158,10 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         seed: float,
         lora: str = "none",
         lora_scale: float = 1.0,
+        request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
-        record = run(prompt, resolution, steps, seed, progress, lora=lora, lora_scale=lora_scale)
+        record = run(prompt, resolution, steps, seed, progress, request, lora=lora, lora_scale=lora_scale)
         return str(images.save(record)), record.info()
 
     def edit(
@@ -158,10 +172,11 @@ def build_ui(manager: ManagerLike, images: ImageStore) -> gr.Blocks:
         seed: float,
         lora: str = "none",
         lora_scale: float = 1.0,
+        request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
         options = {"lora": lora, "lora_scale": lora_scale, "references": list(images or [])}
-        record = run(prompt, resolution, steps, seed, progress, **options)
+        record = run(prompt, resolution, steps, seed, progress, request, **options)
         return str(store.save(record)), record.info()
 
     def status() -> dict[str, Any]:

@@ -1,0 +1,235 @@
+"""Who may ask, and how much: blocked terms, named API keys with their limits, the per-address page limit.
+
+One launched tiny app (aot_eager, 64x64) configured through the real environment (NEURON_APP_BLOCKED_TERMS,
+NEURON_APP_API_KEYS as JSON), driven by the clients people use: gradio_client, the openai SDK, plain HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from neuron_app.engine.blocked_terms import find_blocked, fold
+from neuron_app.errors import ContentRefused
+from neuron_app.settings import SettingsError, load_settings
+
+CI_KEY = f"sk-ci-{uuid.uuid4().hex}"
+TEAM_KEY = f"sk-team-{uuid.uuid4().hex}"
+PROMPT = "a lighthouse at dawn"
+STEPS = {"num_inference_steps": 1}
+
+
+def sdk(app: Any, key: str) -> OpenAI:
+    return OpenAI(base_url=app.url + "v1", api_key=key, max_retries=0, timeout=300)
+
+
+def metrics(app: Any) -> str:
+    return httpx.get(app.url + "metrics", timeout=10).text
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one series of the /metrics text (0 when absent)."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    series = f"{name}{{{wanted}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def app(launch_tiny: Callable[..., Any]) -> Any:
+    keys = {"ci": {"key": CI_KEY, "images_per_minute": 2}, "team": {"key": TEAM_KEY, "images_per_day": 100}}
+    variables = {
+        "NEURON_APP_BLOCKED_TERMS": '["forbiddenword"]',
+        "NEURON_APP_API_KEYS": json.dumps(keys),
+        "NEURON_APP_PAGE_IMAGES_PER_MINUTE": "2",
+    }
+    os.environ.update(variables)
+    try:
+        launched = launch_tiny()
+    finally:
+        for name in variables:
+            os.environ.pop(name, None)
+    return launched
+
+
+@pytest.fixture(scope="module")
+def gradio(app: Any) -> Any:
+    from gradio_client import Client
+
+    return Client(app.url, verbose=False)
+
+
+# --- blocked terms ------------------------------------------------------------------------------------
+
+
+def test_blocked_terms_match_whole_words_after_normalisation() -> None:
+    terms = ["forbiddenword", "two words"]
+    caught = [
+        "A Forbiddenword, at dusk",
+        "ＦＯＲＢＩＤＤＥＮＷＯＲＤ",  # full-width letters (NFKC)
+        "forbid\u200bdenword",  # a zero-width space inside
+        "f\u043erbiddenword",  # a Cyrillic o
+        "forbíddenword",  # an accent
+        "snake_forbiddenword_case",  # underscores are not letters
+        "TWO-words!",
+        "two \n  words",
+    ]
+    for prompt in caught:
+        assert find_blocked(prompt, terms) is not None, prompt
+    for prompt in ("forbiddenwordy", "unforbiddenword", "twowords", "two wordsmiths", "a calm sea"):
+        assert find_blocked(prompt, terms) is None, prompt
+    assert fold("ＡＢＣ\u00ad") == "abc"
+
+
+def test_blocked_terms_file_is_read_again_when_it_changes(tmp_path: Path, make_settings: Any) -> None:
+    path = tmp_path / "terms.txt"
+    path.write_text("# one term a line\nfirstterm\n\n", encoding="utf-8")
+    settings = make_settings(blocked_terms_file=path)
+    from neuron_app.engine.requests import validate
+
+    with pytest.raises(ContentRefused, match="firstterm") as caught:
+        validate(settings, ["64x64"], "a firstterm here", "64x64", 1, 0)
+    assert caught.value.code == "content_policy_violation" and caught.value.param == "prompt"
+    validate(settings, ["64x64"], "a secondterm here", "64x64", 1, 0)
+    path.write_text("firstterm\nsecondterm\n", encoding="utf-8")
+    os.utime(path, ns=(1, 2_000_000_000_000_000_000))  # a new mtime even within the filesystem's granularity
+    with pytest.raises(ContentRefused, match="secondterm"):
+        validate(settings, ["64x64"], "a secondterm here", "64x64", 1, 0)
+    with pytest.raises(SettingsError, match="blocked_terms_file"):
+        make_settings(blocked_terms_file=tmp_path / "missing.txt")
+    with pytest.raises(SettingsError, match="no letter or digit"):
+        make_settings(blocked_terms=["--"])
+
+
+def test_blocked_term_is_refused_by_gradio_and_openai_before_any_compile(app: Any, gradio: Any) -> None:
+    from gradio_client.exceptions import AppError
+
+    compiles = gradio.predict(api_name="/status")["compiles"]
+    with pytest.raises(AppError, match="'forbiddenword', a term this server does not allow"):
+        gradio.predict("A Forbiddenword, at dusk", "64x64", 1, 0, api_name="/generate")
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk(app, TEAM_KEY).images.generate(prompt="ＦＯＲＢＩＤＤＥＮＷＯＲＤ at noon", size="64x64", extra_body=STEPS)
+    assert caught.value.status_code == 400
+    assert caught.value.body["code"] == "content_policy_violation" and caught.value.body["param"] == "prompt"
+    assert gradio.predict(api_name="/status")["compiles"] == compiles  # nothing was compiled or run
+    text = metrics(app)
+    assert sample(text, "neuron_app_content_refused_total", entry="gradio_api", what="prompt") == 1
+    assert sample(text, "neuron_app_content_refused_total", entry="openai", what="prompt") == 1
+    assert sample(text, "neuron_app_api_refusals_total", key="team", reason="content_policy_violation") == 1
+    result = sdk(app, TEAM_KEY).images.generate(prompt="forbiddenwordy at noon", size="64x64", extra_body=STEPS)
+    assert result.data[0].b64_json  # a longer word is not the term
+
+
+# --- API keys and their limits --------------------------------------------------------------------------
+
+
+def test_named_keys_limits_and_metrics(app: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """ci may make 2 images a minute: its third request is a 429 with Retry-After naming the limit; team still
+    works; a wrong key is a 401; /metrics counts per key name and never shows a key."""
+    caplog.set_level(logging.DEBUG)
+    ci, team = sdk(app, CI_KEY), sdk(app, TEAM_KEY)
+    before = sample(metrics(app), "neuron_app_api_images_total", key="team")
+    for seed in (1, 2):
+        assert ci.images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS | {"seed": seed}).data
+    with pytest.raises(openai.RateLimitError) as caught:
+        ci.images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS)
+    reply = caught.value.response
+    assert reply.status_code == 429 and caught.value.body["code"] == "rate_limit_exceeded"
+    message = caught.value.body["message"]
+    assert re.fullmatch(r"key 'ci' is over its limit of 2 images per minute; retry in \d+ s", message), message
+    retry = int(reply.headers["retry-after"])
+    assert 1 <= retry <= 60 and f"retry in {retry} s" in message
+    with pytest.raises(openai.BadRequestError, match="at most 2 images per minute"):  # can never fit: 400, on n
+        ci.images.generate(prompt=PROMPT, size="64x64", n=3, extra_body=STEPS)
+    assert team.images.generate(prompt=PROMPT, size="64x64", n=2, extra_body=STEPS).data  # the other key works
+    with pytest.raises(openai.AuthenticationError) as wrong:
+        sdk(app, CI_KEY[:-1] + "x").images.generate(prompt=PROMPT, size="64x64")
+    assert wrong.value.status_code == 401 and wrong.value.body["code"] == "invalid_api_key"
+    text = metrics(app)
+    assert sample(text, "neuron_app_api_images_total", key="ci") == 2
+    assert sample(text, "neuron_app_api_images_total", key="team") == before + 2
+    assert sample(text, "neuron_app_api_refusals_total", key="ci", reason="images_per_minute") == 1
+    assert sample(text, "neuron_app_api_auth_failures_total") >= 1
+    for secret in (CI_KEY, TEAM_KEY, CI_KEY[6:], TEAM_KEY[8:]):
+        assert secret not in text and secret not in caplog.text
+
+
+def test_api_keys_are_environment_only_and_checked(tmp_path: Path) -> None:
+    toml = tmp_path / "settings.toml"
+    toml.write_text(f'[api_keys.ci]\nkey = "{CI_KEY}"\n', encoding="utf-8")
+    env = os.environ.copy()
+    os.environ["NEURON_APP_SETTINGS"] = str(toml)
+    try:
+        with pytest.raises(SettingsError, match="api_keys must not be set in the settings file"):
+            load_settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    with pytest.raises(SettingsError, match="too short"):
+        load_settings(api_keys={"ci": {"key": "short"}})
+    with pytest.raises(SettingsError, match="is not allowed"):
+        load_settings(api_keys={'bad"name': {"key": CI_KEY}})
+    with pytest.raises(SettingsError, match="same key"):
+        load_settings(api_keys={"a": {"key": CI_KEY}, "b": {"key": CI_KEY}})
+    settings = load_settings(api_keys={"ci": {"key": CI_KEY, "images_per_minute": 2}})
+    assert CI_KEY not in repr(settings) and CI_KEY not in settings.model_dump_json()
+
+
+# --- the page -----------------------------------------------------------------------------------------
+
+
+def test_page_limit_per_client_address(app: Any, gradio: Any) -> None:
+    """page_images_per_minute = 2: this address's third image in a minute is refused with the limit named;
+    refused requests (a bad shape) cost nothing."""
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="resolution 1024x1024 is not offered"):
+        gradio.predict(PROMPT, "1024x1024", 1, 0, api_name="/generate")
+    for seed in (1, 2):
+        _path, info = gradio.predict(PROMPT, "64x64", 1, seed, api_name="/generate")
+        assert info["seed"] == seed
+    with pytest.raises(AppError, match=r"address 127\.0\.0\.1 is over its limit of 2 images per minute; retry in"):
+        gradio.predict(PROMPT, "64x64", 1, 3, api_name="/generate")
+    text = metrics(app)
+    assert sample(text, "neuron_app_page_images_total") == 2
+    assert sample(text, "neuron_app_page_rate_limited_total") == 1
+
+
+def test_mcp_calls_pass_the_same_checks_in_their_own_bucket(app: Any) -> None:
+    """MCP tool calls meet the blocked terms (counted as entry mcp) and the page limit, in one bucket shared by
+    every MCP caller (Gradio runs them through its own loopback client), apart from the page's addresses."""
+    import asyncio
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    async def work() -> list[Any]:
+        async with (
+            streamablehttp_client(app.url + "gradio_api/mcp/") as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            calls = [{"prompt": "one forbiddenword here", "resolution": "64x64", "steps": 1, "seed": 0}]
+            calls += [{"prompt": PROMPT, "resolution": "64x64", "steps": 1, "seed": seed} for seed in (1, 2, 3)]
+            return [await session.call_tool("generate", args) for args in calls]
+
+    blocked, first, second, third = asyncio.run(work())
+    assert blocked.isError and "does not allow" in str(blocked.content)
+    assert not first.isError and not second.isError, (first.content, second.content)
+    assert third.isError and "MCP (all its callers together) is over its limit of 2 images per minute" in str(
+        third.content
+    )
+    assert sample(metrics(app), "neuron_app_content_refused_total", entry="mcp", what="prompt") == 1

@@ -130,6 +130,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "--head",
             "--block",
             f"--port={port}",
+            f"--ray-client-server-port={free_port()}",  # Ray's defaults (10001, 52365) may be taken
+            f"--dashboard-agent-listen-port={free_port()}",
             "--num-cpus=2",
             "--include-dashboard=false",
             "--disable-usage-stats",

@@ -233,3 +233,36 @@ def test_mcp_calls_pass_the_same_checks_in_their_own_bucket(app: Any) -> None:
         third.content
     )
     assert sample(metrics(app), "neuron_app_content_refused_total", entry="mcp", what="prompt") == 1
+
+
+def test_sliding_windows_count_images_and_say_when_they_fit() -> None:
+    """Two images a minute and three a day: the wait is until enough images leave the window (not a fixed
+    window's edge); a refund gives the images back; the day limit names itself."""
+    from neuron_app.errors import RateLimited, RequestError
+    from neuron_app.web.access import DAY_S, MINUTE_S, Limit, Limiter
+
+    now = [1000.0]
+    limiter = Limiter(clock=lambda: now[0])
+    limits = [Limit(2, MINUTE_S, "per minute", "images_per_minute"), Limit(3, DAY_S, "per day", "images_per_day")]
+    limiter.charge("key:ci", 1, limits, "key 'ci'")
+    now[0] += 10
+    limiter.charge("key:ci", 1, limits, "key 'ci'")
+    now[0] += 10
+    with pytest.raises(RateLimited, match=r"^key 'ci' is over its limit of 2 images per minute; retry in 40 s$") as hit:
+        limiter.charge("key:ci", 1, limits, "key 'ci'")
+    assert hit.value.retry_after_s == 40 and hit.value.http_status == 429
+    with pytest.raises(RateLimited, match="retry in 50 s"):  # two images wait for both to leave
+        limiter.charge("key:ci", 2, limits, "key 'ci'")
+    limiter.charge("key:other", 2, limits, "key 'other'")  # callers are apart
+    now[0] += 40.5  # the first image left the minute
+    refund = limiter.charge("key:ci", 1, limits, "key 'ci'")
+    now[0] += 61
+    refund()  # that request failed: its image is given back to both windows
+    limiter.charge("key:ci", 1, limits, "key 'ci'")
+    with pytest.raises(RateLimited, match=r"over its limit of 3 images per day; retry in \d+ s") as day:
+        limiter.charge("key:ci", 1, limits, "key 'ci'")
+    assert DAY_S - 200 < day.value.retry_after_s <= DAY_S
+    with pytest.raises(RequestError, match="may ask for at most 2 images per minute; this request asks for 3"):
+        limiter.charge("key:ci", 3, limits, "key 'ci'")
+    assert limiter.refusals == {("key:ci", "images_per_minute"): 2, ("key:ci", "images_per_day"): 1}
+    limiter.charge("page:x", 100, [Limit(0, MINUTE_S, "per minute", "images_per_minute")], "address x")  # 0 = off

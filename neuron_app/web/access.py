@@ -73,7 +73,8 @@ class _Window:
 class Limiter:
     """Sliding-window image limits for many callers; `charge` is atomic over all of a caller's limits."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # monotonic seconds; the tests pass their own to step through a day
         self._lock = threading.Lock()
         self._windows: dict[tuple[str, float], _Window] = {}
         self.refusals: Counter[tuple[str, str]] = Counter()
@@ -89,7 +90,7 @@ class Limiter:
                     f"{who} may ask for at most {limit.images} images {limit.words}; this request asks for {images}",
                     param="n",
                 )
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             if len(self._windows) > MAX_CALLERS:
                 self._forget_idle(now)

@@ -79,6 +79,24 @@ def test_references_snapping_to_buckets_of_one_token_total_compile_once(module_m
     assert shared.state == "ready" and shared.shared_with == "64x128 + 1 ref (128x64)"
 
 
+def test_n_edits_decode_their_references_once(
+    module_manager: PipelineManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several images of one edit are validated once: the upload is read, decoded and fitted once for all of them
+    (was 1 + n times), and every image reports the same reference."""
+    from neuron_app.engine import references
+    from neuron_app.web.batch import generate_many
+
+    path = tmp_path / "ref.png"
+    path.write_bytes(png(200, 100))
+    loads: list[Any] = []
+    real = references.load_reference
+    monkeypatch.setattr(references, "load_reference", lambda *a, **k: loads.append(a[1]) or real(*a, **k))
+    records = generate_many(module_manager, "edit", "64x64", 1, 7, 3, references=[str(path)])
+    assert [r.seed for r in records] == [7, 8, 9] and len(loads) == 1
+    assert {r.references[0]["sha256"] for r in records} == {hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
 def test_auto_follows_the_first_references_orientation(module_manager: PipelineManager) -> None:
     wide = module_manager.generate("auto", "auto", 1, 0, references=[png(240, 120), png(90, 200)])
     tall = module_manager.generate("auto", "auto", 1, 0, references=[png(120, 240), png(200, 90)])
@@ -193,7 +211,7 @@ def test_edit_through_gradio_client(client: Any, launched_app: Any, tmp_path: Pa
     assert status["edits"]["64x64 + 1 ref (128x64)"]["state"] == "ready"
     # The page's dropdown labels for one 128x64 reference: auto first, 64x64 ready, the rest not yet.
     labels = dict((v, k) for k, v in edit_choices(launched_app.manager.status(), ["128x64"]))
-    assert labels["64x64"] == "64x64 + 1 ref - ready" and "compiles on first use" in labels["128x128"]
+    assert labels["64x64"] == "64x64 + 1 ref - ready" and "not compiled" in labels["128x128"]
     assert next(iter(labels)) == "auto"
 
 

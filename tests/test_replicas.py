@@ -224,6 +224,20 @@ def test_options_flow_through_to_the_replica_unchanged(replicas: Any) -> None:
         replicas.generate("options", "64x64", 2, 3, no_such_option=1)
 
 
+def test_a_refusal_on_the_replica_arrives_as_the_managers_error_with_its_fields(replicas: Any) -> None:
+    """Replicas re-validate what they receive: sent past the client's checks, a bad request is refused there, and
+    Ray's `.cause` is the manager's own `RequestError` with its `param` (no class names parsed from text)."""
+    from neuron_app.errors import RequestError
+    from neuron_app.scale.replicas import _unwrap
+
+    fields = {"prompt": "x", "resolution": "64x64", "steps": 99, "seed": 0, "lora": "none", "lora_scale": 1.0}
+    with pytest.raises(Exception) as caught:
+        replicas.handle.generate.remote(fields | {"references": None}).result(timeout_s=120)
+    error = _unwrap(caught.value)
+    assert type(error) is RequestError and error.param == "steps" and error.kind == "refused"
+    assert str(error).startswith("steps must be between 1 and ")
+
+
 def test_references_given_as_a_local_path_reach_the_replica_as_bytes(replicas: Any, tmp_path: Path) -> None:
     """An edit's reference uploaded to the front end is a file on its disk: the replica (possibly on another node)
     gets its bytes, so the record reports the upload's own size and hash."""

@@ -136,8 +136,19 @@ class PipelineManager(Admitted):
         status = self.status()
         return [n for n in names if status.shapes[n].offered]
 
-    def validate(self, prompt: Any, resolution: Any, steps: Any, seed: Any, **options: Any) -> Request:
+    def validate(
+        self,
+        prompt: Any,
+        resolution: Any,
+        steps: Any,
+        seed: Any,
+        *,
+        lora: Any = "none",
+        lora_scale: Any = 1.0,
+        references: Sequence[Any] | None = None,
+    ) -> Request:
         """Check a request against what the UI offers; raises `RequestError` with a clear message."""
+        options = {"lora": lora, "lora_scale": lora_scale, "references": references}
         return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
 
     # --- loading -------------------------------------------------------------------------------
@@ -306,9 +317,19 @@ class PipelineManager(Admitted):
         lora_scale: Any = 1.0,
         references: Sequence[Any] | None = None,
     ) -> GenerationRecord:
-        """Validate, compile the shape if needed, generate. Same inputs give the same image. `references` (bytes,
-        paths or PIL images) make it an edit: each is snapped to its bucket first."""
+        """The raw-input entry (the Gradio API, MCP, the command line): `validate`, then `run`'s device work.
+        `references` (bytes, paths or PIL images) make it an edit: each is snapped to its bucket first."""
         req = self.validate(prompt, resolution, steps, seed, lora=lora, lora_scale=lora_scale, references=references)
+        return self._run(req, progress)
+
+    @reports_failures
+    @admitted
+    def run(self, request: Request, progress: ProgressCallback | None = None) -> GenerationRecord:
+        """Compile the request's shape if needed and generate: the device work of a request validated once at the
+        edge (several images of one request share its decoded references). Same request, same image."""
+        return self._run(request, progress)
+
+    def _run(self, req: Request, progress: ProgressCallback | None) -> GenerationRecord:
         start = time.perf_counter()
         self.ensure_loaded(progress)
         with self._device_lock:

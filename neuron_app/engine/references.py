@@ -19,7 +19,7 @@ import math
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +39,14 @@ def _error(message: str) -> RequestError:
 
 @dataclass(frozen=True)
 class Reference:
-    """One normalized reference: `image` is RGB at `bucket` size; `size` is the upload as oriented."""
+    """One normalized reference: `image` is RGB at `bucket` size; `size` is the upload as oriented; `upload` is
+    what was uploaded (its bytes, or the PIL image given), what a replica on another machine decodes again."""
 
     image: Any
     size: str
     bucket: Resolution
     sha256: str
+    upload: Any = field(default=None, repr=False, compare=False)
 
     def info(self) -> dict[str, str]:
         return {"size": self.size, "bucket": str(self.bucket), "sha256": self.sha256}
@@ -88,15 +90,6 @@ def check_references(settings: Settings, references: Sequence[Any] | None) -> tu
     return tuple(load_reference(settings, source, i + 1) for i, source in enumerate(references))
 
 
-def portable(settings: Settings, references: Sequence[Any]) -> list[Any]:
-    """The references as bytes (or PIL images): what another process or machine can decode, unlike a local path."""
-    out = []
-    for i, source in enumerate(references):
-        data, image = _read_source(settings, source, f"reference {i + 1}")
-        out.append(image if data is None else data)
-    return out
-
-
 def _read_source(settings: Settings, source: Any, label: str) -> tuple[bytes | None, Any]:
     """The upload's bytes (None for a PIL image, returned second), with the size limit checked first."""
     limit = settings.max_upload_mb * _MB
@@ -132,6 +125,7 @@ def load_reference(settings: Settings, source: Any, index: int = 1) -> Reference
 
     label = f"reference image {index}"
     data, image = _read_source(settings, source, label)
+    upload = image if data is None else data
     unreadable = f"{label} is not a readable image (unknown format, truncated or corrupt)"
     bomb = f"{label} has too many pixels; the limit is {settings.max_reference_pixels:,} (width x height)"
     try:
@@ -163,7 +157,7 @@ def load_reference(settings: Settings, source: Any, index: int = 1) -> Reference
         raise _error(f"{label} is {width}x{height}; the aspect ratio must be at most {MAX_ASPECT:g}:1")
     bucket = nearest(width, height, settings.parsed_reference_resolutions)
     digest = hashlib.sha256(data if data is not None else rgb.tobytes()).hexdigest()
-    return Reference(_fit(rgb, bucket), f"{width}x{height}", bucket, digest)
+    return Reference(_fit(rgb, bucket), f"{width}x{height}", bucket, digest, upload)
 
 
 def _oriented(image: Any) -> Any:

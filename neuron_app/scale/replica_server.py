@@ -10,7 +10,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -136,15 +135,16 @@ class ReplicaServer:
                 log.error("warm-up of %s failed: %s", shape, one_line(exc))
             self._fresh.pop(self.ids[shape], None)  # no request paid for this compile
 
-    async def generate(self, args: Sequence[Any], options: dict[str, Any]) -> GenerationRecord:
-        """One request: load (compile) its graph if this replica lacks it, then the manager's own `generate`."""
+    async def generate(self, fields: dict[str, Any]) -> GenerationRecord:
+        """One request (`Request.portable()`): load (compile) its graph if this replica lacks it, then the manager's
+        own `generate`, which validates it again with the same rules."""
         from ray import serve
 
         start = time.perf_counter()
         graph_id = serve.get_multiplexed_model_id()
         if graph_id:
             await self._graph(graph_id)
-        record: GenerationRecord = await asyncio.to_thread(self.manager.generate, *args, None, **options)
+        record: GenerationRecord = await asyncio.to_thread(self.manager.generate, **fields)
         fresh = self._fresh.pop(graph_id, None) if graph_id else None
         if fresh is not None:  # this request paid for the compile: say so, as the in-process manager would
             record = replace(

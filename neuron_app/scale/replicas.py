@@ -22,7 +22,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from neuron_app.engine import requests
@@ -39,7 +39,7 @@ from neuron_app.engine.records import (
     ShapeState,
     ShapeStatus,
 )
-from neuron_app.engine.references import portable
+from neuron_app.engine.requests import Request
 from neuron_app.errors import GenerationFailed, ModelLoadError, app_error_of, one_line
 from neuron_app.scale.replica_server import ReplicaServer, StatusBoard
 from neuron_app.settings import Settings
@@ -97,6 +97,21 @@ class ReplicaClient(Admitted):
             return list(self.settings.resolutions)
         return [name for name, shape in self.status().shapes.items() if shape.offered]
 
+    def validate(
+        self,
+        prompt: Any,
+        resolution: Any,
+        steps: Any,
+        seed: Any,
+        *,
+        lora: Any = "none",
+        lora_scale: Any = 1.0,
+        references: Sequence[Any] | None = None,
+    ) -> Request:
+        """The manager's own checks, here: a refusal costs no replica work."""
+        options = {"lora": lora, "lora_scale": lora_scale, "references": references}
+        return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
+
     def generate(
         self,
         prompt: Any,
@@ -104,21 +119,28 @@ class ReplicaClient(Admitted):
         steps: Any,
         seed: Any,
         progress: ProgressCallback | None = None,
-        **options: Any,
+        *,
+        lora: Any = "none",
+        lora_scale: Any = 1.0,
+        references: Sequence[Any] | None = None,
     ) -> GenerationRecord:
-        """Validate here (a refusal costs no replica work), then run on a replica; every option is forwarded.
+        """Validate here, then `run` on a replica (the manager's raw-input entry, the same parameters)."""
+        options = {"lora": lora, "lora_scale": lora_scale, "references": references}
+        return self._admitted(lambda: self._run(self.validate(prompt, resolution, steps, seed, **options), progress))
+
+    def run(self, request: Request, progress: ProgressCallback | None = None) -> GenerationRecord:
+        """Run a validated request on a replica, which validates its portable form again with the same rules.
 
         A replica that dies mid-request costs this request one retry on another replica (seeded requests are
         deterministic, so the retry gives the same image); a second death is a clear error.
         """
+        return self._admitted(lambda: self._run(request, progress))
+
+    def _admitted(self, work: Callable[[], GenerationRecord]) -> GenerationRecord:
+        """Counted in for `drain`, reported to observers (metrics) as the in-process manager does."""
         try:
             with self.admission.admit():
-                req = requests.validate(
-                    self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options
-                )
-                if options.get("references"):  # a local path means nothing on another node: send the bytes
-                    options = {**options, "references": portable(self.settings, options["references"])}
-                record = self._run(req, options, progress)
+                record = work()
         except Exception as exc:
             self._emit(RequestFailed.of(exc))
             raise
@@ -127,7 +149,7 @@ class ReplicaClient(Admitted):
         self._emit(record)
         return record
 
-    def _run(self, req: Any, options: dict[str, Any], progress: ProgressCallback | None) -> GenerationRecord:
+    def _run(self, req: Request, progress: ProgressCallback | None) -> GenerationRecord:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         shape = str(req.resolution)
@@ -136,10 +158,9 @@ class ReplicaClient(Admitted):
         cold = shape_status is None or shape_status.state is not ShapeState.READY
         estimate = shape_status.estimate_s if shape_status else None
         graph_id = self._graph_id(shape)
-        # The replica re-validates with the same rules; it receives what the caller sent (options unchanged).
-        call_args = (req.prompt, shape, req.steps, req.seed)
+        fields = req.portable()  # references as their uploads' bytes: a local path means nothing on another node
         for attempt in (1, 2):
-            response = self.handle.options(multiplexed_model_id=graph_id).generate.remote(call_args, options)
+            response = self.handle.options(multiplexed_model_id=graph_id).generate.remote(fields)
             try:
                 return self._wait(response, shape, cold, estimate, progress)
             except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
@@ -294,7 +315,16 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         replicas=replicas,
         vae_compiles=sum(s.vae_compiles for s in statuses),
         prompt_cache=_summed([s.prompt_cache for s in statuses]),
+        safety=_merged_safety([getattr(s, "safety", {}) for s in statuses]),
     )
+
+
+def _merged_safety(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The replicas' safety checkers: one setting, counts summed."""
+    if not parts or not parts[0]:
+        return {}
+    counts = _summed([{k: part.get(k, 0) for k in ("passed", "flagged")} for part in parts])
+    return {"checker": parts[0].get("checker"), "model": parts[0].get("model")} | counts
 
 
 def _summed(counters: list[dict[str, int]]) -> dict[str, int]:

@@ -1,9 +1,9 @@
-"""Several images for one request: `n` calls of `generate` with seeds seed, seed+1, ...
+"""Several images for one request: one validation, then `n` runs with seeds seed, seed+1, ...
 
 Static shapes make a batch dimension one more compile per shape on Neuron, so n images reuse the
 batch-1 graph, one after another (a replica front end may spread the calls). Shared by the page
 and the OpenAI-compatible API; every refusal happens before the first image, so a bad request
-costs nothing.
+costs nothing, and an edit's references are decoded once for all n images.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from neuron_app.engine import requests
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressCallback, ProgressEvent
+from neuron_app.engine.requests import Request
 
 
 def offered_shapes(status: ManagerStatus) -> list[str]:
@@ -20,13 +21,13 @@ def offered_shapes(status: ManagerStatus) -> list[str]:
     return [name for name, shape in status.shapes.items() if shape.offered]
 
 
-def validate_many(manager: Any, prompt: Any, resolution: Any, steps: Any, seed: Any, n: Any, **options: Any) -> int:
-    """All the checks of `n` generations at once (the same `validate` as `generate`); returns n."""
+def validate_many(
+    manager: Any, prompt: Any, resolution: Any, steps: Any, seed: Any, n: Any, **options: Any
+) -> tuple[Request, int]:
+    """All the checks of `n` generations at once (the manager's own `validate`): the first image's request, and n."""
     count = requests.check_images(n, manager.settings.max_images)
     first = requests.check_seed_run(seed, count)
-    offered = offered_shapes(manager.status())
-    requests.validate(manager.settings, offered, prompt, resolution, steps, first, **options)
-    return count
+    return manager.validate(prompt, resolution, steps, first, **options), count
 
 
 def _numbered(progress: ProgressCallback | None, index: int, count: int) -> ProgressCallback | None:
@@ -40,6 +41,16 @@ def _numbered(progress: ProgressCallback | None, index: int, count: int) -> Prog
     return on_event
 
 
+def run_many(
+    manager: Any, request: Request, count: int, progress: ProgressCallback | None = None
+) -> list[GenerationRecord]:
+    """`count` images of one validated request, with consecutive seeds, through the manager's device entry."""
+    return [
+        manager.run(dataclasses.replace(request, seed=request.seed + i), progress=_numbered(progress, i, count))
+        for i in range(count)
+    ]
+
+
 def generate_many(
     manager: Any,
     prompt: Any,
@@ -50,10 +61,6 @@ def generate_many(
     progress: ProgressCallback | None = None,
     **options: Any,
 ) -> list[GenerationRecord]:
-    """`n` images with consecutive seeds through the manager's one device entry; options pass unchanged."""
-    count = validate_many(manager, prompt, resolution, steps, seed, n, **options)
-    first = int(seed)
-    return [
-        manager.generate(prompt, resolution, steps, first + i, progress=_numbered(progress, i, count), **options)
-        for i in range(count)
-    ]
+    """`n` images with consecutive seeds: validated once, then `run_many`; options are `validate`'s."""
+    request, count = validate_many(manager, prompt, resolution, steps, seed, n, **options)
+    return run_many(manager, request, count, progress)

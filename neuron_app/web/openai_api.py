@@ -2,9 +2,9 @@
 
 Scripts, the `openai` SDKs, LangChain tools and Open WebUI speak this API. The routes are added like
 `/healthz` (see web/ops.py), so they live on the same port and behind the share link. They add no
-second path to the device: every image goes through the manager's `generate` (run in a worker thread),
-which validates with engine/requests.py, waits on the same device lock as the page, and reports to
-/metrics and the shape hits. Several images (`n`) are `generate` calls with consecutive seeds.
+second path to the device: a request is validated once by the manager's `validate` (engine/requests.py),
+and its images go through the manager's `run` (in a worker thread), which waits on the same device lock as
+the page and reports to /metrics and the shape hits. Several images (`n`) are runs with consecutive seeds.
 
 Errors have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, and the status codes its
 clients expect: 400 invalid request, 401 key missing or wrong, 404 unknown file, 413 body too large,
@@ -41,7 +41,7 @@ from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolv
 from neuron_app.errors import AppError, RateLimited, RequestError, ShuttingDown, app_error_of, one_line
 from neuron_app.settings import Settings
 from neuron_app.web.access import Access
-from neuron_app.web.batch import generate_many, offered_shapes, validate_many
+from neuron_app.web.batch import offered_shapes, run_many, validate_many
 from neuron_app.web.ops import gradio_queue_length
 
 log = logging.getLogger(__name__)
@@ -290,7 +290,7 @@ class OpenAIImages:
             if seed is None:
                 seed = random.randint(0, MAX_SEED - (count - 1))
             prompt = fields.get("prompt")
-            validate_many(self.manager, prompt, size, steps, seed, count, **options)  # refused: nothing ran
+            job, count = validate_many(self.manager, prompt, size, steps, seed, count, **options)  # nothing ran
         except RequestError as exc:
             log.info("openai api refused: %s", exc)
             self.access.observe_error(exc, "openai")
@@ -308,9 +308,7 @@ class OpenAIImages:
                 raise refusal(exc) from None
             stack.enter_context(self.admitted())
             try:
-                records = await run_in_threadpool(
-                    generate_many, self.manager, prompt, size, steps, seed, count, on_progress, **options
-                )
+                records = await run_in_threadpool(run_many, self.manager, job, count, on_progress)
             except Exception as exc:
                 self.access.observe_error(exc, "openai")
                 raise failure(exc) from None

@@ -266,3 +266,23 @@ def test_sliding_windows_count_images_and_say_when_they_fit() -> None:
         limiter.charge("key:ci", 3, limits, "key 'ci'")
     assert limiter.refusals == {("key:ci", "images_per_minute"): 2, ("key:ci", "images_per_day"): 1}
     limiter.charge("page:x", 100, [Limit(0, MINUTE_S, "per minute", "images_per_minute")], "address x")  # 0 = off
+
+
+def test_old_api_key_is_one_unlimited_key_named_default(make_settings: Any) -> None:
+    """`api_key` keeps working beside named keys, as `default` without limits; every name is a /metrics label
+    from the start, and no key is."""
+    from neuron_app.web.access import Access
+
+    old = f"sk-old-{uuid.uuid4().hex}"
+    access = Access(make_settings(api_key=old, api_keys={"ci": {"key": CI_KEY, "images_per_minute": 1}}))
+    assert access.keys_required
+    assert access.identify(old) == "default" and access.identify(CI_KEY) == "ci"
+    assert access.identify(old + "x") is None and access.identify("") is None
+    for _ in range(3):
+        with access.api_images("default", None, 4):  # no limit on the old key
+            pass
+    text = "\n".join(str(sample) for family in access.collect() for sample in family.samples)
+    assert "'key': 'default'" in text and "'key': 'ci'" in text and old not in text and CI_KEY not in text
+    assert access.images["default"] == 12 and access.auth_failures == 2
+    with pytest.raises(SettingsError, match="api_key is also one of api_keys"):
+        make_settings(api_key=CI_KEY, api_keys={"ci": {"key": CI_KEY}})

@@ -305,6 +305,26 @@ def test_head_count_is_read_from_the_model_config(make_settings: Any) -> None:
     assert transformer_heads(make_settings()) == 2  # the tiny model: 2 heads, so 2 CPU ranks divide it
 
 
+def test_a_broken_group_is_in_the_status_and_readyz_says_why(make_settings: Any) -> None:
+    """Why the manager can no longer serve is status data (`ManagerStatus.broken`), read by /readyz: no probing of
+    the manager's lockstep."""
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.scale.distributed import Lockstep
+    from neuron_app.web.ops import Ops
+
+    lockstep = Lockstep(0, 2)
+    manager = PipelineManager(make_settings(), lockstep=lockstep)
+    assert manager.status().broken is None
+    lockstep.broken = "rank 1 timed out"
+    ops = Ops(manager.settings, manager)
+    try:
+        ready, body = ops.readiness()
+    finally:
+        ops.close()
+    assert manager.status().broken == "rank 1 timed out" and not ready
+    assert body["reason"] == "tensor-parallel group is broken: rank 1 timed out"
+
+
 def test_tp_degree_comes_from_torchrun(monkeypatch: pytest.MonkeyPatch, make_settings: Any) -> None:
     """Under torchrun tp_degree = WORLD_SIZE (it keys the compile cache); a conflicting setting is refused,
     and tp_degree > 1 without torchrun is refused with the command to use."""

@@ -382,6 +382,14 @@ class PipelineManager(Admitted):
         """Compile the warm-up shapes in a background thread; pages answer meanwhile."""
         return self.warmup.start()
 
+    def close(self) -> None:
+        """Nothing to release in-process (the contract's `close` stops replicas)."""
+
+    @property
+    def supports_editing(self) -> bool:
+        """Reference images are accepted unless editing is switched off (`max_references = 0`)."""
+        return self.settings.max_references > 0
+
     # --- status --------------------------------------------------------------------------------
     def _graph_status(self, name: str, key: GraphKey, entries: dict[str, Any]) -> ShapeStatus:
         graph = self._graphs.get(key, GraphState())
@@ -427,6 +435,7 @@ class PipelineManager(Admitted):
                 prompt_cache=self.prompt_cache.snapshot(),
                 fingerprint=self.fingerprint,
                 fallback=self.backend.fallback_state(),
+                broken=None if self.lockstep is None else self.lockstep.broken,
                 warmup=self.warmup.snapshot(),
                 shapes=shapes,
                 loras=self.adapters.describe(),

@@ -141,6 +141,8 @@ class ManagerStatus:
     loras: list[dict[str, Any]] = field(default_factory=list)  # name, rank, source of each configured adapter
     #: Can failing device work silently run elsewhere (TorchNeuron's fallbacks)? "off (...)" is the truthful setting.
     fallback: str = ""
+    #: Why this manager can no longer serve (a tensor-parallel rank died or timed out); None while it can.
+    broken: str | None = None
     replicas: list[dict[str, Any]] = field(default_factory=list)  # [{id, healthy, in_flight, ready_shapes}]
     vae_compiles: int = 0  # of `compiles`, the VAE decoder's graphs (one for every shape when tiled)
     prompt_cache: dict[str, int] = field(default_factory=dict)  # hits, misses, entries, size

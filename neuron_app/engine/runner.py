@@ -64,6 +64,9 @@ def run_call(
 class Lockstep(Protocol):
     """Tensor-parallel coordination: followers replay every pipeline call of rank 0."""
 
+    #: Why the group can no longer be used (a rank died or timed out); None while it is whole.
+    broken: str | None
+
     def before(self, call: PipelineCall) -> None: ...
 
     def after(self, error: BaseException | None) -> BaseException | None: ...

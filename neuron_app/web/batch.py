@@ -12,17 +12,18 @@ import dataclasses
 from typing import Any
 
 from neuron_app.engine import requests
+from neuron_app.engine.contract import Manager
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressCallback, ProgressEvent
 from neuron_app.engine.requests import Request
 
 
 def offered_shapes(status: ManagerStatus) -> list[str]:
-    """The shapes a request may ask for right now, from the manager's status (works for any ManagerLike)."""
+    """The shapes a request may ask for right now, from a manager's status (in-process or replicas)."""
     return [name for name, shape in status.shapes.items() if shape.offered]
 
 
 def validate_many(
-    manager: Any, prompt: Any, resolution: Any, steps: Any, seed: Any, n: Any, **options: Any
+    manager: Manager, prompt: Any, resolution: Any, steps: Any, seed: Any, n: Any, **options: Any
 ) -> tuple[Request, int]:
     """All the checks of `n` generations at once (the manager's own `validate`): the first image's request, and n."""
     count = requests.check_images(n, manager.settings.max_images)
@@ -42,7 +43,7 @@ def _numbered(progress: ProgressCallback | None, index: int, count: int) -> Prog
 
 
 def run_many(
-    manager: Any, request: Request, count: int, progress: ProgressCallback | None = None
+    manager: Manager, request: Request, count: int, progress: ProgressCallback | None = None
 ) -> list[GenerationRecord]:
     """`count` images of one validated request, with consecutive seeds, through the manager's device entry."""
     return [
@@ -52,7 +53,7 @@ def run_many(
 
 
 def generate_many(
-    manager: Any,
+    manager: Manager,
     prompt: Any,
     resolution: Any,
     steps: Any,

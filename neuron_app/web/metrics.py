@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from neuron_app.engine.contract import Manager
 from neuron_app.engine.records import CompileOutcome, GenerationRecord, RequestFailed, ShapeState
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ QueueLength = Callable[[], int | None]
 class _StateCollector(Collector):
     """Gauges read at scrape time: what the manager and the queue say right now."""
 
-    def __init__(self, manager: Any, queue_length: QueueLength) -> None:
+    def __init__(self, manager: Manager, queue_length: QueueLength) -> None:
         self.manager = manager
         self.queue_length = queue_length
 
@@ -113,7 +114,7 @@ def _replica_gauges(replicas: list[dict[str, Any]]) -> Iterator[Metric]:
 class Metrics:
     """The app's metrics; `observe` is subscribed to the manager on creation, `close` unsubscribes."""
 
-    def __init__(self, manager: Any, queue_length: QueueLength | None = None) -> None:
+    def __init__(self, manager: Manager, queue_length: QueueLength | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             f"{PREFIX}_requests",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import inspect
 import io
 import json
 import logging
@@ -35,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
 from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
@@ -175,7 +175,7 @@ def _form_value(value: Any) -> Any:
 class OpenAIImages:
     """The API of one app; `routes()` go to Ops (and from there to `launch(app_kwargs=...)`)."""
 
-    def __init__(self, settings: Settings, manager: Any, demo: Any = None, access: Access | None = None) -> None:
+    def __init__(self, settings: Settings, manager: Manager, demo: Any = None, access: Access | None = None) -> None:
         self.settings = settings
         self.manager = manager
         self.demo = demo
@@ -191,11 +191,8 @@ class OpenAIImages:
 
     @property
     def editing(self) -> bool:
-        """Whether `generate` takes reference images (the editing path) or forwards any option (a replica client),
-        and editing is not switched off (`max_references = 0`)."""
-        params = inspect.signature(self.manager.generate).parameters
-        takes = "references" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-        return takes and getattr(self.settings, "max_references", 1) > 0
+        """Whether the manager takes reference images (editing is not switched off with `max_references = 0`)."""
+        return self.manager.supports_editing
 
     # --- checks, in the order a request meets them --------------------------------------------------
     def check_auth(self, request: Request) -> str | None:

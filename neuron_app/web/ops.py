@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from neuron_app.engine.contract import Manager
 from neuron_app.settings import Settings
 from neuron_app.web.metrics import Metrics
 
@@ -48,7 +49,7 @@ class Ops:
     def __init__(
         self,
         settings: Settings,
-        manager: Any,
+        manager: Manager,
         demo: Any = None,
         extra_routes: Sequence[Route] = (),
         extra_waiting: Callable[[], int] = lambda: 0,
@@ -68,11 +69,10 @@ class Ops:
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready = the model is loaded and at least one shape is compiled (and the TP group is whole)."""
         status = self.manager.status()
-        broken = getattr(getattr(self.manager, "lockstep", None), "broken", None)
         body: dict[str, Any] = {"ready": False, "loaded": status.loaded, "ready_shapes": status.ready}
-        if broken:
-            body["reason"] = f"tensor-parallel group is broken: {broken}"
-        elif getattr(self.manager, "draining", False):
+        if status.broken:
+            body["reason"] = f"tensor-parallel group is broken: {status.broken}"
+        elif self.manager.draining:
             body["reason"] = "the server is shutting down"  # load balancers stop sending work
         elif not status.loaded:
             if status.loading:

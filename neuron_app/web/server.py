@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_app.engine.contract import Manager
 from neuron_app.errors import AppError, SettingsError
 from neuron_app.settings import Settings
 
@@ -55,12 +56,12 @@ def resolve_auth(settings: Settings) -> tuple[str, str] | None:
 @dataclass
 class App:
     settings: Settings
-    manager: Any
+    manager: Manager
     demo: Any
     ops: Any = None  # neuron_app.web.ops.Ops: /healthz, /readyz, /metrics on the same server
 
 
-def build_app(settings: Settings, manager: Any) -> App:
+def build_app(settings: Settings, manager: Manager) -> App:
     """The Blocks with its queue: one device lane, bounded waiting room."""
     import gradio as gr
 
@@ -143,9 +144,7 @@ def shutdown(app: App, grace_s: float) -> bool:
     if not (idle and delivered):
         log.error("shutdown grace period of %.0f s ran out with requests still running; they are cut off", grace_s)
     app.demo.close()
-    close = getattr(app.manager, "close", None)  # replicas: stop them, and the Ray instance the app started
-    if close is not None:
-        close()
+    app.manager.close()  # replicas: stop them, and the Ray instance the app started
     log.warning("server closed")
     return idle and delivered
 

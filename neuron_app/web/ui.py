@@ -1,17 +1,18 @@
 """The Gradio page and its public API (`generate`, `edit`, `status`).
 
-`build_ui` takes the manager (or anything with its call shape) and never loads a model
-itself: everything it shows is data that the manager produced.
+`build_ui` takes a manager (the contract in engine/contract.py: in-process or replicas) and never loads a
+model itself: everything it shows is data that the manager produced.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Protocol
+from typing import Any
 
 import gradio as gr
 
+from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import ImageStore
 from neuron_app.engine.records import (
     GenerationRecord,
@@ -21,7 +22,6 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
-from neuron_app.settings import Settings
 from neuron_app.web import editing
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.batch import generate_many
@@ -47,22 +47,6 @@ EXAMPLES = [
 ]
 
 
-class ManagerLike(Protocol):
-    settings: Settings
-
-    def generate(
-        self,
-        prompt: Any,
-        resolution: Any,
-        steps: Any,
-        seed: Any,
-        progress: ProgressCallback | None = None,
-        **options: Any,  # keyword-only features: lora, lora_scale, ...
-    ) -> GenerationRecord: ...
-
-    def status(self) -> ManagerStatus: ...
-
-
 def _user_error(exc: Exception) -> gr.Error:
     """The app's own errors keep their message (written for people); anything else is logged and summarized."""
     known = app_error_of(exc)
@@ -74,7 +58,7 @@ def _user_error(exc: Exception) -> gr.Error:
     return gr.Error(one_line(exc, limit=200), print_exception=False)
 
 
-def build_ui(manager: ManagerLike, images: ImageStore, access: Access | None = None) -> gr.Blocks:
+def build_ui(manager: Manager, images: ImageStore, access: Access | None = None) -> gr.Blocks:
     settings = manager.settings
     access = access or Access(settings)  # the per-address page limit and the content-refusal counts
     lanes = settings.device_lanes  # one device event per replica

@@ -1,23 +1,30 @@
 """End to end in a real headless browser (Debian's chromium driven by Playwright).
 
-Types a prompt, picks a resolution, clicks Generate, sees the image and the cache line, and
-watches the dropdown label turn `ready`; then asks for two images and sees both in the gallery.
-Saves the screenshot the README shows.
+Types a prompt, picks a resolution, clicks Generate, reads in the output area what the first use compiles
+and for how long, sees the image and the cache line, and watches the dropdown label turn `ready`; then asks
+for two images and sees both in the gallery. Checks that the dropdown and the status table say the same
+before and after a restart.
+
+The screenshots go to pytest's temporary folder, never into the checkout; to refresh the one the docs show:
+`SCREENSHOT_TO=docs/screenshot.png python -m pytest tests/test_browser.py` copies it there on purpose.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SCREENSHOT = ROOT / "docs" / "screenshot.png"
+#: Where a run copies its full-page screenshot when asked to (relative to the checkout), e.g. docs/screenshot.png.
+SCREENSHOT_TO = os.environ.get("SCREENSHOT_TO")
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -33,18 +40,37 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def page(launched_app: Any) -> Iterator[Any]:
+def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"chromium not found at {CHROMIUM}: .ci/run installs Debian's chromium package")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(launched_app.url)
-        yield page
+        yield browser
         browser.close()
+
+
+def open_page(browser: Any, url: str) -> Any:
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(launched_app: Any, browser: Any) -> Iterator[Any]:
+    page = open_page(browser, launched_app.url)
+    yield page
+    page.close()
+
+
+def screenshot(page: Any, path: Path) -> None:
+    """A full-page screenshot at `path` (a temporary folder); copied into the checkout only with SCREENSHOT_TO."""
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+    if SCREENSHOT_TO:
+        shutil.copyfile(path, ROOT / SCREENSHOT_TO)
 
 
 def choose_resolution(page: Any, shape: str) -> None:
@@ -53,7 +79,16 @@ def choose_resolution(page: Any, shape: str) -> None:
     page.locator("ul[role='listbox'] li", has_text=shape).first.click()
 
 
-def generate(page: Any, prompt: str, shape: str, expect: str, *, press_enter: bool = False, images: int = 1) -> str:
+def generate(
+    page: Any,
+    prompt: str,
+    shape: str,
+    expect: str,
+    *,
+    press_enter: bool = False,
+    images: int = 1,
+    during: Callable[[Any], None] | None = None,
+) -> str:
     choose_resolution(page, shape)
     count = page.locator("#images input[type='number']")
     count.fill(str(images))
@@ -65,16 +100,27 @@ def generate(page: Any, prompt: str, shape: str, expect: str, *, press_enter: bo
         box.press("Enter")  # Enter submits the prompt
     else:
         page.locator("#generate").click()
+    if during is not None:
+        during(page)
     info = page.locator("#info")
     info.filter(has_text=f"{shape},").filter(has_text=expect).wait_for()
     return info.inner_text()
 
 
-def test_type_pick_generate_see_image_and_ready_label(page: Any) -> None:
+def test_type_pick_generate_see_image_and_ready_label(page: Any, tmp_path: Path) -> None:
     label_input = page.locator("#resolution input")
-    assert "64x64 - compiles on first use" in label_input.input_value()
+    assert "64x64 - not compiled" in label_input.input_value()
+    seen: dict[str, str] = {}
 
-    first = generate(page, "a lighthouse at dawn", "128x64", expect="cache: miss")
+    def mid_compile(page: Any) -> None:
+        """While the first use compiles, the output area (not only the spinner) says so, with the estimate."""
+        compiling = page.locator("#info").filter(has_text="128x64 - compiling (first use)")
+        compiling.wait_for()
+        seen["text"] = compiling.inner_text()
+        screenshot(page, tmp_path / "compiling.png")
+
+    first = generate(page, "a lighthouse at dawn", "128x64", expect="cache: miss", during=mid_compile)
+    assert "elapsed" in seen["text"] and "compiles" in seen["text"], seen["text"]
     assert "compiled 1 graph" in first
     image = page.locator("#gallery img")
     image.first.wait_for()
@@ -90,9 +136,8 @@ def test_type_pick_generate_see_image_and_ready_label(page: Any) -> None:
     page.wait_for_function("() => document.querySelectorAll('#gallery img').length >= 2", timeout=TIMEOUT_MS)
     # The status table (refreshed by the timer) shows the shape ready with two hits.
     page.locator("#shapes").filter(has_text="ready").wait_for()
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
-    assert SCREENSHOT.stat().st_size > 10_000
+    screenshot(page, tmp_path / "screenshot.png")
+    assert page.locator("#seed .error").count() == 0  # the seed box keeps its number
 
 
 def test_upload_a_reference_edit_and_use_the_result_as_the_next_reference(page: Any, tmp_path: Path) -> None:
@@ -113,3 +158,80 @@ def test_upload_a_reference_edit_and_use_the_result_as_the_next_reference(page: 
     assert "128x64, " in info.inner_text()  # auto: the served shape nearest the reference's 2:1
     page.locator("#use-as-reference").click()
     page.wait_for_function("() => document.querySelectorAll('#references img').length >= 2", timeout=TIMEOUT_MS)
+
+
+# --- one source of truth: the dropdown and the table, before and after a restart -------------------------------
+
+
+def dropdown_labels(page: Any) -> dict[str, str]:
+    """The resolution dropdown's options, by shape: "64x64 - ready"."""
+    page.locator("#resolution input").click()
+    options = page.locator("ul[role='listbox'] li")
+    options.first.wait_for()
+    labels = [text.replace("✓", "").strip() for text in options.all_inner_texts()]  # ✓ marks the chosen one
+    page.keyboard.press("Escape")
+    return {label.split(" - ")[0]: label for label in labels}
+
+
+def table_rows(page: Any) -> dict[str, list[str]]:
+    """The status table's rows, by shape: [shape, state, estimate, manifest, ...]."""
+    rows = page.locator("#shapes .virtual-row[role='row']")  # Gradio's virtual table (tbody holds a sizing row)
+    rows.first.wait_for()
+    cells = [[c.strip() for c in row.locator("[role='gridcell']").all_inner_texts()] for row in rows.all()]
+    return {row[0]: row for row in cells if row}
+
+
+def assert_agree(page: Any) -> dict[str, tuple[str, list[str]]]:
+    """Each shape's dropdown state word is the table's, and the label's ~seconds the table's estimate."""
+    labels, rows = dropdown_labels(page), table_rows(page)
+    assert set(labels) <= set(rows), (labels, rows)
+    for shape, label in labels.items():
+        word = label.split(" - ", 1)[1].split(",")[0]
+        row = rows[shape]
+        assert row[1].startswith(word), (label, row)
+        short = re.search(r"~(\d+ (?:s|min))", label)
+        assert (short is None) == (row[2] == ""), (label, row)
+        if short:
+            assert f"about {short.group(1)}" in row[2] or f"at most {short.group(1)}" in row[2], (label, row)
+        assert "_" not in row[1] + row[2] + row[3], row  # words, not enum names (not_compiled)
+    return {shape: (labels[shape], rows[shape]) for shape in labels}
+
+
+def test_dropdown_and_table_agree_before_and_after_a_restart(browser: Any, tmp_path: Path, shared_models: Path) -> None:
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.settings import load_settings
+    from neuron_app.web.server import build_app, launch
+
+    cache_dir = link_models(tmp_path / "cache", shared_models)
+
+    def start(**overrides: Any) -> Any:
+        settings = load_settings(**(TINY_OVERRIDES | {"cache_dir": cache_dir, "server_port": free_port()} | overrides))
+        app = build_app(settings, PipelineManager(settings))
+        launch(app, block=False)
+        return app, f"http://127.0.0.1:{settings.server_port}/"
+
+    app, url = start()
+    try:
+        page = open_page(browser, url)
+        generate(page, "a red kite", "64x64", expect="cache: miss")
+        page.locator("#shapes").filter(has_text="ready").wait_for()
+        before = assert_agree(page)
+        assert before["64x64"][0] == "64x64 - ready" and before["128x128"][1][1] == "not compiled"
+        assert "scaled from 64x64" in before["128x128"][1][2]  # learnt from the compile just measured
+        page.close()
+    finally:
+        app.demo.close()
+
+    app, url = start(load_on_start=True)  # the restart: same cache folder, the model loads before any request
+    try:
+        app.manager.start_warmup().join(120)
+        page = open_page(browser, url)
+        status = page.locator("#status")
+        status.filter(has_text="loaded in").wait_for(timeout=5_000)  # the page opens on the state of now
+        after = assert_agree(page)
+        label, row = after["64x64"]
+        assert label.startswith("64x64 - precompiled") and row[3] == "precompiled"
+        assert row[2].startswith("loads from the cache in"), row  # a load, not a compile time
+        page.close()
+    finally:
+        app.demo.close()

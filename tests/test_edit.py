@@ -211,7 +211,7 @@ def test_edit_through_gradio_client(client: Any, launched_app: Any, tmp_path: Pa
     assert status["edits"]["64x64 + 1 ref (128x64)"]["state"] == "ready"
     # The page's dropdown labels for one 128x64 reference: auto first, 64x64 ready, the rest not yet.
     labels = dict((v, k) for k, v in edit_choices(launched_app.manager.status(), ["128x64"]))
-    assert labels["64x64"] == "64x64 + 1 ref - ready" and "compiles on first use" in labels["128x128"]
+    assert labels["64x64"] == "64x64 + 1 ref - ready" and "not compiled" in labels["128x128"]
     assert next(iter(labels)) == "auto"
 
 

@@ -8,21 +8,36 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from neuron_app.engine.cache import ManifestEntry, estimate_compile_s
+from neuron_app.engine.cache import Estimate, ManifestEntry, estimate, estimate_compile_s
 from neuron_app.engine.records import ShapeState
 
 
-def _entry(resolution: str, compile_s: float, fingerprint: str = "fp") -> ManifestEntry:
-    return ManifestEntry(resolution, fingerprint, {}, compile_s, 1, "miss")
+def _entry(resolution: str, compile_s: float, fingerprint: str = "fp", cache: str = "miss") -> ManifestEntry:
+    return ManifestEntry(resolution, fingerprint, {}, compile_s, 1, cache)
 
 
 def test_no_history_gives_no_number() -> None:
     assert estimate_compile_s({}, "1024x1024", "fp") is None
+    assert estimate({}, "1024x1024", "fp") is None
 
 
-def test_the_shapes_own_entry_wins() -> None:
-    entries = {"1024x1024": _entry("1024x1024", 120.0), "512x512": _entry("512x512", 40.0)}
-    assert estimate_compile_s(entries, "1024x1024", "fp") == 120.0
+def test_a_precompiled_shape_costs_its_load_not_its_compile() -> None:
+    """Its own measured load wins; without one, loads of other shapes scaled; else at most its compile time."""
+    compiled = {"1024x1024": _entry("1024x1024", 120.0), "512x512": _entry("512x512", 40.0)}
+    first = estimate(compiled, "1024x1024", "fp")
+    assert first == Estimate(120.0, "load", "at most its compile time; no load measured yet", "upper bound")
+    loaded = compiled | {"512x512": _entry("512x512", 5.0, cache="disk")}  # 1024 tokens; 1024x1024 has 4096
+    scaled = estimate(loaded, "1024x1024", "fp")
+    assert scaled is not None and (scaled.kind, scaled.seconds, scaled.sure) == ("load", 10.0, "scaled")
+    own = estimate(loaded | {"1024x1024": _entry("1024x1024", 6.5, cache="disk")}, "1024x1024", "fp")
+    assert own == Estimate(6.5, "load", "its last load, measured", "measured")
+
+
+def test_a_cold_shape_is_interpolated_between_measured_compiles() -> None:
+    entries = {"512x512": _entry("512x512", 40.0), "1024x1024": _entry("1024x1024", 120.0)}  # 1024 / 4096 tokens
+    between = estimate(entries, "1024x512", "fp")  # 2048 tokens: a third of the way
+    assert between is not None and abs(between.seconds - (40.0 + 80.0 / 3)) < 1e-9
+    assert (between.kind, between.sure, between.basis) == ("compile", "interpolated", "between 512x512 and 1024x1024")
 
 
 def test_other_shapes_are_scaled_by_image_tokens_within_limits() -> None:
@@ -30,36 +45,69 @@ def test_other_shapes_are_scaled_by_image_tokens_within_limits() -> None:
     assert estimate_compile_s(entries, "1024x768", "fp") == 90.0  # 3072 tokens: 0.75x
     assert estimate_compile_s(entries, "2048x2048", "fp") == 240.0  # 4x the tokens, clamped to 2x
     assert estimate_compile_s(entries, "256x256", "fp") == 60.0  # 1/16 the tokens, clamped to 0.5x
+    found = estimate(entries, "256x256", "fp")
+    assert found is not None and (found.basis, found.sure) == ("scaled from 1024x1024", "scaled")
 
 
-def test_other_configurations_give_their_mean() -> None:
+def test_loads_are_not_compile_history() -> None:
+    """A load from the cache (seconds) says nothing about what a compile from scratch costs (minutes)."""
+    entries = {"1024x1024": _entry("1024x1024", 6.0, cache="disk"), "512x512": _entry("512x512", 40.0)}
+    assert estimate_compile_s(entries, "1024x768", "fp") == 80.0  # from 512x512's compile, clamped to 2x
+
+
+def test_other_configurations_give_their_mean_and_say_it_is_rough() -> None:
     entries = {"1024x1024": _entry("1024x1024", 100.0, "old"), "768x768": _entry("768x768", 50.0, "old")}
-    assert estimate_compile_s(entries, "1024x1024", "new") == 75.0
+    assert estimate(entries, "1024x1024", "new") == Estimate(75.0, "compile", "mean of 2 compile(s) elsewhere", "rough")
 
 
 def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any) -> None:
-    from neuron_app.web.views import estimate_text, shape_label, shapes_table
+    """The dropdown label is short (state word, ~seconds); the info line and the table carry the same estimate
+    in full, in words (no enum names)."""
+    from neuron_app.web.views import estimate_text, progress_markdown, shape_info, shape_label, shapes_table
 
     status = module_manager.status()
     cold = next(s for s in status.shapes.values() if s.state is ShapeState.NOT_COMPILED)
     if not module_manager.manifest.entries():
         assert cold.estimate_s is None
-        assert shape_label(cold).endswith("compiles on first use, no history for an estimate")
+        assert shape_label(cold) == f"{cold.resolution} - not compiled"
+        assert estimate_text(cold) == "compiles; no history for an estimate"
     module_manager.compile_shape("64x64")
     status = module_manager.status()
     cold = status.shapes["128x128"]
     expected = status.shapes["64x64"].compile_s * 2  # 4x the tokens of 64x64, clamped to 2x
     assert cold.estimate_s is not None and abs(cold.estimate_s - expected) < 0.01
-    assert shape_label(cold) == f"128x128 - compiles on first use, {estimate_text(cold)}"
-    assert shape_label(replace(cold, estimate_s=42.0)) == "128x128 - compiles on first use, about 42 s"
-    assert shape_label(replace(cold, estimate_s=150.0)) == "128x128 - compiles on first use, about 2 min"
+    assert cold.estimate is not None and cold.estimate.basis == "scaled from 64x64"
+    assert shape_label(replace(cold, estimate_s=42.0)) == "128x128 - not compiled, ~42 s"
+    assert shape_label(replace(cold, estimate_s=150.0)) == "128x128 - not compiled, ~2 min"
+    assert shape_label(status.shapes["64x64"]) == "64x64 - ready"
+    assert estimate_text(cold) in shape_info(cold) and "not compiled" in shape_info(cold)
     row = next(r for r in shapes_table(status) if r[0] == "128x128")
-    assert row[1].startswith("not_compiled, about")
-    # the compile's own progress line carries the same words, from the manager (the page only shows messages)
+    assert row[1:4] == ["not compiled", estimate_text(cold), "not in the cache"]
+    assert estimate_text(cold).startswith("compiles in about") and estimate_text(cold).endswith("64x64, scaled)")
+    # the page's output area during that compile: the manager's event, the same status record, the same words
     events: list[Any] = []
     module_manager.generate("estimate", "128x128", 1, 0, progress=events.append)
     (compiling,) = [e for e in events if e.phase == "compiling"]
-    assert f"({estimate_text(cold)})" in compiling.message, compiling.message
+    line = progress_markdown(compiling, cold, 12.0)
+    assert "**128x128 - compiling (first use)** · 12 s elapsed · " + estimate_text(cold) in line, line
+    step = next(e for e in events if e.phase == "denoising")
+    assert progress_markdown(step, cold, 0.5, compiled_s=3.0).startswith("**128x128 - step 1/1** · made ready in 3 s")
+
+
+def test_a_shape_sharing_a_graph_shows_that_graphs_manifest(make_settings: Any) -> None:
+    """On CPU 128x64 and 64x128 are one graph: precompiling one makes the other precompiled too (after a restart,
+    before either compiled in the new process), with the same load estimate."""
+    from neuron_app.engine.manager import PipelineManager
+
+    settings = make_settings()
+    first = PipelineManager(settings)
+    assert first.graph_key(first.resolutions[1]) == first.graph_key(first.resolutions[2])  # 128x64, 64x128
+    first.compile_shape("128x64")
+    restarted = PipelineManager(settings).status()
+    wide, tall = restarted.shapes["128x64"], restarted.shapes["64x128"]
+    assert (wide.manifest, tall.manifest) == ("precompiled", "precompiled")
+    assert tall.shared_with == "128x64" and tall.estimate == wide.estimate
+    assert wide.estimate is not None and wide.estimate.kind == "load"
 
 
 def test_replica_statuses_merge_into_the_managers_contract(module_manager: Any) -> None:

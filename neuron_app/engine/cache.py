@@ -138,24 +138,75 @@ def _tokens(resolution: str) -> int | None:
         return None
 
 
-def estimate_compile_s(entries: dict[str, ManifestEntry], resolution: str, fingerprint: str) -> float | None:
-    """Predict a shape's compile seconds from the history in the manifest, so a cold shape can say what it costs.
+@dataclass(frozen=True)
+class Estimate:
+    """What making a shape ready should take, and how the number was found (so the page can say how sure it is).
 
-    The shape's own entry under this fingerprint wins (a disk load); else the entry under this fingerprint with
-    the nearest image-token count, scaled by the token ratio (clamped to 0.5x..2x: compile time grows slower
-    than the tokens); else the mean of every recorded compile. None when there is no history at all.
+    `kind` is "load" for a shape precompiled under this fingerprint (its graph comes from the cache folder) and
+    "compile" otherwise; `basis` says where the seconds come from, in words.
     """
-    if not entries:
-        return None
-    same = {name: e for name, e in entries.items() if e.fingerprint == fingerprint}
-    if resolution in same:
-        return same[resolution].compile_s
+
+    seconds: float
+    kind: Literal["load", "compile"]
+    basis: str
+    sure: Literal["measured", "interpolated", "scaled", "rough", "upper bound"]
+
+
+def _measured(entries: dict[str, ManifestEntry], fingerprint: str, cache: str) -> list[tuple[int, ManifestEntry]]:
+    """Entries under `fingerprint` whose time was a `cache` kind ("miss": a compile, "disk": a load), by tokens."""
+    rows = [(_tokens(e.resolution), e) for e in entries.values() if e.fingerprint == fingerprint and e.cache == cache]
+    return [(t, e) for t, e in rows if t]
+
+
+def _scaled(rows: list[tuple[int, ManifestEntry]], tokens: int) -> tuple[float, str]:
+    """Seconds at `tokens` from measured shapes: between the nearest below and above (linear in tokens),
+    or the nearest one scaled by the token ratio (clamped to 0.5x..2x: compile time grows slower than tokens)."""
+    below = max((r for r in rows if r[0] <= tokens), key=lambda r: r[0], default=None)
+    above = min((r for r in rows if r[0] >= tokens), key=lambda r: r[0], default=None)
+    if below and above and below[0] != above[0]:
+        share = (tokens - below[0]) / (above[0] - below[0])
+        seconds = below[1].compile_s + share * (above[1].compile_s - below[1].compile_s)
+        return seconds, f"between {below[1].resolution} and {above[1].resolution}"
+    nearest_tokens, nearest = below or above or min(rows, key=lambda r: abs(r[0] - tokens))
+    if nearest_tokens == tokens:
+        return nearest.compile_s, f"as {nearest.resolution} (same size)"
+    return nearest.compile_s * min(2.0, max(0.5, tokens / nearest_tokens)), f"scaled from {nearest.resolution}"
+
+
+def estimate(entries: dict[str, ManifestEntry], resolution: str, fingerprint: str) -> Estimate | None:
+    """Predict what making `resolution` ready costs, from the manifest's history (compiles measured here count
+    the moment they finish: the manager records them there).
+
+    Precompiled under this fingerprint: a load, its own measured load ("disk") time, else loads of other shapes
+    scaled by tokens, else at most its compile time. Otherwise a compile: the measured compiles from scratch
+    nearest in image tokens (engine/cache.py `_scaled`); else the mean of compiles under other settings (rough).
+    None when there is no history at all.
+    """
     tokens = _tokens(resolution)
-    sized = [(t, e) for e in same.values() if (t := _tokens(e.resolution))]
-    if tokens and sized:
-        nearest_tokens, nearest = min(sized, key=lambda pair: abs(pair[0] - tokens))
-        return nearest.compile_s * min(2.0, max(0.5, tokens / nearest_tokens))
-    return sum(e.compile_s for e in entries.values()) / len(entries)
+    own = entries.get(resolution)
+    if own is not None and own.fingerprint == fingerprint:
+        if own.cache == "disk":
+            return Estimate(own.compile_s, "load", "its last load, measured", "measured")
+        loads = _measured(entries, fingerprint, "disk")
+        if tokens and loads:
+            seconds, basis = _scaled(loads, tokens)
+            sure = "interpolated" if basis.startswith("between") else "scaled"
+            return Estimate(min(seconds, own.compile_s), "load", f"loads {basis}", sure)
+        return Estimate(own.compile_s, "load", "at most its compile time; no load measured yet", "upper bound")
+    rows = _measured(entries, fingerprint, "miss")
+    if tokens and rows:
+        seconds, basis = _scaled(rows, tokens)
+        return Estimate(seconds, "compile", basis, "interpolated" if basis.startswith("between") else "scaled")
+    others = [e.compile_s for e in entries.values() if e.cache == "miss"] or [e.compile_s for e in entries.values()]
+    if not others:
+        return None
+    return Estimate(sum(others) / len(others), "compile", f"mean of {len(others)} compile(s) elsewhere", "rough")
+
+
+def estimate_compile_s(entries: dict[str, ManifestEntry], resolution: str, fingerprint: str) -> float | None:
+    """`estimate`'s seconds (None without history)."""
+    found = estimate(entries, resolution, fingerprint)
+    return None if found is None else found.seconds
 
 
 def human_seconds(seconds: float) -> str:

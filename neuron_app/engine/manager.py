@@ -23,6 +23,7 @@ from neuron_app.engine.cache import (
     Manifest,
     ManifestEntry,
     dist_version,
+    estimate,
     estimate_compile_s,
     estimate_words,
     fingerprint_of,
@@ -391,9 +392,20 @@ class PipelineManager(Admitted):
         return self.settings.max_references > 0
 
     # --- status --------------------------------------------------------------------------------
-    def _graph_status(self, name: str, key: GraphKey, entries: dict[str, Any]) -> ShapeStatus:
+    def _graph_status(
+        self, name: str, key: GraphKey, entries: dict[str, Any], siblings: Sequence[str] = ()
+    ) -> ShapeStatus:
+        """One shape's row. A shape whose graph another shape compiles (`siblings`: same `GraphKey`) shows that
+        shape's manifest entry and estimate: precompiling 256x128 makes 128x256 precompiled too."""
         graph = self._graphs.get(key, GraphState())
-        validity = self.manifest.validity(name, self.fingerprint, entries)
+        fp = self.fingerprint
+        source = name
+        if self.manifest.validity(name, fp, entries) != "precompiled":
+            candidates = [s for s in (graph.compiled_as, *siblings) if s]
+            source = next((s for s in candidates if self.manifest.validity(s, fp, entries) == "precompiled"), name)
+        validity = self.manifest.validity(source, fp, entries)
+        found = estimate(entries, source, fp)
+        shared = graph.compiled_as if graph.compiled_as not in (None, name) else (None if source == name else source)
         return ShapeStatus(
             resolution=name,
             state=graph.state,
@@ -403,18 +415,23 @@ class PipelineManager(Admitted):
             cache=None if graph.cache is None else str(graph.cache),
             last_error=graph.error,
             manifest=validity,
-            shared_with=graph.compiled_as if graph.compiled_as not in (None, name) else None,
+            shared_with=shared,
             offered=(not self.settings.only_precompiled)
             or graph.state is ShapeState.READY
             or validity == "precompiled",
-            estimate_s=estimate_compile_s(entries, name, self.fingerprint),
+            estimate_s=None if found is None else round(found.seconds, 3),
+            estimate=found,
         )
 
     def status(self) -> ManagerStatus:
         """A snapshot for the UI and the API; never waits for the device."""
         entries = self.manifest.entries()
         with self._state_lock:
-            shapes = {str(r): self._graph_status(str(r), self.graph_key(r), entries) for r in self.resolutions}
+            keys = {str(r): self.graph_key(r) for r in self.resolutions}
+            shapes = {
+                name: self._graph_status(name, key, entries, [n for n, k in keys.items() if k == key and n != name])
+                for name, key in keys.items()
+            }
             edits = {n: self.graph_key(*p) for n in entries if (p := parse_label(n))} | self._edits
             return ManagerStatus(
                 model=self.settings.model,

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from neuron_app.engine.cache import Validity
+from neuron_app.engine.cache import Estimate, Validity
 from neuron_app.errors import ShuttingDown, app_error_of, one_line
 
 
@@ -115,7 +115,8 @@ class ShapeStatus:
     manifest: Validity
     shared_with: str | None  # ready because this other shape compiled the same graph
     offered: bool
-    estimate_s: float | None = None  # predicted compile seconds from the manifest's history; None: no history
+    estimate_s: float | None = None  # predicted seconds to make it ready (estimate.seconds); None: no history
+    estimate: Estimate | None = None  # load or compile, and what the number rests on (engine/cache.py)
     ready_replicas: int | None = None  # replicas that have it ready (Ray Serve); None in-process
 
 

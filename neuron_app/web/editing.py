@@ -45,7 +45,7 @@ def reference_buckets(settings: Settings, gallery: Sequence[Any] | None) -> list
 
 def _edit_label(state: ShapeStatus | None, shape: str, count: int) -> str:
     name = f"{shape} + {count} ref{'' if count == 1 else 's'}"
-    return shape_label(state, name) if state is not None else f"{name} - compiles on first use"
+    return shape_label(state, name) if state is not None else f"{name} - not compiled"
 
 
 def edit_choices(status: ManagerStatus, buckets: Sequence[str]) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
@@ -25,10 +26,12 @@ from neuron_app.errors import app_error_of, one_line
 from neuron_app.web import editing
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.batch import generate_many
+from neuron_app.web.live import live
 from neuron_app.web.views import (
     SHAPE_COLUMNS,
     dropdown_choices,
     info_markdown,
+    shape_info,
     shapes_table,
     status_markdown,
 )
@@ -45,6 +48,15 @@ EXAMPLES = [
     "A watercolor fox reading a book under a cherry tree",
     "Isometric cutaway of a tiny robot workshop, soft pastel colors",
 ]
+
+
+def whole_number(label: str) -> gr.Number:
+    """An API number typed `int` in `view_api()` and the MCP schema, yet passed on as sent: the manager refuses
+    4.5 steps with its own message, where Number(precision=0) would round it silently. (Not a subclass: Gradio
+    writes a .pyi stub next to the module of every Component subclass.)"""
+    number = gr.Number(label=label)
+    number.api_info = lambda: {"type": "integer"}  # type: ignore[method-assign]
+    return number
 
 
 def _user_error(exc: Exception) -> gr.Error:
@@ -102,26 +114,36 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         buckets: list[str] | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
-    ) -> tuple[Any, ...]:
+    ) -> Iterator[tuple[Any, ...]]:
+        """The page's Generate: the output area says what runs and for how long (web/live.py), then the images."""
         if randomize:  # room for the consecutive seeds of the most images a request may ask for
             seed = random.randint(0, MAX_SEED - (settings.max_images - 1))
         refs = editing.reference_paths(references)
-        try:
-            bridge = progress_bridge(progress)
-            options = {"lora": lora, "lora_scale": lora_scale, "references": refs}
+        options = {"lora": lora, "lora_scale": lora_scale, "references": refs}
+
+        def work(on_event: ProgressCallback) -> list[GenerationRecord]:
             with access.page_images_for(request, check_images(count, settings.max_images)):  # per address
-                records = generate_many(manager, prompt, resolution, steps, seed, count, progress=bridge, **options)
+                return generate_many(manager, prompt, resolution, steps, seed, count, progress=on_event, **options)
+
+        def line(text: str) -> tuple[Any, ...]:
+            return gr.update(), text, gr.update(), gr.update()
+
+        try:
+            records = yield from live(work, manager.status, progress_bridge(progress), line)
         except Exception as exc:
             access.observe_error(exc, entry_of(request, "page"))
-            raise _user_error(exc) from exc
+            error = _user_error(exc)
+            yield line(f"**Not generated:** {error.message}")  # the reason stays in the output area, not the seed
+            raise error from exc
         paths = [str(images.save(record)) for record in records]
         status = manager.status()
         choices = choices_for(status, buckets)
-        return (
+        value = resolution if resolution == editing.AUTO else records[0].resolution
+        yield (
             paths,
             "\n\n".join(info_markdown(record) for record in records),
             records[0].seed,
-            gr.update(choices=choices, value=resolution if resolution == editing.AUTO else records[0].resolution),
+            gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value))),
         )
 
     def choices_for(status: ManagerStatus, buckets: list[str] | None) -> list[tuple[str, str]]:
@@ -218,8 +240,13 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             dropdown = gr.update()  # unchanged: leave the open dropdown alone
         else:
             values = [value for _label, value in choices]
-            dropdown = gr.update(choices=choices, value=current if current in values else (values or [None])[0])
+            value = current if current in values else (values or [None])[0]
+            dropdown = gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value)))
         return status_markdown(status), shapes_table(status), dropdown, choices
+
+    def resolution_info(current: str | None) -> Any:
+        """The chosen shape's long text (state and estimate) in the dropdown's info line."""
+        return gr.update(info=shape_info(manager.status().shapes.get(current or "")))
 
     initial = manager.status()
     offered = [value for _label, value in dropdown_choices(initial)]
@@ -249,6 +276,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                         label="Resolution",
                         choices=dropdown_choices(initial),
                         value=default,
+                        info=shape_info(initial.shapes.get(default or "")),
                         elem_id="resolution",
                     )
                     steps = gr.Slider(
@@ -306,6 +334,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,
             api_visibility="private",
+            show_progress_on=[gallery],  # the seed box keeps its number: no spinner, no error badge on it
         )
 
         # The public API: plain inputs, validated by the manager (not by Gradio's components),
@@ -313,14 +342,14 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         with gr.Group(visible=False):
             api_prompt = gr.Textbox()
             api_resolution = gr.Textbox()
-            api_steps = gr.Number()
-            api_seed = gr.Number()
+            api_steps = whole_number("steps")
+            api_seed = whole_number("seed")
             api_lora = gr.Textbox(value="none")  # optional: 4-argument callers keep working
             api_lora_scale = gr.Number(value=1.0)
             api_references = gr.File(file_count="multiple")  # any file: the manager says why one is not an image
-            api_image = gr.Image(type="filepath", format="png")
-            api_info = gr.JSON()
-            api_status_out = gr.JSON()
+            api_image = gr.Image(type="filepath", format="png", label="image")
+            api_info = gr.JSON(label="record")
+            api_status_out = gr.JSON(label="status")
             api_btn = gr.Button()
             status_btn = gr.Button()
             edit_btn = gr.Button()
@@ -357,6 +386,23 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             outputs=[references],
             queue=False,
             api_visibility="private",
+        )
+        resolution.change(
+            resolution_info,
+            inputs=[resolution],
+            outputs=[resolution],
+            queue=False,
+            api_visibility="private",
+            show_progress="hidden",
+        )
+        # Every page opens on the state of now (the values above are the build's: before load_on_start's load).
+        demo.load(
+            refresh,
+            inputs=[resolution, shown, buckets],
+            outputs=[status_md, table, resolution, shown],
+            queue=False,
+            api_visibility="private",
+            show_progress="hidden",
         )
         timer = gr.Timer(STATUS_REFRESH_S)
         timer.tick(

@@ -8,29 +8,93 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_app.engine.cache import estimate_words
-from neuron_app.engine.records import GenerationRecord, ManagerStatus, ShapeState, ShapeStatus
+from neuron_app.engine.cache import human_seconds
+from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressEvent, ShapeState, ShapeStatus
 
-SHAPE_COLUMNS = ["shape", "state", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
+SHAPE_COLUMNS = ["shape", "state", "estimate", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
+#: The manifest's verdicts in words (engine/cache.py Validity).
+MANIFEST_WORDS = {"precompiled": "precompiled", "stale": "stale (other settings)", "absent": "not in the cache"}
+
+
+def state_word(shape: ShapeStatus) -> str:
+    """The short word for a shape's state, the same in the dropdown, the table and the progress line."""
+    if shape.state is ShapeState.READY:
+        return "ready"
+    if shape.state is ShapeState.COMPILING:
+        return "loading" if _is_load(shape) else "compiling"
+    if shape.state is ShapeState.FAILED:
+        return "failed"
+    return "precompiled" if shape.manifest == "precompiled" else "not compiled"
+
+
+def _is_load(shape: ShapeStatus) -> bool:
+    return shape.estimate.kind == "load" if shape.estimate is not None else shape.manifest == "precompiled"
 
 
 def estimate_text(shape: ShapeStatus) -> str:
-    """What a compile of this shape should take, from the manifest's history; says so when there is none."""
-    return estimate_words(shape.estimate_s)
+    """What making the shape ready should take and how sure that is (engine/cache.py `estimate`)."""
+    verb = "loads from the cache" if _is_load(shape) else "compiles"
+    found = shape.estimate
+    if found is None:
+        if shape.estimate_s is None:  # e.g. merged from replicas: the seconds without their basis
+            return f"{verb}; no history for an estimate"
+        return f"{verb} in about {human_seconds(shape.estimate_s)}"
+    bound = "at most" if found.sure == "upper bound" else "about"
+    sure = "" if found.sure in ("measured", "upper bound") else f", {found.sure}"
+    return f"{verb} in {bound} {human_seconds(found.seconds)} ({found.basis}{sure})"
+
+
+def short_estimate(shape: ShapeStatus) -> str:
+    """`~33 s` for a label, empty without history or once ready."""
+    if shape.state is ShapeState.READY or shape.estimate_s is None:
+        return ""
+    return f", ~{human_seconds(shape.estimate_s)}"
 
 
 def shape_label(shape: ShapeStatus, name: str | None = None) -> str:
-    """The dropdown label: the shape (or `name`, e.g. an edit layout) and what choosing it will cost."""
+    """The dropdown label: the shape (or `name`, e.g. an edit layout), its state word and a short estimate; the
+    long text is the dropdown's info line (`shape_info`)."""
+    word = "failed, will retry" if shape.state is ShapeState.FAILED else state_word(shape)
+    return f"{name or shape.resolution} - {word}{short_estimate(shape)}"
+
+
+def shape_info(shape: ShapeStatus | None, name: str | None = None) -> str:
+    """The dropdown's info line for the chosen shape: its state and, until it is ready, the estimate in full."""
+    if shape is None:
+        return "Each shape compiles once for the device (minutes on Neuron), then every request reuses it."
     name = name or shape.resolution
     if shape.state is ShapeState.READY:
-        return f"{name} - ready"
-    if shape.state is ShapeState.COMPILING:
-        return f"{name} - compiling now, {estimate_text(shape)}"
+        return f"{name} is ready: no compile" + (f" (shares {shape.shared_with}'s graph)" if shape.shared_with else "")
     if shape.state is ShapeState.FAILED:
-        return f"{name} - failed, will retry"
-    if shape.manifest == "precompiled":
-        return f"{name} - precompiled, loads from cache, {estimate_text(shape)}"
-    return f"{name} - compiles on first use, {estimate_text(shape)}"
+        return f"{name} failed ({shape.last_error or 'see the log'}); the next request retries: {estimate_text(shape)}"
+    return f"{name} is {state_word(shape)}: the first request {estimate_text(shape)}; later ones reuse it"
+
+
+def progress_markdown(
+    event: ProgressEvent, shape: ShapeStatus | None, elapsed_s: float, compiled_s: float | None = None
+) -> str:
+    """The output area while a request runs, from the manager's progress event and the shape's status record:
+    the shape, what happens ("compiling (first use)" with the estimate, then the steps) and for how long."""
+    name = event.resolution or ""
+    took = f"{human_seconds(elapsed_s)} elapsed"
+    if event.phase == "loading":
+        return f"**Loading the model** (first request) · {took}"
+    if event.phase == "compiling":
+        if shape is not None and _is_load(shape):
+            what = "loading its precompiled graph (first use)"
+        else:
+            what = "compiling (first use)"
+        estimate = estimate_text(shape) if shape is not None else "no history for an estimate"
+        return (
+            f"**{name} - {what}** · {took} · {estimate}\n\n"
+            "Each shape compiles once (minutes on Neuron); later requests reuse it."
+        )
+    done = f" · made ready in {human_seconds(compiled_s)} (first use)" if compiled_s is not None else ""
+    if event.phase == "denoising":
+        return f"**{name} - step {event.step}/{event.total}**{done}"
+    if event.phase == "decoding":
+        return f"**{name} - decoding**{done}"
+    return f"**{name} - {event.message or event.phase}** · {took}"
 
 
 def dropdown_choices(status: ManagerStatus) -> list[tuple[str, str]]:
@@ -90,20 +154,20 @@ def lora_markdown(status: ManagerStatus) -> str:
 
 
 def shapes_table(status: ManagerStatus) -> list[list[Any]]:
+    """One row per shape and edit graph, in the dropdown's words (`state_word`, `estimate_text`)."""
     rows = []
     for shape in [*status.shapes.values(), *status.edits.values()]:  # edit graphs: "64x64 + 1 ref (64x64)"
-        state = str(shape.state)
+        state = state_word(shape)
         if shape.shared_with:
             state += f" (shares {shape.shared_with})"
         if shape.ready_replicas is not None:
             state += f" on {shape.ready_replicas} replica(s)"
-        if shape.state in (ShapeState.NOT_COMPILED, ShapeState.COMPILING):
-            state += f", {estimate_text(shape)}"
         rows.append(
             [
                 shape.resolution,
                 state,
-                shape.manifest,
+                "" if shape.state is ShapeState.READY else estimate_text(shape),
+                MANIFEST_WORDS.get(shape.manifest, shape.manifest),
                 "" if shape.compile_s is None else f"{shape.compile_s:.2f}",
                 shape.graphs,
                 shape.hits,

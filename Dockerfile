@@ -1,16 +1,32 @@
-# FLUX.2-klein on AWS Trainium (Trn2, Trn3) with TorchNeuron (Neuron SDK 2.33+, torch-neuronx 2.13.* with
-# torch 2.13.0, Python 3.12): Ubuntu 24.04 plus the manual install from the Neuron repositories, because the
-# Neuron 2.33 containers carry TorchNeuron only in their vLLM and training images.
+# FLUX.2-klein on AWS Trainium (Trn2, Trn3) with TorchNeuron, Neuron SDK 2.33: torch-neuronx 2.13.3.0.* with
+# torch 2.13.0. The 2.33 standalone TorchNeuron wheels are built for Ubuntu 26.04 only (AWS's 2.33 quickstart,
+# TorchNeuron's 2.33.0 release notes), so the base is ubuntu:26.04 with its own python3 (3.14) in a venv and the
+# Neuron runtime from the Neuron apt repository, pinned to the 2.33 versions below.
 # Every command here is explained in docs/deploy-trn.md.
 #
 #   docker build -t flux2-klein-trn .
 #   docker run --device=/dev/neuron0 -p 7860:7860 -v neuron-app-cache:/var/cache/neuron-app flux2-klein-trn
-ARG BASE_IMAGE=ubuntu:24.04
+#
+# Alternative base: the Neuron 2.33 "PyTorch Training (TorchNeuron)" DLC (Ubuntu 26.04, Python 3.14), which already
+# carries torch-neuronx 2.14 with torch 2.14 and the runtime; only requirements-common.txt is installed into it:
+#   docker build --build-arg BASE_IMAGE=<that DLC's image> --build-arg NEURON_STACK=present -t flux2-klein-trn .
+ARG BASE_IMAGE=ubuntu:26.04
 FROM ${BASE_IMAGE}
 
+# install: the Neuron runtime (apt) and a venv with NEURON_REQUIREMENTS (requirements-neuron.txt: torch 2.13;
+# requirements-neuron-2.14.txt: torch 2.14); present: the base already has TorchNeuron, add the app's packages only.
+ARG NEURON_STACK=install
+ARG NEURON_REQUIREMENTS=requirements-neuron.txt
+# Neuron SDK 2.33 runtime packages (docs/deploy-trn.md, "Versions"); the driver, 2.31.7.0, is on the host.
+ARG NEURON_RUNTIME_VERSION=2.35.30.0
+ARG NEURON_COLLECTIVES_VERSION=2.35.43.0
+ARG NEURON_TOOLS_VERSION=2.33.38.0
+
+# LD_LIBRARY_PATH as AWS's own Neuron containers set it (libnrt, libnccom), kept after the base image's own entries.
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/aws/neuron/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
     GRADIO_ANALYTICS_ENABLED=False \
     NEURON_APP_DEVICE=neuron \
     NEURON_APP_SERVER_NAME=0.0.0.0 \
@@ -19,12 +35,14 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HOME=/var/cache/neuron-app/huggingface
 
 WORKDIR /app
-# The Neuron runtime (apt) and a venv with torch, torch-neuronx, neuronx-cc, nki and the app's packages.
+# The Neuron runtime (apt) and a venv with torch, torch-neuronx, neuronx-cc, nki and the app's packages (the ARGs
+# above reach the script as environment variables).
 COPY scripts/install-neuron.sh scripts/
-COPY requirements-common.txt requirements-neuron.txt ./
+COPY requirements-common.txt requirements-nodeps.txt requirements-neuron*.txt ./
 RUN scripts/install-neuron.sh
 COPY . .
-# The build fails on a wrong stack (the PyTorch/XLA torch-neuronx, a torch that does not match, no compiler).
+# The build fails on a wrong stack (the PyTorch/XLA torch-neuronx, a torch that does not match, no compiler) and
+# on a wheel that is installed but does not import here.
 RUN python -m neuron_app doctor --stack
 
 # Compiled graphs (NEFF), the manifest and the downloaded model: mount a named volume or an EBS-backed

@@ -274,7 +274,7 @@ class Settings(BaseSettings):
         1,
         ge=1,
         description="Cores each replica asks Ray for: NeuronCores (the neuron_cores resource) on Neuron, "
-        "GPUs on CUDA, CPUs (and torch threads) on CPU.",
+        "GPUs on CUDA, CPUs (and torch threads) on CPU. Keep 1 on Neuron: a replica runs on one core.",
     )
 
     @classmethod

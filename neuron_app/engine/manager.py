@@ -33,6 +33,7 @@ from neuron_app.engine.edits import blank_references, edit_label, edit_target, p
 from neuron_app.engine.loader import ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.lora import AdapterSet
 from neuron_app.engine.observers import Listener, Observers
+from neuron_app.engine.previews import PreviewEvent
 from neuron_app.engine.prompt_cache import PromptCache
 from neuron_app.engine.records import (
     CacheResult,
@@ -147,9 +148,11 @@ class PipelineManager(Admitted):
         lora: Any = "none",
         lora_scale: Any = 1.0,
         references: Sequence[Any] | None = None,
+        **source: Any,
     ) -> Request:
-        """Check a request against what the UI offers; raises `RequestError` with a clear message."""
-        options = {"lora": lora, "lora_scale": lora_scale, "references": references}
+        """Check a request against what the UI offers; raises `RequestError` with a clear message. `source`:
+        `image`, `mask`, `strength` of an image-to-image or inpaint (engine/requests.py)."""
+        options = {"lora": lora, "lora_scale": lora_scale, "references": references, **source}
         return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
 
     # --- loading -------------------------------------------------------------------------------
@@ -317,10 +320,12 @@ class PipelineManager(Admitted):
         lora: Any = "none",
         lora_scale: Any = 1.0,
         references: Sequence[Any] | None = None,
+        **source: Any,
     ) -> GenerationRecord:
         """The raw-input entry (the Gradio API, MCP, the command line): `validate`, then `run`'s device work.
         `references` (bytes, paths or PIL images) make it an edit: each is snapped to its bucket first."""
-        req = self.validate(prompt, resolution, steps, seed, lora=lora, lora_scale=lora_scale, references=references)
+        options = {"lora": lora, "lora_scale": lora_scale, "references": references, **source}
+        req = self.validate(prompt, resolution, steps, seed, **options)
         return self._run(req, progress)
 
     @reports_failures
@@ -336,9 +341,10 @@ class PipelineManager(Admitted):
         with self._device_lock:
             outcome = self._compile_locked(req.resolution, progress, req.buckets)
 
-            def on_step(step: int, total: int) -> None:
+            def on_step(step: int, total: int, preview: Any = None) -> None:
                 if progress:
-                    progress(ProgressEvent("denoising", str(req.resolution), step, total, f"Step {step}/{total}"))
+                    fields = ("denoising", str(req.resolution), step, total, f"Step {step}/{total}")
+                    progress(ProgressEvent(*fields) if preview is None else PreviewEvent(*fields, preview))
                     if step == total:
                         progress(ProgressEvent("decoding", str(req.resolution), step, total, "Decoding"))
 

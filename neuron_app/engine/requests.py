@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_app.engine import masks
 from neuron_app.engine import references as refs
 from neuron_app.engine.blocked_terms import check_blocked
+from neuron_app.engine.img2img import kept_steps
 from neuron_app.engine.runner import PipelineCall
 from neuron_app.errors import RequestError
 from neuron_app.settings import Settings
@@ -31,6 +33,9 @@ class Request:
     lora: str = "none"
     lora_scale: float = 1.0
     references: tuple[refs.Reference, ...] = ()  # an edit: normalized to their buckets
+    source: masks.InpaintSource | None = None  # image-to-image, or inpaint with its mask (engine/img2img.py)
+    strength: float = 1.0
+    previews: bool = False  # the page's live previews (engine/previews.py)
 
     @property
     def buckets(self) -> tuple[Resolution, ...]:
@@ -47,7 +52,12 @@ class Request:
             "lora": self.lora,
             "lora_scale": self.lora_scale,
             "references": [r.upload for r in self.references] if self.references else None,
+            **(self._portable_source() if self.source else {}),
         }
+
+    def _portable_source(self) -> dict[str, Any]:
+        assert self.source is not None
+        return {"image": self.source.upload, "mask": self.source.mask_upload, "strength": self.strength}
 
     def call(self) -> PipelineCall:
         """The pipeline call this request makes (what tensor-parallel followers replay)."""
@@ -61,6 +71,10 @@ class Request:
             lora=self.lora,
             lora_scale=self.lora_scale,
             references=images,
+            init_image=None if self.source is None else self.source.image,
+            mask=None if self.source is None else self.source.mask,
+            strength=self.strength,
+            previews=self.previews,
         )
 
 
@@ -75,15 +89,22 @@ def validate(
     lora: Any = "none",
     lora_scale: Any = 1.0,
     references: Sequence[Any] | None = None,
+    image: Any = None,
+    mask: Any = None,
+    strength: Any = None,
 ) -> Request:
     """Check a request against what the UI offers (`offered` shapes); raises `RequestError` with a clear message.
 
     `references` None is text-to-image; a sequence is an edit (see `engine/references.py`), where `resolution`
-    may be "auto": the offered shape nearest in aspect ratio to the first reference."""
+    may be "auto": the offered shape nearest in aspect ratio to the first reference. `image` starts from that
+    image (image-to-image at `strength`, 0 < strength <= 1, default 1); with `mask` only the masked part is
+    redrawn (engine/masks.py); "auto" then follows the image."""
     prompt = check_prompt(prompt, settings.max_prompt_chars)
     check_blocked(prompt, settings.blocked_terms, settings.blocked_terms_file)  # ContentRefused, before any work
     auto = resolution == "auto"
-    if auto and references is None:
+    if mask is not None and image is None:
+        raise RequestError("a mask needs the image it masks (image)", param="mask")
+    if auto and references is None and image is None:
         raise RequestError(
             "resolution 'auto' needs reference images (it follows the first one's aspect ratio)", param="resolution"
         )
@@ -92,9 +113,30 @@ def validate(
     seed = check_int("seed", seed, 0, MAX_SEED)
     lora = check_lora(lora, ["none", *settings.loras])
     lora_scale = check_float("lora_scale", lora_scale, 0.0, settings.max_lora_scale)
+    strength = check_strength(strength, steps, image is not None)
     loaded = refs.check_references(settings, references)  # last: no image is decoded for a bad request
+    source = None
+    if image is not None:
+        shapes = [Resolution.parse(name) for name in offered]
+        source = masks.load_source(settings, image, mask, lambda w, h: res or refs.nearest(w, h, shapes))
+        res = res or Resolution(source.image.width, source.image.height)
     res = res or refs.auto_resolution(loaded[0], offered)
-    return Request(prompt, res, steps, seed, lora=lora, lora_scale=lora_scale, references=loaded)
+    options = {"lora": lora, "lora_scale": lora_scale, "references": loaded, "source": source, "strength": strength}
+    return Request(prompt, res, steps, seed, **options)
+
+
+def check_strength(strength: Any, steps: int, has_image: bool) -> float:
+    """0 < strength <= 1 (at least one of `steps` then runs: diffusers rounds the skipped steps down); only
+    with an image."""
+    if strength is None:
+        return 1.0
+    if not has_image:
+        raise RequestError("strength needs an image to start from (image)", param="strength")
+    value = check_float("strength", strength, 0.0, 1.0)
+    if value <= 0.0 or kept_steps(steps, value) < 1:
+        message = f"strength {value:g} runs no step: it must be more than 0 (1 = start from noise)"
+        raise RequestError(message, param="strength")
+    return value
 
 
 def check_lora(lora: Any, offered: list[str]) -> str:

@@ -6,7 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-StepCallback = Callable[[int, int], None]
+from neuron_app.engine import img2img
+from neuron_app.engine.masks import composite
+from neuron_app.engine.previews import latent_preview
+
+StepCallback = Callable[[int, int, Any], None]  # step, total, preview image (None unless `previews`)
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,10 @@ class PipelineCall:
     lora: str = "none"  # the LoRA style in the adapter slot for this call (engine/lora.py)
     lora_scale: float = 1.0
     references: tuple[Any, ...] = ()  # RGB PIL images already at their bucket size (an edit)
+    init_image: Any = None  # image-to-image / inpaint: the RGB source at width x height (engine/img2img.py)
+    mask: Any = None  # inpaint: "L" at width x height, 255 = edit; the answer is composited over the source
+    strength: float = 1.0  # image-to-image: the share of the schedule run from the noised source
+    previews: bool = False  # a host-side preview of the latents after each step (engine/previews.py)
 
 
 def run_call(
@@ -38,15 +46,27 @@ def run_call(
     """
     import torch
 
+    generator = torch.Generator(device="cpu").manual_seed(call.seed)
+    start: Any = None
+    total = call.steps
+
     def step_end(_pipe: Any, step: int, _t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if start is not None:
+            kwargs["latents"] = start.blend(step, kwargs["latents"])
         if on_step is not None:
-            on_step(step + 1, call.steps)
+            preview = latent_preview(kwargs["latents"], call.width, call.height) if call.previews else None
+            on_step(step + 1, total, preview)
         return kwargs
 
     with torch.inference_mode():
+        extra: dict[str, Any] = {}
+        if call.init_image is not None:
+            start = img2img.prepare(pipe, call.init_image, call.mask, call.strength, call.steps, generator)
+            extra, total = {"latents": start.latents, "sigmas": start.sigmas}, start.steps_run
         embeds = None if prompt_cache is None else prompt_cache.embeds(pipe, call.prompt, max_sequence_length)
         text = {"prompt": call.prompt} if embeds is None else {"prompt_embeds": embeds}
         out = pipe(
+            **extra,
             **text,
             image=list(call.references) or None,
             width=call.width,
@@ -54,11 +74,14 @@ def run_call(
             num_inference_steps=call.steps,
             guidance_scale=guidance_scale,
             max_sequence_length=max_sequence_length,
-            generator=torch.Generator(device="cpu").manual_seed(call.seed),
+            generator=generator,
             output_type=call.output_type,
             callback_on_step_end=step_end,
         )
-    return out.images[0]
+    image = out.images[0]
+    if call.mask is not None and call.output_type == "pil":
+        image = composite(image, call.init_image, call.mask)  # outside the mask: the source's pixels
+    return image
 
 
 class Lockstep(Protocol):

@@ -1,0 +1,67 @@
+"""Live previews: a small picture of the latents after each denoising step, made on the host.
+
+No VAE call, no device graph, no compile: the packed latents (B, tokens, 128) are copied to the host, unpacked
+to the VAE's 32 channels at 1/8 of the image's size (FLUX.2 packs 2x2 patches of 32 channels into 128) and
+projected to RGB by a fixed linear map. For FLUX.2's VAE the map is the published 32x3 latent-to-RGB factors
+(ComfyUI's `comfy/latent_formats.py`, class Flux2, which acts on the same batch-normalized latents the
+transformer denoises); any other channel count (the tiny model has 1) gets a generic map: the channels' mean
+as gray, stretched to the preview's range. The preview is a quarter of the image's size a side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_app.engine.records import ProgressEvent
+
+#: Preview side = image side / PREVIEW_DIVISOR (the latents are 1/8; the browser scales the rest).
+PREVIEW_DIVISOR = 4
+
+#: FLUX.2 VAE (32 channels) -> RGB, from ComfyUI's latent_formats.Flux2 (factors per channel, then bias).
+FLUX2_RGB = (
+    (0.0058, 0.0113, 0.0073), (0.0495, 0.0443, 0.0836), (-0.0099, 0.0096, 0.0644), (0.2144, 0.3009, 0.3652),
+    (0.0166, -0.0039, -0.0054), (0.0157, 0.0103, -0.0160), (-0.0398, 0.0902, -0.0235), (-0.0052, 0.0095, 0.0109),
+    (-0.3527, -0.2712, -0.1666), (-0.0301, -0.0356, -0.0180), (-0.0107, 0.0078, 0.0013), (0.0746, 0.0090, -0.0941),
+    (0.0156, 0.0169, 0.0070), (-0.0034, -0.0040, -0.0114), (0.0032, 0.0181, 0.0080), (-0.0939, -0.0008, 0.0186),
+    (0.0018, 0.0043, 0.0104), (0.0284, 0.0056, -0.0127), (-0.0024, -0.0022, -0.0030), (0.1207, -0.0026, 0.0065),
+    (0.0128, 0.0101, 0.0142), (0.0137, -0.0072, -0.0007), (0.0095, 0.0092, -0.0059), (0.0000, -0.0077, -0.0049),
+    (-0.0465, -0.0204, -0.0312), (0.0095, 0.0012, -0.0066), (0.0290, -0.0034, 0.0025), (0.0220, 0.0169, -0.0048),
+    (-0.0332, -0.0457, -0.0468), (-0.0085, 0.0389, 0.0609), (-0.0076, 0.0003, -0.0043), (-0.0111, -0.0460, -0.0614),
+)
+FLUX2_RGB_BIAS = (-0.0329, -0.0718, -0.0851)
+
+
+def preview_size(width: int, height: int) -> tuple[int, int]:
+    return max(1, width // PREVIEW_DIVISOR), max(1, height // PREVIEW_DIVISOR)
+
+
+def latent_preview(packed: Any, width: int, height: int) -> Any:
+    """An RGB PIL preview of packed latents (B, (H/16)*(W/16), 4*C) for a `width` x `height` image."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    rows, cols = height // 16, width // 16
+    x = packed[0].detach().to("cpu", torch.float32)  # (tokens, 4C): the one device-to-host copy
+    channels = x.shape[-1] // 4
+    # (rows*cols, C*2*2) -> (C, 2 rows, 2 cols): the inverse of the pipeline's patchify-and-pack.
+    x = x.reshape(rows, cols, channels, 2, 2).permute(2, 0, 3, 1, 4).reshape(channels, rows * 2, cols * 2)
+    if channels == len(FLUX2_RGB):
+        factors = torch.tensor(FLUX2_RGB)  # (32, 3)
+        rgb = torch.einsum("chw,cr->rhw", x, factors) + torch.tensor(FLUX2_RGB_BIAS).view(3, 1, 1)
+        rgb = (rgb.clamp(-1, 1) + 1) / 2
+    else:  # no published factors: gray from the channels' mean, stretched
+        gray = x.mean(0)
+        low, high = gray.min(), gray.max()
+        gray = (gray - low) / (high - low) if high > low else torch.full_like(gray, 0.5)
+        rgb = gray.expand(3, -1, -1)
+    pixels = (rgb.permute(1, 2, 0).numpy() * 255 + 0.5).astype(np.uint8)
+    return Image.fromarray(pixels, "RGB").resize(preview_size(width, height), Image.Resampling.BILINEAR)
+
+
+@dataclass(frozen=True)
+class PreviewEvent(ProgressEvent):
+    """A denoising step's progress event with its preview (an RGB PIL image)."""
+
+    preview: Any = field(default=None, compare=False, repr=False)

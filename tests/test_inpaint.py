@@ -1,0 +1,172 @@
+"""Inpainting, image-to-image and live previews on the real tiny pipeline: the text-to-image graph, no new compile."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from neuron_app.engine.manager import PipelineManager
+from neuron_app.engine.masks import FEATHER_PX
+from neuron_app.errors import RequestError
+
+SIZE = 64
+
+
+def source_image(size: int = SIZE) -> Image.Image:
+    """A smooth, non-flat picture: a generated image cannot equal it by chance."""
+    y, x = np.mgrid[0:size, 0:size]
+    rgb = np.stack([x * 255 // size, y * 255 // size, (x + y) * 127 // size], axis=-1).astype(np.uint8)
+    return Image.fromarray(rgb, "RGB")
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def left_half_mask(size: int = SIZE) -> bytes:
+    """OpenAI's rule: fully transparent = edit. Left half transparent, right half opaque."""
+    alpha = np.full((size, size), 255, np.uint8)
+    alpha[:, : size // 2] = 0
+    rgba = np.dstack([np.zeros((size, size, 3), np.uint8), alpha])
+    return png(Image.fromarray(rgba, "RGBA"))
+
+
+def halves(image: Any) -> tuple[np.ndarray, np.ndarray]:
+    pixels = np.asarray(image.convert("RGB")).astype(np.int16)
+    return pixels[:, : SIZE // 2 - FEATHER_PX], pixels[:, SIZE // 2 :]
+
+
+@pytest.fixture(scope="module")
+def manager(module_manager: Any) -> PipelineManager:
+    module_manager.generate("warm", f"{SIZE}x{SIZE}", 2, 0)  # the text-to-image graph of this shape
+    return module_manager
+
+
+def test_inpaint_keeps_the_unmasked_half_and_compiles_nothing(manager: PipelineManager) -> None:
+    before = manager.status().compiles
+    source = source_image()
+    src_left, src_right = halves(source)
+    lefts = []
+    for prompt, seed in (("a red door", 1), ("a mountain lake", 7)):
+        record = manager.generate(prompt, f"{SIZE}x{SIZE}", 2, seed, image=png(source), mask=left_half_mask())
+        left, right = halves(record.image)
+        assert np.array_equal(right, src_right)  # outside the mask: the input's pixels exactly
+        assert np.abs(left - src_left).mean() > 10  # the masked half is new
+        lefts.append(left)
+    assert not np.array_equal(lefts[0], lefts[1])
+    assert manager.status().compiles == before  # the text-to-image graph served both
+
+
+def test_a_white_on_black_mask_reads_white_as_edit(manager: PipelineManager) -> None:
+    mask = np.zeros((SIZE, SIZE), np.uint8)
+    mask[:, : SIZE // 2] = 255
+    record = manager.generate(
+        "a red door", f"{SIZE}x{SIZE}", 2, 1, image=png(source_image()), mask=png(Image.fromarray(mask, "L"))
+    )
+    assert np.array_equal(halves(record.image)[1], halves(source_image())[1])
+
+
+def test_image_to_image_strength(manager: PipelineManager) -> None:
+    """Strength 1 is text-to-image exactly (the image is fully noised); low strength stays near the input."""
+    source, shape = png(source_image()), f"{SIZE}x{SIZE}"
+    text_only = np.asarray(manager.generate("a fox", shape, 4, 3).image)
+    full = np.asarray(manager.generate("a fox", shape, 4, 3, image=source, strength=1.0).image)
+    assert np.array_equal(full, text_only)
+    # The tiny VAE is random: compare with the source as the VAE gives it back (no denoising at all).
+    diffs = {}
+    for strength in (0.25, 0.5, 1.0):
+        out = np.asarray(manager.generate("a fox", shape, 4, 3, image=source, strength=strength).image)
+        diffs[strength] = float(np.abs(out.astype(np.int16) - text_only.astype(np.int16)).mean())
+    print("mean abs diff vs strength 1:", diffs)
+    assert diffs[1.0] == 0.0 and diffs[0.25] > diffs[1.0]
+
+
+def test_image_to_image_low_strength_stays_close_to_the_input(module_manager: PipelineManager) -> None:
+    """Measured against the VAE's own round trip of the source (what 'no change' decodes to)."""
+    import torch
+
+    pipe = module_manager.ensure_loaded()
+    source = source_image()
+    with torch.inference_mode():
+        tensor = pipe.image_processor.preprocess(source, height=SIZE, width=SIZE)
+        latents = pipe.vae.encode(tensor).latent_dist.mode()
+        round_trip = np.asarray(pipe.image_processor.postprocess(pipe.vae.decode(latents).sample)[0]).astype(np.int16)
+    diffs = {}
+    for strength in (0.25, 0.5, 0.75, 1.0):
+        out = module_manager.generate("a fox", f"{SIZE}x{SIZE}", 4, 3, image=png(source), strength=strength).image
+        diffs[strength] = float(np.abs(np.asarray(out).astype(np.int16) - round_trip).mean())
+    print("mean abs diff vs the source's VAE round trip:", diffs)
+    assert diffs[0.25] < diffs[1.0] and diffs[0.25] <= diffs[0.5] + 1e-9
+
+
+def test_previews_per_step_without_compiling(manager: PipelineManager) -> None:
+    from dataclasses import replace
+
+    from neuron_app.engine.previews import PreviewEvent, preview_size
+
+    before = manager.status().compiles
+    events: list[Any] = []
+    request = replace(manager.validate("a fox", "128x64", 3, 1), previews=True)
+    manager.generate("warm", "128x64", 1, 0)  # compile 128x64 first
+    compiled = manager.status().compiles
+    manager.run(request, progress=events.append)
+    previews = [e for e in events if isinstance(e, PreviewEvent)]
+    assert [e.step for e in previews] == [1, 2, 3]
+    assert all(e.preview.size == preview_size(128, 64) == (32, 16) for e in previews)
+    assert manager.status().compiles == compiled >= before
+    plain: list[Any] = []
+    manager.generate("a fox", "128x64", 3, 1, progress=plain.append)
+    assert not any(isinstance(e, PreviewEvent) for e in plain)  # off unless asked
+
+
+def _bomb() -> bytes:
+    return png(Image.new("L", (5000, 5000)))
+
+
+@pytest.mark.parametrize(
+    ("mask", "words"),
+    [
+        (lambda: png(Image.new("L", (32, 32), 255)), "must be the image's size"),
+        (lambda: left_half_mask()[:60], "not a readable image"),
+        (lambda: b"not an image at all", "not a readable image"),
+        (_bomb, "too many pixels"),
+        (lambda: png(Image.new("L", (SIZE, SIZE), 0)), "marks nothing to edit"),
+    ],
+)
+def test_hostile_masks_are_refused_before_any_work(make_settings: Any, mask: Any, words: str) -> None:
+    manager = PipelineManager(make_settings(max_reference_pixels=4_000_000))
+    with pytest.raises(RequestError, match=words) as caught:
+        manager.generate("a fox", f"{SIZE}x{SIZE}", 2, 1, image=png(source_image()), mask=mask())
+    assert caught.value.param == "mask"
+    assert not manager.loaded and manager.status().compiles == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "param", "words"),
+    [
+        ({"mask": "x"}, "mask", "needs the image"),
+        ({"strength": 0.5}, "strength", "needs an image"),
+        ({"image": "IMG", "strength": 0.0}, "strength", "runs no step"),
+        ({"image": "IMG", "strength": 1.5}, "strength", "between 0 and 1"),
+        ({"image": b"junk"}, "image", "not a readable image"),
+    ],
+)
+def test_bad_sources_are_refused(make_settings: Any, options: dict[str, Any], param: str, words: str) -> None:
+    manager = PipelineManager(make_settings())
+    options = {k: png(source_image()) if v == "IMG" else v for k, v in options.items()}
+    with pytest.raises(RequestError, match=words) as caught:
+        manager.validate("a fox", f"{SIZE}x{SIZE}", 2, 1, **options)
+    assert caught.value.param == param
+
+
+def test_auto_resolution_follows_the_image(make_settings: Any) -> None:
+    manager = PipelineManager(make_settings())
+    wide = source_image(128).resize((256, 128))
+    request = manager.validate("a fox", "auto", 2, 1, image=png(wide), strength=0.5)
+    assert str(request.resolution) == "128x64" and request.source.image.size == (128, 64)

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
+
+from neuron_app.environment import dist_version
 
 Verdict = Literal["ok", "problem", "info"]
 
@@ -44,13 +45,6 @@ class Check:
     verdict: Verdict
     found: str
     fix: str = ""
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 def check_python() -> Check:
@@ -80,7 +74,7 @@ def check_torch_neuronx() -> tuple[Check, str | None]:
 
 
 def check_torch(neuronx: str | None) -> Check:
-    found = _version("torch")
+    found = dist_version("torch")
     if found is None:
         return Check(
             "torch", "problem", "absent", "install torch==2.13.0 with torch-neuronx==2.13.* (or 2.14.0 with 2.14.*)"
@@ -144,7 +138,7 @@ def check_sdk_import(timeout_s: float = IMPORT_TIMEOUT_S) -> Check:
 
 
 def check_compiler() -> list[Check]:
-    cc = _version("neuronx-cc")
+    cc = dist_version("neuronx-cc")
     checks = [
         Check("neuronx-cc", "ok", cc)
         if cc
@@ -155,7 +149,7 @@ def check_compiler() -> list[Check]:
             "pip install 'neuronx-cc==2.*' --extra-index-url https://pip.repos.neuron.amazonaws.com",
         )
     ]
-    checks.append(Check("nki", "info", _version("nki") or "absent"))
+    checks.append(Check("nki", "info", dist_version("nki") or "absent"))
     return checks
 
 

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -129,6 +130,14 @@ def _same_cores(value: str | None, cores: str) -> bool:
 
 def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def dist_version(name: str) -> str | None:
+    """An installed distribution's version (package metadata: nothing is imported), None when it is absent."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def neff_cache_dir(cache_dir: Path) -> Path:

@@ -30,7 +30,7 @@ ENV_PREFIX = "NEURON_APP_"
 SETTINGS_FILE_ENV = "NEURON_APP_SETTINGS"
 #: `NEURON_APP_*` variables the app reads that are not settings (the rest must name a setting).
 NON_SETTING_VARS = (SETTINGS_FILE_ENV,)
-SECRET_FIELDS = ("auth_username", "auth_password", "hf_token", "api_key", "api_keys")
+SECRET_FIELDS = ("auth_username", "auth_password", "hf_token", "api_key", "api_keys", "c2pa_key_passphrase")
 TINY = "tiny"
 #: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).
 MAX_REFERENCE_AREA = 1024 * 1024
@@ -41,6 +41,20 @@ def settings_file() -> Path:
     """The TOML file in force: `$NEURON_APP_SETTINGS`, else `settings.toml` at the project root."""
     override = os.environ.get(SETTINGS_FILE_ENV)
     return Path(override).expanduser().resolve() if override else PROJECT_ROOT / "settings.toml"
+
+
+_S3_URL = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix") for `cache_remote`; ValueError naming the form."""
+    match = _S3_URL.match(url.strip())
+    if not match:
+        raise ValueError(f"cache_remote {url!r} is not of the form s3://bucket/prefix (bucket: 3-63 of a-z 0-9 . -)")
+    prefix = (match.group("prefix") or "").strip("/")
+    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        raise ValueError(f"cache_remote {url!r} has an empty, '.' or '..' path segment")
+    return match.group("bucket"), prefix
 
 
 def _default_cache_dir() -> Path:
@@ -100,8 +114,20 @@ class Settings(BaseSettings):
     )
 
     # --- device and compilation ----------------------------------------------------------
-    device: Literal["auto", "neuron", "cuda", "cpu"] = Field(
-        "auto", description="Where to run; auto picks neuron, then cuda, then cpu."
+    device: Literal["auto", "neuron", "neuron-emulated", "cuda", "cpu"] = Field(
+        "auto",
+        description="Where to run; auto picks neuron, then cuda, then cpu. neuron-emulated runs the neuron code "
+        "path on CPU under TorchNeuron's rules (tests, CI, the selftest without Trainium).",
+    )
+    neuron_rules: Literal["enforce", "record"] = Field(
+        "enforce",
+        description="neuron-emulated: a request that breaks a TorchNeuron rule fails (enforce) or is only "
+        "counted in status (record).",
+    )
+    vae_device: Literal["device", "cpu"] = Field(
+        "device",
+        description="Where the VAE decodes: on the device (tiled when vae_compile is on), or on the host CPU in "
+        "float32 (no VAE graph to compile; what a public klein-4B Trainium port does).",
     )
     compile_mode: Literal["eager", "full", "regional"] = Field(
         "full",
@@ -198,6 +224,15 @@ class Settings(BaseSettings):
     only_precompiled: bool = Field(
         False, description="Offer only shapes that are precompiled or compiled in this process."
     )
+    cache_remote: str | None = Field(
+        None,
+        description="s3://bucket/prefix holding compiled artifacts for many instances: `cache push` uploads, "
+        "the app pulls its fingerprint's at start and before compiling (boto3, standard AWS credentials, "
+        "AWS_ENDPOINT_URL for S3-compatible stores); unset: off.",
+    )
+    cache_remote_timeout_s: float = Field(
+        10.0, gt=0.0, le=600.0, description="Connect and read timeout of each S3 call; a slow store is skipped."
+    )
 
     # --- server ------------------------------------------------------------------------------
     server_name: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 to serve the network.")
@@ -255,6 +290,37 @@ class Settings(BaseSettings):
     )
     mcp_server: bool = Field(
         True, description="Serve generate and status as MCP tools at /gradio_api/mcp/ (off while page auth is on)."
+    )
+
+    # --- sharing safely: the safety checker and AI-content marks (engine/safety.py, engine/marks.py) --------
+    safety_checker: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Classify every generated image on the host CPU and refuse flagged ones (nothing is stored "
+        "or returned); auto = on when others can reach the app (share = true or a non-loopback server_name).",
+    )
+    safety_model: str = Field(
+        "Falconsai/nsfw_image_detection",
+        description="Image classifier of the safety checker (Apache-2.0 ViT, loaded through transformers): a Hub "
+        "id or local folder with an 'nsfw' label, or 'tiny' for the offline stand-in the tests use.",
+    )
+    safety_threshold: float = Field(
+        0.5, gt=0.0, lt=1.0, description="An image whose 'nsfw' probability reaches this is refused."
+    )
+    watermark_payload: str = Field(
+        "FLUX2K",
+        description="The 6 ASCII characters (48 bits) of the invisible watermark (invisible-watermark, dwtDct) "
+        "on every image of at least 256x256.",
+    )
+    c2pa_cert: Path | None = Field(
+        None,
+        description="PEM certificate chain (signing certificate first) for every image's C2PA manifest; unset: "
+        "a per-install local chain made under cache_dir/c2pa, which no validator trusts by default.",
+    )
+    c2pa_key: Path | None = Field(
+        None, description="PEM private key of c2pa_cert (EC P-256/P-384, Ed25519 or RSA); readable by the server only."
+    )
+    c2pa_key_passphrase: SecretStr | None = Field(
+        None, description="Passphrase of an encrypted c2pa_key (environment only: NEURON_APP_C2PA_KEY_PASSPHRASE)."
     )
 
     # --- replicas (Ray Serve) ---------------------------------------------------------------
@@ -332,6 +398,14 @@ class Settings(BaseSettings):
     def _check_cache_dir(cls, value: Path) -> Path:
         return value.expanduser().resolve()
 
+    @field_validator("cache_remote")
+    @classmethod
+    def _check_cache_remote(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        bucket, prefix = parse_s3_url(value)
+        return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
     @field_validator("api_keys")
     @classmethod
     def _check_api_keys(cls, value: dict[str, ApiKey]) -> dict[str, ApiKey]:
@@ -372,8 +446,27 @@ class Settings(BaseSettings):
             raise ValueError(f"blocked_terms_file {path} cannot be read as UTF-8 text: {exc}") from None
         return path
 
+    @field_validator("watermark_payload")
+    @classmethod
+    def _check_watermark_payload(cls, value: str) -> str:
+        if len(value) != 6 or not all(" " < ch < "\x7f" for ch in value):
+            raise ValueError(f"watermark_payload {value!r} must be exactly 6 printable ASCII characters (48 bits)")
+        return value
+
+    @field_validator("c2pa_cert", "c2pa_key")
+    @classmethod
+    def _check_c2pa_files(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        path = value.expanduser().resolve()
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ValueError(f"{path} is not a readable file")
+        return path
+
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:
+        if (self.c2pa_cert is None) != (self.c2pa_key is None):
+            raise ValueError("c2pa_cert and c2pa_key go together: set both (or neither, for the local chain)")
         if self.default_resolution not in self.resolutions:
             raise ValueError(f"default_resolution {self.default_resolution!r} is not in resolutions {self.resolutions}")
         if self.default_steps > self.max_steps:
@@ -431,6 +524,26 @@ class Settings(BaseSettings):
             for r in self.parsed_resolutions
             if r.width * r.height <= MAX_REFERENCE_AREA and min(r.width, r.height) >= MIN_REFERENCE_SIDE
         ]
+
+    @property
+    def reachable_by_others(self) -> bool:
+        """A public link, or bound to an address other machines can reach (not loopback)."""
+        import ipaddress
+
+        if self.share:
+            return True
+        name = self.server_name.strip().strip("[]")
+        if name == "localhost":
+            return False
+        try:
+            return not ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return True  # a host name other than localhost: assume the network can reach it
+
+    @property
+    def safety_on(self) -> bool:
+        """The safety checker in force: on, off, or auto = on when others can reach the app."""
+        return self.safety_checker == "on" or (self.safety_checker == "auto" and self.reachable_by_others)
 
     @property
     def is_tiny(self) -> bool:

@@ -59,6 +59,7 @@ def fake_sdk_on_path(monkeypatch: pytest.MonkeyPatch, site: Path) -> Iterator[No
     import torch
 
     had_neuron = hasattr(torch, "neuron")
+    before = getattr(torch, "neuron", None)  # the neuron-emulated device's module, when an emulated test ran
     monkeypatch.syspath_prepend(str(site))
     for name in [m for m in sys.modules if m.split(".")[0] == "torch_neuronx"]:
         monkeypatch.delitem(sys.modules, name)
@@ -69,3 +70,5 @@ def fake_sdk_on_path(monkeypatch: pytest.MonkeyPatch, site: Path) -> Iterator[No
             del sys.modules[name]
         if not had_neuron and hasattr(torch, "neuron"):
             del torch.neuron
+        elif had_neuron:
+            torch.neuron = before

@@ -86,10 +86,13 @@ def test_a_token_family_shares_every_graph_with_the_tiled_vae(make_settings: Any
 
 
 def test_vae_compile_auto_is_on_for_neuron_only() -> None:
+    from neuron_app.backends import get_backend
     from neuron_app.engine.vae import vae_compiled
 
-    assert vae_compiled("auto", "neuron") and not vae_compiled("auto", "cpu") and not vae_compiled("auto", "cuda")
-    assert vae_compiled("on", "cpu") and not vae_compiled("off", "neuron")
+    tiled = {name: vae_compiled("auto", get_backend(name).tiles_vae_by_default) for name in ("neuron", "cpu", "cuda")}
+    assert tiled == {"neuron": True, "cpu": False, "cuda": False}
+    assert get_backend("neuron-emulated").tiles_vae_by_default
+    assert vae_compiled("on", False) and not vae_compiled("off", True)
 
 
 def test_prompt_cache_skips_the_encoder_and_keeps_images_identical(make_settings: Any) -> None:

@@ -16,6 +16,10 @@ def get_backend(name: str) -> DeviceBackend:
         from neuron_app.backends.neuron import NeuronBackend
 
         return NeuronBackend()
+    if name == "neuron-emulated":
+        from neuron_app.backends.neuron_emulated import NeuronEmulatedBackend
+
+        return NeuronEmulatedBackend()
     if name == "cuda":
         from neuron_app.backends.cuda import CudaBackend
 
@@ -24,7 +28,7 @@ def get_backend(name: str) -> DeviceBackend:
         from neuron_app.backends.cpu import CpuBackend
 
         return CpuBackend()
-    raise DeviceUnavailable(f"unknown device {name!r}: choose auto, neuron, cuda or cpu")
+    raise DeviceUnavailable(f"unknown device {name!r}: choose auto, neuron, neuron-emulated, cuda or cpu")
 
 
 def resolve_backend(name: str, cache_dir: Path, *, check_device: bool = True) -> DeviceBackend:

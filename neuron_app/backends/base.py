@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -68,6 +69,8 @@ class DeviceBackend(ABC):
     #: True where eager ops (the VAE decoder, the text encoder) are compiled per input shape too, so a
     #: transposed shape is not ready just because its transformer graph is.
     compiles_eager_ops_per_shape: ClassVar[bool] = False
+    #: Whether `vae_compile = "auto"` decodes in compiled tiles here (one VAE graph for every shape).
+    tiles_vae_by_default: ClassVar[bool] = False
 
     @abstractmethod
     def is_available(self) -> bool: ...
@@ -86,6 +89,32 @@ class DeviceBackend(ABC):
 
     def synchronize(self) -> None:  # noqa: B027 (optional hook: synchronous devices have nothing to wait for)
         """Wait for queued device work, so an asynchronous failure surfaces in the call that caused it."""
+
+    def configure(self, settings: Any) -> None:  # noqa: B027 (optional hook)
+        """Take the settings that concern this backend (the emulator's rule mode)."""
+
+    def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:  # noqa: B027 (optional hook)
+        """After loading: the pipeline is on the device (the emulator marks its weights and graphs)."""
+
+    def device_work(self) -> contextlib.AbstractContextManager[None]:
+        """Context for one call's device work (the emulator enforces TorchNeuron's rules inside it)."""
+        return contextlib.nullcontext()
+
+    def check_graph(self, gm: Any, example_inputs: Any) -> None:  # noqa: B027 (optional hook)
+        """Called with every graph before it is compiled (the emulator's static-shape rule, its artifacts)."""
+
+    def eager_compile_count(self, graphs_total: int) -> int:
+        """Eager device ops compiled so far by this process (Neuron compiles each op signature on first use);
+        `graphs_total` is the graphs compiled so far, for backends whose counters mix the two."""
+        return 0
+
+    def fallback_ops(self) -> list[str]:
+        """Ops that ran on the CPU instead of the device so far (TorchNeuron's `get_fallback_ops()`)."""
+        return []
+
+    def rules_status(self) -> dict[str, Any] | None:
+        """The emulator's mode, violations and signature count; None on real devices."""
+        return None
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """Device-specific inputs of compiled graphs, added to the manifest fingerprint."""
@@ -109,13 +138,3 @@ class DeviceBackend(ABC):
 
     def cache_probe(self, compile_backend: str, cache_dir: Path) -> CacheProbe:
         return InductorCacheProbe() if compile_backend == "inductor" else CacheProbe()
-
-    def versions(self) -> dict[str, str]:
-        """Versions that change compiled graphs; part of the manifest fingerprint."""
-        import diffusers
-        import torch
-
-        return {"torch": torch.__version__, "diffusers": diffusers.__version__}
-
-    def memory_stats(self) -> dict[str, float]:
-        return {}

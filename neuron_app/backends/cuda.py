@@ -29,8 +29,3 @@ class CudaBackend(DeviceBackend):
         import torch
 
         torch.cuda.synchronize()
-
-    def memory_stats(self) -> dict[str, float]:
-        import torch
-
-        return {"cuda_max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30}

@@ -10,17 +10,16 @@ its cache folder and fallback switches before torch loads.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import logging
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
 from neuron_app.backends.base import CacheProbe, CacheVerdict, DeviceBackend, FolderCacheProbe
+from neuron_app.environment import dist_version
 from neuron_app.errors import DeviceUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,14 +43,14 @@ XLA_FIX = (
     "NEURON_APP_DEVICE=cpu"
 )
 
+#: Variables that change a NEFF without changing the HLO (TorchNeuron's disk key may not cover them).
+FINGERPRINT_VARS = ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG", "TORCH_NEURONX_ENABLE_NKI_SDPA")
+
 SdkKind = Literal["torchneuron", "xla", "absent"]
 
 
 def installed_version() -> str | None:
-    try:
-        return version(SDK_DIST)
-    except PackageNotFoundError:
-        return None
+    return dist_version(SDK_DIST)
 
 
 def release_family(found: str) -> tuple[int, int] | None:
@@ -157,6 +156,7 @@ class NeuronBackend(DeviceBackend):
     default_compile_backend = "neuron"
     dist_backend = "neuron"
     compiles_eager_ops_per_shape = True  # every op compiles to a NEFF on first use at each shape
+    tiles_vae_by_default = True  # a whole-image FLUX.2 decode is past neuronx-cc's instruction limit
 
     def is_available(self) -> bool:
         """Some torch-neuronx is installed; `require` tells TorchNeuron from the XLA package (so `auto`
@@ -218,26 +218,44 @@ class NeuronBackend(DeviceBackend):
 
         torch.neuron.synchronize()
 
-    def versions(self) -> dict[str, str]:
-        found = super().versions()
-        for dist in (SDK_DIST, "neuronx-cc", "nki"):
-            with contextlib.suppress(PackageNotFoundError):
-                found[dist] = version(dist)
-        return found
-
     def fingerprint_fields(self) -> dict[str, Any]:
-        """What changes a NEFF besides the model and shapes: SDK versions, compiler flags, logical-core setting."""
-        fields: dict[str, Any] = {}
-        for dist in (SDK_DIST, "neuronx-cc", "nki"):
-            try:
-                fields[dist] = version(dist)
-            except PackageNotFoundError:
-                fields[dist] = "absent"
-        for var in ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG"):
+        """What changes a NEFF besides the model and shapes: SDK versions, compiler flags, logical-core setting,
+        how SDPA is lowered (NKI kernel or decomposed) and the chip the NEFFs are for (trn2 vs trn3)."""
+        fields: dict[str, Any] = {dist: dist_version(dist) or "absent" for dist in (SDK_DIST, "neuronx-cc", "nki")}
+        for var in FINGERPRINT_VARS:
             fields[var] = os.environ.get(var, "")
+        fields["platform_target"] = self._platform_target()
         return fields
+
+    @staticmethod
+    def _platform_target() -> str:
+        """`torch_neuronx._C._get_platform_target()` (private, so guarded): a shared cache never serves trn2
+        NEFFs to a trn3."""
+        if importlib.util.find_spec(SDK_MODULE) is None:
+            return "none"
+        try:
+            import torch_neuronx
+
+            return str(torch_neuronx._C._get_platform_target())
+        except Exception:
+            return "unknown"
+
+    def eager_compile_count(self, graphs_total: int) -> int:
+        """NEFFs compiled by this process that were not graphs: the persistent cache's misses count both."""
+        counters = NeuronCacheProbe._counters()
+        return 0 if counters is None else max(0, counters[1] - graphs_total)
+
+    def fallback_ops(self) -> list[str]:
+        """What ran on the CPU: `torch_neuronx.get_fallback_ops()` (unimplemented ops still fall back with the
+        fail-fast switches set)."""
+        try:
+            import torch_neuronx
+
+            return sorted(str(op) for op in torch_neuronx.get_fallback_ops())
+        except Exception:
+            return []
 
     def fallback_state(self) -> str:
         from neuron_app.environment import fallback_state
 
-        return fallback_state()
+        return fallback_state(self.fallback_ops())

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
 class CountingBackend:
     """A torch.compile backend that counts its calls and delegates to the named backend."""
 
-    def __init__(self, inner: str, parent: CountingBackend | None = None) -> None:
+    def __init__(
+        self, inner: str, parent: CountingBackend | None = None, check: Callable[[Any, Any], None] | None = None
+    ) -> None:
         self.inner = inner
+        self.check = check  # sees every graph before the compiler does (the neuron emulator's rules)
         self.graphs = 0
         self.failures = 0
         self.parent = parent
@@ -24,7 +27,7 @@ class CountingBackend:
 
     def child(self, inner: str | None = None) -> CountingBackend:
         """A counter of one component's graphs (the VAE's) that also counts into this one: the total stays exact."""
-        return CountingBackend(inner or self.inner, parent=self)
+        return CountingBackend(inner or self.inner, parent=self, check=self.check)
 
     def _count(self, failed: bool) -> None:
         with self._lock:
@@ -40,6 +43,8 @@ class CountingBackend:
 
         compiler = lookup_backend(self.inner)
         try:
+            if self.check is not None:
+                self.check(gm, example_inputs)
             compiled = compiler(gm, example_inputs, **kwargs)
         except Exception:
             self._count(failed=True)

@@ -22,7 +22,6 @@ from neuron_app.engine.cache import (
     FolderSize,
     Manifest,
     ManifestEntry,
-    dist_version,
     estimate,
     estimate_compile_s,
     estimate_words,
@@ -46,11 +45,21 @@ from neuron_app.engine.records import (
     ShapeState,
     ShapeStatus,
 )
+from neuron_app.engine.remote_cache import RemoteCache
 from neuron_app.engine.requests import Request
 from neuron_app.engine.runner import Lockstep, PipelineCall, run_call
-from neuron_app.engine.vae import TileSpec, install_tiled_decode, vae_backend, vae_compiled
+from neuron_app.engine.safety import SafetyChecker
+from neuron_app.engine.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
 from neuron_app.engine.warmup import Warmup
-from neuron_app.errors import CompileFailed, GenerationFailed, ModelLoadError, RequestError, one_line
+from neuron_app.environment import dist_version
+from neuron_app.errors import (
+    CompileFailed,
+    GenerationFailed,
+    ModelLoadError,
+    NeuronRuleViolation,
+    RequestError,
+    one_line,
+)
 from neuron_app.settings import Settings, get_settings
 from neuron_app.shapes import GraphKey, Resolution
 
@@ -66,18 +75,23 @@ class PipelineManager(Admitted):
         self.lockstep = lockstep
         self.resolutions = settings.parsed_resolutions
         self.backend: DeviceBackend = resolve_backend(settings.device, settings.cache_dir)
+        self.backend.configure(settings)
         self.compile_backend = settings.compile_backend or self.backend.default_compile_backend
         self.dtype_name = self.backend.default_dtype if settings.dtype == "auto" else settings.dtype
         self.source: ModelSource = resolve_source(settings)
-        self.vae_compiled = vae_compiled(settings.vae_compile, self.backend.name)  # one VAE graph for all shapes
+        self.vae_on_host = settings.vae_device == "cpu"  # decode on the host: no VAE graph, no tiles
+        tiles_by_default = self.backend.tiles_vae_by_default
+        self.vae_compiled = not self.vae_on_host and vae_compiled(settings.vae_compile, tiles_by_default)
         self.manifest = Manifest(settings.cache_dir)
         self.adapters = AdapterSet(settings)  # LoRA styles; bad adapter files stop the start here
         self.fingerprint_fields = self._fingerprint_fields()
         self.fingerprint = fingerprint_of(self.fingerprint_fields)
-        self.counter = CountingBackend(self.compile_backend)  # every graph; vae_counter: the VAE's among them
+        # every graph; vae_counter: the VAE's among them; the backend sees each graph first (the emulator's rules)
+        self.counter = CountingBackend(self.compile_backend, check=self.backend.check_graph)
         self.vae_counter = self.counter.child(vae_backend(self.compile_backend))
         self.prompt_cache = PromptCache(settings.prompt_cache_size, self.fingerprint)
         self.probe = self.backend.cache_probe(self.compile_backend, settings.cache_dir)
+        self.remote = RemoteCache.for_manager(self)  # cache_remote (S3): pulls, the "remote" verdict, push
 
         self._state_lock = threading.RLock()
         self._device_lock = threading.Lock()
@@ -93,6 +107,7 @@ class PipelineManager(Admitted):
         self._cache_size = FolderSize(settings.cache_dir)
         self.warmup = Warmup(self)
         self.admission = Admission()  # graceful shutdown: `drain` refuses new work, waits for work in flight
+        self.safety = SafetyChecker(settings)  # classifies every image on the host CPU; loads on first use
 
     # --- identity --------------------------------------------------------------------------
     def _fingerprint_fields(self) -> dict[str, Any]:
@@ -105,19 +120,23 @@ class PipelineManager(Admitted):
             "max_sequence_length": self.settings.max_sequence_length,
             "batch_size": BATCH_SIZE,
             "tp_degree": self.settings.tp_degree,
-            "torch": dist_version("torch"),
-            "diffusers": dist_version("diffusers"),
+            "torch": dist_version("torch") or "absent",
+            "diffusers": dist_version("diffusers") or "absent",
         }
         if self.vae_compiled:
             fields["vae_tile"] = f"{self.settings.vae_tile}/{self.settings.vae_tile_overlap}"
+        if self.vae_on_host:
+            fields["vae_device"] = "cpu"
         if lora := self.adapters.fingerprint():
             fields["lora"] = lora
         fields.update(self.backend.fingerprint_fields())  # neuron: SDK versions, NEURON_CC_FLAGS, logical cores
         return fields
 
     def graph_key(self, res: Resolution, references: Sequence[Resolution] = ()) -> GraphKey:
-        # References are VAE-encoded eagerly: on Neuron their shapes compile ops even when the decode is tiled.
-        eager = self.backend.compiles_eager_ops_per_shape and (not self.vae_compiled or bool(references))
+        # Where eager ops compile per shape (Neuron), the glue between the transformer and the decoder (latent
+        # unpacking, de-normalisation, the tiler's slicing) runs at each resolution's own shape even with the
+        # tiled VAE: a sibling of a token family is its own key, so `ready` means no compile of any kind.
+        eager = self.backend.compiles_eager_ops_per_shape
         kwargs = {"max_sequence_length": self.settings.max_sequence_length, "references": tuple(references)}
         return GraphKey.for_shape(res, batch_size=BATCH_SIZE, per_orientation=eager, **kwargs)
 
@@ -170,6 +189,7 @@ class PipelineManager(Admitted):
         with self._load_lock:
             if self._pipe is not None:
                 return self._pipe
+            self.remote.pull_once()  # what the remote holds for this fingerprint, before anything compiles
             if progress:
                 progress(ProgressEvent("loading", message=f"Loading {self.settings.model}"))
             with self._state_lock:
@@ -187,9 +207,13 @@ class PipelineManager(Admitted):
                 )
                 self.adapters.prepare(pipe)  # the LoRA slot goes in before compiling
                 apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)
+                host: tuple[Any, ...] = ()
                 if self.vae_compiled:
                     spec = TileSpec(self.settings.vae_tile, self.settings.vae_tile_overlap)
                     install_tiled_decode(pipe, spec, self.vae_counter)
+                elif self.vae_on_host:
+                    host = install_host_decode(pipe).modules
+                self.backend.adopt(pipe, host)  # the emulator: weights and compiled graphs are on the device
             except Exception as exc:
                 with self._state_lock:
                     self._load_error = str(exc) if isinstance(exc, ModelLoadError) else one_line(exc)
@@ -220,23 +244,30 @@ class PipelineManager(Admitted):
         error: BaseException | None = None
         result = None
         try:
-            self.adapters.activate(call.lora, call.lora_scale)  # in place: the graph never changes
-            with recompile_room(len(self.resolutions)):
-                result = run_call(
-                    self._pipe,
-                    call,
-                    guidance_scale=self.settings.guidance_scale,
-                    max_sequence_length=self.settings.max_sequence_length,
-                    on_step=on_step,
-                    prompt_cache=self.prompt_cache,
-                )
-            self.backend.synchronize()  # asynchronous device errors surface here, before the ranks agree
+            result = self.device_step(call, on_step)
         except Exception as exc:
             error = exc
         if self.lockstep is not None:
             error = self.lockstep.after(error)
         if error is not None:
             raise error
+        return result
+
+    def device_step(self, call: PipelineCall, on_step: Callable[[int, int], None] | None = None) -> Any:
+        """This rank's device work for one call: the LoRA style, the recompile room, the pipeline, then the device's
+        errors (before the ranks agree). Rank 0 (`_execute`) and tensor-parallel followers (`follow`) run exactly
+        this, so the ranks cannot drift apart."""
+        with self.backend.device_work(), recompile_room(len(self.resolutions)):
+            self.adapters.activate(call.lora, call.lora_scale)  # in place: the graph never changes
+            result = run_call(
+                self._pipe,
+                call,
+                guidance_scale=self.settings.guidance_scale,
+                max_sequence_length=self.settings.max_sequence_length,
+                on_step=on_step,
+                prompt_cache=self.prompt_cache,
+            )
+        self.backend.synchronize()  # asynchronous device errors surface here, before the ranks agree
         return result
 
     @admitted
@@ -274,9 +305,13 @@ class PipelineManager(Admitted):
             msg = f"Compiling {name} for the first time ({estimate}) - minutes on Neuron; later requests reuse it"
             progress(ProgressEvent("compiling", str(res), message=msg))
         log.info("compile start %s (%s)", name, key)
+        self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now
         before, graphs_before = self.probe.snapshot(), self.counter.graphs
         start = time.perf_counter()
-        needs_run = self.settings.compile_mode != "eager" or self.backend.name == "neuron" or self.vae_compiled
+        eager_before = self.backend.eager_compile_count(graphs_before)
+        needs_run = (
+            self.settings.compile_mode != "eager" or self.backend.compiles_eager_ops_per_shape or self.vae_compiled
+        )
         try:
             if needs_run:
                 # The serving step count at the target shape compiles the transformer and, on Neuron, every
@@ -288,19 +323,25 @@ class PipelineManager(Admitted):
                 graph.state, graph.error = ShapeState.FAILED, one_line(exc)
             log.error("compile failed %s after %.1fs: %s", name, time.perf_counter() - start, graph.error)
             self._emit(CompileOutcome(name, CacheResult.MISS, False, time.perf_counter() - start, 0))
+            if rule := rule_of(exc):
+                raise rule from exc  # the message starts "neuron rule:", as the emulator worded it
             raise CompileFailed(f"compiling {name} failed: {graph.error}") from exc
         elapsed = time.perf_counter() - start
         graphs = self.counter.graphs - graphs_before
-        if graphs > 0 or not needs_run or self.settings.compile_mode == "eager":
+        eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
+        fallen_back = self.backend.fallback_ops()  # after the warm-up: what ran on the CPU instead
+        if graphs > 0 or eager > 0 or not needs_run or self.settings.compile_mode == "eager":
             cache = CacheResult(self.probe.judge(before, self.probe.snapshot()))
         else:
             cache = CacheResult.MEMORY  # nothing new was compiled: dynamo already had this graph
-        outcome = CompileOutcome(name, cache, graphs > 0, elapsed, graphs)
+        cache = self.remote.verdict(name, cache)  # a disk hit on pulled artifacts is a remote one
+        outcome = CompileOutcome(name, cache, graphs > 0 or eager > 0, elapsed, graphs, eager)
         with self._state_lock:
             graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
+            graph.eager_compiles, graph.fallback_ops = eager, fallen_back
             graph.compiled_as = name
             self._cache_size.invalidate()  # the compile wrote to the cache folder: measure it again
-        log.info("compile done %s in %.2fs: %d graph(s), cache=%s", name, elapsed, graphs, cache)
+        log.info("compile done %s in %.2fs: %d graph(s), %d eager op(s), cache=%s", name, elapsed, graphs, eager, cache)
         if needs_run:
             fields = self.fingerprint_fields
             self.manifest.record(ManifestEntry(name, self.fingerprint, fields, round(elapsed, 3), graphs, str(cache)))
@@ -339,6 +380,7 @@ class PipelineManager(Admitted):
         start = time.perf_counter()
         self.ensure_loaded(progress)
         with self._device_lock:
+            eager_before = self.backend.eager_compile_count(self.counter.graphs)
             outcome = self._compile_locked(req.resolution, progress, req.buckets)
 
             def on_step(step: int, total: int, preview: Any = None) -> None:
@@ -354,8 +396,12 @@ class PipelineManager(Admitted):
                 switch_s = self.adapters.last_switch_s
             except Exception as exc:
                 log.error("generation failed %s steps=%d: %s", req.resolution, req.steps, one_line(exc))
+                if rule := rule_of(exc):
+                    raise rule from exc
                 raise GenerationFailed(f"generation failed: {one_line(exc)}") from exc
             inference_s = time.perf_counter() - t0
+            eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
+        safety = self.safety.check(image)  # host CPU, off the device lock; a flagged image raises and is dropped
         with self._state_lock:
             self._hits[outcome.resolution] = self._hits.get(outcome.resolution, 0) + 1
         record = GenerationRecord(
@@ -375,6 +421,8 @@ class PipelineManager(Admitted):
             lora_scale=req.lora_scale,
             lora_switch_s=round(switch_s, 6),
             references=[r.info() for r in req.references],
+            eager_compiles=eager,
+            safety=safety,
         )
         fmt = "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f"
         log.info(fmt, record.resolution, record.steps, record.cache, record.compile_s, record.inference_s)
@@ -427,6 +475,9 @@ class PipelineManager(Admitted):
             or validity == "precompiled",
             estimate_s=None if found is None else round(found.seconds, 3),
             estimate=found,
+            eager_compiles=graph.eager_compiles,
+            degraded=bool(graph.fallback_ops),
+            fallback_ops=list(graph.fallback_ops),
         )
 
     def status(self) -> ManagerStatus:
@@ -462,8 +513,24 @@ class PipelineManager(Admitted):
                 warmup=self.warmup.snapshot(),
                 shapes=shapes,
                 loras=self.adapters.describe(),
+                remote=self.remote.snapshot(),
                 edits={name: self._graph_status(name, key, entries) for name, key in sorted(edits.items())},
+                eager_compiles=self.backend.eager_compile_count(self.counter.graphs),
+                neuron_rules=self.backend.rules_status(),
+                safety=self.safety.snapshot(),
             )
+
+
+def rule_of(exc: BaseException) -> NeuronRuleViolation | None:
+    """The emulator's rule violation behind `exc` (dynamo wraps errors raised while it compiles)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, NeuronRuleViolation):
+            return current
+        seen.add(id(current))
+        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
+    return None
 
 
 @functools.cache

@@ -25,6 +25,7 @@ class CacheResult(StrEnum):
     MISS = "miss"  # compiled now, from scratch
     MEMORY = "memory"  # the graph was already compiled in this process
     DISK = "disk"  # compiled now, served from the persistent cache (by the compiler's evidence)
+    REMOTE = "remote"  # a persistent-cache hit on artifacts pulled from cache_remote (engine/remote_cache.py)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class CompileOutcome:
     compiled: bool
     compile_s: float
     graphs: int
+    eager_compiles: int = 0  # eager device ops compiled on first use by this compile (Neuron; 0 elsewhere)
 
 
 @dataclass
@@ -67,6 +69,12 @@ class GenerationRecord:
     lora_switch_s: float = 0.0  # the in-place LoRA switch before this call (0 when the slot already held it)
     replica: str | None = None  # which replica served it (Ray Serve); None in-process
     references: list[dict[str, str]] = field(default_factory=list)  # an edit: {"size", "bucket", "sha256"} each
+    #: Eager device ops this request compiled on first use (its shape's warm-up included; Neuron only, else 0).
+    eager_compiles: int = 0
+    #: The safety checker's verdict on this image: passed, or off (not checked). Flagged images never get a record.
+    safety: str = "off"
+    #: The AI-content marks its PNG carries (engine/marks.py), filled in when the PNG is written.
+    marks: dict[str, str] = field(default_factory=dict)
 
     def info(self) -> dict[str, Any]:
         """The JSON-able record the API returns next to the image."""
@@ -101,6 +109,8 @@ class GraphState:
     cache: CacheResult | None = None
     error: str | None = None
     compiled_as: str | None = None  # the resolution whose compile produced this graph
+    eager_compiles: int = 0  # eager device ops its warm-up compiled (Neuron)
+    fallback_ops: list[str] = field(default_factory=list)  # ops that had run on the CPU after its warm-up
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,10 @@ class ShapeStatus:
     estimate_s: float | None = None  # predicted seconds to make it ready (estimate.seconds); None: no history
     estimate: Estimate | None = None  # load or compile, and what the number rests on (engine/cache.py)
     ready_replicas: int | None = None  # replicas that have it ready (Ray Serve); None in-process
+    eager_compiles: int = 0  # eager device ops its compile met (Neuron: each compiles once, then cached)
+    #: Something ran on the CPU instead of the device (TorchNeuron's get_fallback_ops after its warm-up).
+    degraded: bool = False
+    fallback_ops: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,14 @@ class ManagerStatus:
     prompt_cache: dict[str, int] = field(default_factory=dict)  # hits, misses, entries, size
     #: Edit graphs compiled in this process or precompiled, by label ("64x64 + 1 ref (64x64)").
     edits: dict[str, ShapeStatus] = field(default_factory=dict)
+    #: cache_remote: {url, last_pull_at, last_pull_s, objects_pulled, bytes_pulled, shapes_pulled, ignored,
+    #: last_error}; empty when off.
+    remote: dict[str, Any] = field(default_factory=dict)
+    eager_compiles: int = 0  # eager device ops compiled by this process (Neuron and neuron-emulated)
+    #: neuron-emulated only: {"mode", "violations", "violation_count", "eager_signatures", ...}; None elsewhere.
+    neuron_rules: dict[str, Any] | None = None
+    #: The safety checker: {"checker": on|off, "model", "passed", "flagged"} (engine/safety.py).
+    safety: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -78,7 +78,7 @@ class TiledDecoder:
         self.vae = vae
         self.spec = spec
         self.tiles_decoded = 0
-        self._plain_decode = vae.decode
+        self.compiled = backend is not None
         fn = self._decode_tile
         if backend is not None:
             import torch
@@ -102,6 +102,9 @@ class TiledDecoder:
         if pad_h or pad_w:
             z = F.pad(z, (0, pad_w, 0, pad_h), mode="replicate")
         rows, cols = self.spec.starts(z.shape[2]), self.spec.starts(z.shape[3])
+        # Tiles are blended on the host: the image goes there for PIL anyway, and a device must not take
+        # in-place writes into strided slices (TorchNeuron refuses non-contiguous outputs), nor compile the
+        # canvas-sized blend ops once per resolution.
         out: Any = None
         total: Any = None
         scale = 0
@@ -111,20 +114,17 @@ class TiledDecoder:
             for ci, c in enumerate(cols):
                 # A fresh copy: a view's strides depend on the latent's shape, and the compiled graph guards on them.
                 piece = self._tile_fn(z[:, :, r : r + tile, c : c + tile].clone(memory_format=torch.contiguous_format))
+                piece = piece.float().cpu()
                 self.tiles_decoded += 1
                 if out is None:
                     scale = piece.shape[-1] // tile
-                    out = torch.zeros(
-                        (batch, piece.shape[1], z.shape[2] * scale, z.shape[3] * scale),
-                        dtype=torch.float32,
-                        device=piece.device,
-                    )
-                    total = torch.zeros((1, 1, out.shape[2], out.shape[3]), dtype=torch.float32, device=piece.device)
-                    row_w = [w.to(piece.device) for w in _axis_weights(torch, rows, tile, scale)]
-                    col_w = [w.to(piece.device) for w in _axis_weights(torch, cols, tile, scale)]
+                    out = torch.zeros((batch, piece.shape[1], z.shape[2] * scale, z.shape[3] * scale))
+                    total = torch.zeros((1, 1, out.shape[2], out.shape[3]))
+                    row_w = _axis_weights(torch, rows, tile, scale)
+                    col_w = _axis_weights(torch, cols, tile, scale)
                 weight = row_w[ri][:, None] * col_w[ci][None, :]
                 ys, xs = slice(r * scale, (r + tile) * scale), slice(c * scale, (c + tile) * scale)
-                out[:, :, ys, xs] += piece.float() * weight
+                out[:, :, ys, xs] += piece * weight
                 total[:, :, ys, xs] += weight
         image = (out / total)[:, :, : height * scale, : width * scale].to(z.dtype)
         if not return_dict:
@@ -132,10 +132,6 @@ class TiledDecoder:
         from diffusers.models.autoencoders.vae import DecoderOutput
 
         return DecoderOutput(sample=image)
-
-    def plain_decode(self, z: Any) -> Any:
-        """The VAE's own whole-latent decode (for comparison)."""
-        return self._plain_decode(z, return_dict=False)[0]
 
 
 def install_tiled_decode(pipe: Any, spec: TileSpec, backend: Any | None) -> TiledDecoder:
@@ -146,13 +142,51 @@ def install_tiled_decode(pipe: Any, spec: TileSpec, backend: Any | None) -> Tile
     return decoder
 
 
-def vae_compiled(setting: str, device: str) -> bool:
-    """Whether the VAE decodes in compiled tiles: `auto` means on Neuron only.
+def vae_compiled(setting: str, by_default: bool) -> bool:
+    """Whether the VAE decodes in compiled tiles: `auto` means where the backend says so (Neuron).
 
     Elsewhere the eager VAE costs nothing per shape (CPU and CUDA run eager ops without compiling them),
     so compiling it would add one compile and buy little; `on` is there to measure and test it.
     """
-    return setting == "on" or (setting == "auto" and device == "neuron")
+    return setting == "on" or (setting == "auto" and by_default)
+
+
+class HostDecoder:
+    """`vae_device = "cpu"`: decode on the host, in float32, with the VAE's decoder moved there.
+
+    The encoder stays on the device (references of an edit are encoded there), so the VAE still reports
+    the device and the pipeline's execution device is unchanged. Measured elsewhere (a public klein-4B
+    port): a 1024x1024 decode on the host took about 2.9 s, where neuronx-cc refused the whole-image graph.
+    """
+
+    def __init__(self, vae: Any) -> None:
+        import torch
+
+        self.vae = vae
+        self.modules = tuple(m for m in (vae.post_quant_conv, vae.decoder) if m is not None)
+        for module in self.modules:
+            module.to(device="cpu", dtype=torch.float32)
+
+    def decode(self, z: Any, return_dict: bool = True, generator: Any = None) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            z = z.float().cpu()
+            if self.vae.post_quant_conv is not None:
+                z = self.vae.post_quant_conv(z)
+            image = self.vae.decoder(z)
+        if not return_dict:
+            return (image,)
+        from diffusers.models.autoencoders.vae import DecoderOutput
+
+        return DecoderOutput(sample=image)
+
+
+def install_host_decode(pipe: Any) -> HostDecoder:
+    decoder = HostDecoder(pipe.vae)
+    pipe.vae.decode = decoder.decode
+    log.info("VAE decode on the host (float32); the encoder stays on the device")
+    return decoder
 
 
 def vae_backend(compile_backend: str) -> str:

@@ -32,5 +32,4 @@ device = types.SimpleNamespace(
     current_device=lambda: 0,
     synchronize=_synchronize,
 )
-if not hasattr(torch, "neuron"):
-    torch.neuron = device
+torch.neuron = device  # tests.neuron_fakes.fake_sdk_on_path puts back whatever was there before

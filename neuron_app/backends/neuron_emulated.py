@@ -1,0 +1,116 @@
+"""`neuron-emulated`: the neuron backend's whole code path on CPU, under TorchNeuron's rules.
+
+Everything the manager does differently on Neuron (graph keys per orientation, the tiled VAE by default,
+the fallback switches and report, warm-up with synchronize, CPU-generator seeding, NEFF-style cache
+evidence, the fingerprint) comes from `NeuronBackend` unchanged; only what needs the SDK is replaced:
+tensors live on the CPU with device-ness tracked by `backends/emulator.py`, and `aot_eager`/`inductor`
+stand in for neuronx-cc. The fingerprint names the emulator, so an emulated cache never passes for NEFFs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from neuron_app.backends.base import CacheProbe, DeviceBackend, FolderCacheProbe
+from neuron_app.backends.neuron import NeuronBackend
+
+#: Where emulated artifacts go: apart from real NEFFs, so one cache folder never mixes the two.
+ARTIFACTS = "neff-emulated"
+
+
+class NeuronEmulatedBackend(NeuronBackend):
+    name = "neuron-emulated"
+    default_dtype = "float32"  # bfloat16 on Trainium; float32 keeps CPU numerics (and the tests) exact
+    default_compile_backend = "aot_eager"  # seconds; inductor works too (its disk cache then holds kernels)
+    dist_backend = "gloo"
+
+    def __init__(self, rules: str = "enforce") -> None:
+        self.rules = rules
+        self._folder: Path | None = None
+        self._emulator: Any = None
+
+    def configure(self, settings: Any) -> None:
+        self.rules = settings.neuron_rules
+
+    # --- no SDK, no device: always here ---------------------------------------------------------
+    def is_available(self) -> bool:
+        return True
+
+    def require(self) -> None:
+        return None
+
+    def require_sdk(self) -> None:
+        return None
+
+    def check_device(self) -> None:
+        return None
+
+    def torch_device(self) -> str:
+        return "cpu"  # the emulator marks what is "on the device" (adopt)
+
+    def synchronize(self) -> None:
+        return None  # CPU work is synchronous; the rules already failed the op that broke one
+
+    # --- cache -----------------------------------------------------------------------------------
+    def prepare_cache(self, cache_dir: Path) -> None:
+        DeviceBackend.prepare_cache(self, cache_dir)  # the stand-in compiler's (inductor) folder
+        self._folder = cache_dir / ARTIFACTS
+        self._folder.mkdir(parents=True, exist_ok=True)
+
+    def compiled_artifacts_dirs(self, cache_dir: Path) -> list[Path]:
+        return [cache_dir / ARTIFACTS, cache_dir / "inductor"]
+
+    def cache_probe(self, compile_backend: str, cache_dir: Path) -> CacheProbe:
+        return FolderCacheProbe(cache_dir / ARTIFACTS)
+
+    @property
+    def emulator(self) -> Any:
+        if self._emulator is None:
+            from neuron_app.backends.emulator import NeuronEmulator
+
+            if self._folder is None:
+                raise RuntimeError("prepare_cache must run before the emulator starts")
+            self._emulator = NeuronEmulator(self._folder, self.rules)
+        return self._emulator
+
+    # --- the device ------------------------------------------------------------------------------
+    def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:
+        """`pipe.to("neuron")`: every component's weights on the device, compiled callables as device graphs."""
+        em = self.emulator
+        for component in pipe.components.values():
+            if hasattr(component, "parameters"):
+                em.adopt(component)
+                for sub in component.modules():
+                    impl = getattr(sub, "_compiled_call_impl", None)
+                    if impl is not None and not hasattr(impl, "neuron_graph"):
+                        sub._compiled_call_impl = em.graph(impl, type(sub).__name__)
+        for module in host_modules:
+            em.place(list(module.parameters()) + list(module.buffers()), False)
+        decoder = getattr(getattr(pipe.vae, "decode", None), "__self__", None)
+        tile_fn = getattr(decoder, "_tile_fn", None)
+        if getattr(decoder, "compiled", False) and not hasattr(tile_fn, "neuron_graph"):
+            decoder._tile_fn = em.graph(tile_fn, "vae_tile")
+
+    def device_work(self) -> contextlib.AbstractContextManager[None]:
+        return self.emulator.device_work()
+
+    def check_graph(self, gm: Any, example_inputs: Any) -> None:
+        self.emulator.check_graph(gm, example_inputs)
+
+    def eager_compile_count(self, graphs_total: int) -> int:
+        return int(self.emulator.eager_compiles)
+
+    def fallback_ops(self) -> list[str]:
+        return sorted(self.emulator.fallback_ops) if self._emulator is not None else []
+
+    def rules_status(self) -> dict[str, Any] | None:
+        if self._emulator is None:
+            return {"mode": self.rules, "violations": [], "violation_count": 0, "eager_signatures": 0}
+        return self.emulator.snapshot()
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        fields = super().fingerprint_fields()
+        fields["emulator"] = "neuron-emulated: CPU tensors under TorchNeuron's rules, no NEFFs"
+        return fields

@@ -1,27 +1,53 @@
-"""Composition root: settings -> pipeline manager -> UI -> queue -> launch.
+"""Composition root: settings -> pipeline manager -> UI -> queue -> launch, on every path.
 
-Run `python app.py` (settings from settings.toml and NEURON_APP_* variables).
+Run `python app.py` (settings from settings.toml and NEURON_APP_* variables); under
+`torchrun --nproc_per_node=N app.py` rank 0 serves the same page (`serve_page`) over the tensor-parallel group.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+
+def prepare_page(settings: Any) -> None:
+    """Before anything loads: refuse an unprotected public link, and set what Gradio reads at import."""
+    from neuron_app.web.server import prepare_environment, resolve_auth
+
+    resolve_auth(settings)
+    prepare_environment(settings)
+
+
+def serve_page(manager: Any) -> Callable[[float], bool]:
+    """Start the page on `manager` (not blocking); returns its stop: drain for up to the seconds given, close."""
+    from neuron_app.web.server import build_app, launch, shutdown
+
+    app = build_app(manager.settings, manager)
+    launch(app, block=False)
+
+    def stop(grace_s: float) -> bool:
+        drained = shutdown(app, grace_s)
+        app.ops.close()
+        return drained
+
+    return stop
+
 
 def main() -> None:
-    from neuron_app.scale.distributed import check_single_process, launched_by_torchrun, serve_distributed
+    from neuron_app.environment import launched_by_torchrun, prepare_process
+    from neuron_app.scale.distributed import check_single_process, serve_distributed
 
     if launched_by_torchrun():  # `torchrun --nproc_per_node=N app.py`: tensor-parallel ranks in lockstep
-        raise SystemExit(serve_distributed())
+        raise SystemExit(serve_distributed(serve_page, prepare_page))
 
-    from neuron_app.environment import prepare_process
     from neuron_app.settings import get_settings
-    from neuron_app.web.server import build_app, configure_logging, launch, prepare_environment, resolve_auth
+    from neuron_app.web.server import build_app, configure_logging, launch
 
     settings = get_settings()
     check_single_process(settings)  # tp_degree > 1 needs torchrun
     configure_logging(settings)
     prepare_process(settings)  # NEFF cache, fallback switches, cores: before anything imports torch
-    resolve_auth(settings)  # refuse an unprotected public link before loading anything
-    prepare_environment(settings)
+    prepare_page(settings)
 
     from neuron_app.scale import make_manager
     from neuron_app.web.server import install_signal_handlers

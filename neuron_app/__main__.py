@@ -23,18 +23,19 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _manager() -> Any:
+def _manager(cores: str | None = None) -> Any:
+    """This command's manager; `--cores` reaches the settings as an argument (validated with the others)."""
     from neuron_app.environment import prepare_process
-    from neuron_app.settings import get_settings
+    from neuron_app.settings import get_settings, load_settings
     from neuron_app.web.server import configure_logging
 
-    settings = get_settings()
+    settings = load_settings(visible_cores=cores) if cores else get_settings()
     configure_logging(settings)
     prepare_process(settings)  # before the manager imports torch: TorchNeuron reads it at import
 
-    from neuron_app.engine.manager import get_manager
+    from neuron_app.engine.manager import PipelineManager
 
-    return get_manager()
+    return PipelineManager(settings)
 
 
 def cmd_precompile(args: argparse.Namespace) -> int:
@@ -44,7 +45,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     from neuron_app.engine.edits import edit_label
     from neuron_app.errors import CompileFailed, RequestError
 
-    manager = _manager()
+    manager = _manager(args.cores)
     names = args.resolutions or [str(r) for r in manager.resolutions]
     for name in names:  # refuse unknown shapes and buckets before loading anything
         manager.configured_resolution(name)
@@ -171,14 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--json", action="store_true", help="machine-readable checks")
     doctor.set_defaults(func=cmd_doctor)
     args = parser.parse_args(argv)
-    if getattr(args, "cores", None):
-        import os
-
-        from neuron_app.settings import ENV_PREFIX, get_settings
-
-        os.environ[ENV_PREFIX + "VISIBLE_CORES"] = args.cores  # validated with the other settings
-        get_settings.cache_clear()
-
     from neuron_app.errors import AppError
 
     try:

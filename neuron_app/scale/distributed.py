@@ -26,12 +26,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from neuron_app.engine.compiler import recompile_room
-from neuron_app.engine.runner import PipelineCall, run_call
+from neuron_app.engine.runner import PipelineCall
+from neuron_app.environment import launched_by_torchrun
 from neuron_app.errors import LockstepError, SettingsError, one_line
 from neuron_app.settings import Settings
 
@@ -51,6 +52,9 @@ TP_DEVICES = ("neuron",)
 KNOWN_HEADS = {"black-forest-labs/FLUX.2-klein-4B": 24}
 
 CALL, PING, SHUTDOWN = "call", "ping", "shutdown"
+#: Rank 0's page, wired by app.py (scale/ never imports web/): starts serving `manager`, returns its stop, which
+#: drains within the grace seconds given and closes the page (True when nothing was cut off).
+Serve = Callable[[Any], Callable[[float], bool]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +71,6 @@ class RankInfo:
             int(os.environ.get("WORLD_SIZE", "1")),
             int(os.environ.get("LOCAL_RANK", "0")),
         )
-
-
-def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def describe_call(call: PipelineCall) -> str:
@@ -91,18 +91,19 @@ def check_single_process(settings: Settings) -> None:
 
 
 def settings_for_world(world_size: int) -> Settings:
-    """The process settings with `tp_degree` = torchrun's WORLD_SIZE (it is part of the compile fingerprint)."""
-    from neuron_app.settings import ENV_PREFIX, get_settings, load_settings
+    """The process settings with `tp_degree` = torchrun's WORLD_SIZE (it is part of the compile fingerprint),
+    passed as an argument: the environment is left as torchrun set it."""
+    from neuron_app.settings import load_settings
 
-    configured = load_settings().tp_degree
-    if configured not in (1, world_size):
+    settings = load_settings()
+    if settings.tp_degree == world_size:
+        return settings
+    if settings.tp_degree != 1:
         raise SettingsError(
-            f"tp_degree={configured} is configured but torchrun started {world_size} processes (WORLD_SIZE): "
-            f"use `torchrun --nproc_per_node={configured}` or change tp_degree"
+            f"tp_degree={settings.tp_degree} is configured but torchrun started {world_size} processes (WORLD_SIZE): "
+            f"use `torchrun --nproc_per_node={settings.tp_degree}` or change tp_degree"
         )
-    os.environ[ENV_PREFIX + "TP_DEGREE"] = str(world_size)
-    get_settings.cache_clear()
-    return get_settings()
+    return load_settings(tp_degree=world_size)
 
 
 def transformer_heads(settings: Settings) -> int | None:
@@ -284,7 +285,6 @@ def init_group(backend: Any, info: RankInfo, timeout_s: float = DIST_TIMEOUT_S) 
 # --- the two roles ------------------------------------------------------------------------------------
 def follow(manager: Any, lockstep: Lockstep) -> int:
     """A follower's life: replay rank 0's calls until it says shut down; the exit code."""
-    settings = manager.settings
     signalled: list[float] = []
 
     def note_signal(signum: int, _frame: Any) -> None:
@@ -310,27 +310,16 @@ def follow(manager: Any, lockstep: Lockstep) -> int:
         call: PipelineCall = payload
         log.info("rank %d: executing %s", lockstep.rank, describe_call(call))
         error: BaseException | None = None
-        try:
-            manager.adapters.activate(call.lora, call.lora_scale)  # the same LoRA style as rank 0
-            with recompile_room(len(manager.resolutions)):
-                run_call(
-                    manager.pipe,
-                    dataclasses.replace(call, output_type="latent"),  # only rank 0's image is returned
-                    guidance_scale=settings.guidance_scale,
-                    max_sequence_length=settings.max_sequence_length,
-                    prompt_cache=manager.prompt_cache,
-                )
-            manager.backend.synchronize()  # an asynchronous device error must count before the ranks agree
+        try:  # rank 0's own device step (engine/manager.py); only rank 0's image is returned
+            manager.device_step(dataclasses.replace(call, output_type="latent"))
         except Exception as exc:
             error = exc
             log.error("rank %d: call %s failed: %s", lockstep.rank, describe_call(call), one_line(exc))
         lockstep.agree(error)
 
 
-def lead(manager: Any, lockstep: Lockstep) -> int:
-    """Rank 0's life: serve the app until SIGTERM / SIGINT, then shut the followers down."""
-    from neuron_app.web.server import build_app, launch, shutdown
-
+def lead(manager: Any, lockstep: Lockstep, serve: Serve) -> int:
+    """Rank 0's life: serve the app (`serve`, from app.py) until SIGTERM / SIGINT, then shut the followers down."""
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -338,10 +327,9 @@ def lead(manager: Any, lockstep: Lockstep) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    app = build_app(manager.settings, manager)
     lockstep.start_heartbeat()
-    manager.start_warmup()
-    launch(app, block=False)
+    close_page = serve(manager)
+    manager.start_warmup()  # after the page is up, as in one process
     log.info("rank 0: serving on http://%s:%d", manager.settings.server_name, manager.settings.server_port)
     while not stop.wait(0.5):  # the main thread stays free for signal handlers
         pass
@@ -349,9 +337,8 @@ def lead(manager: Any, lockstep: Lockstep) -> int:
     # rank), close the page; then release the followers. Capped below torchrun's SIGTERM-to-SIGKILL delay.
     grace_s = min(manager.settings.shutdown_grace_s, SHUTDOWN_GRACE_S)
     log.info("rank 0: stopping (grace %.0f s)", grace_s)
-    drained = shutdown(app, grace_s)
+    drained = close_page(grace_s)
     told = lockstep.shutdown(grace_s=2.0)
-    app.ops.close()
     log.info("rank 0: stopped")
     return 0 if drained and told else 1
 
@@ -366,8 +353,9 @@ def configure_rank_logging(settings: Settings, info: RankInfo) -> None:
     )
 
 
-def serve_distributed() -> int:
-    """Entry point of every torchrun process (app.py calls it when WORLD_SIZE > 1); the exit code."""
+def serve_distributed(serve: Serve, prepare_leader: Callable[[Settings], None] = lambda settings: None) -> int:
+    """Entry point of every torchrun process (app.py calls it when WORLD_SIZE > 1, with its page: `serve`, and
+    `prepare_leader`, rank 0's checks before anything loads); the exit code."""
     info = RankInfo.from_env()
     settings = settings_for_world(info.world_size)
     configure_rank_logging(settings, info)
@@ -377,10 +365,7 @@ def serve_distributed() -> int:
     prepare_process(settings)  # before the tiny model, torch.distributed or TorchNeuron import torch
     check_tp_degree(info.world_size, transformer_heads(settings))
     if info.rank == 0:
-        from neuron_app.web.server import prepare_environment, resolve_auth
-
-        resolve_auth(settings)  # refuse an unprotected public link before loading anything
-        prepare_environment(settings)
+        prepare_leader(settings)  # e.g. refuse an unprotected public link before loading anything
 
     import torch.distributed as dist
 
@@ -396,7 +381,7 @@ def serve_distributed() -> int:
         start = time.perf_counter()
         manager.ensure_loaded()
         log.info("rank %d: pipeline ready in %.1fs", info.rank, time.perf_counter() - start)
-        return lead(manager, lockstep) if info.rank == 0 else follow(manager, lockstep)
+        return lead(manager, lockstep, serve) if info.rank == 0 else follow(manager, lockstep)
     finally:
         if lockstep.broken is None:
             dist.destroy_process_group()

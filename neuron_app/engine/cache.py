@@ -18,7 +18,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -241,14 +240,6 @@ def clear_artifacts(cache_dir: Path) -> list[Path]:
             target.unlink()
         removed.append(target)
     return removed
-
-
-def dist_version(name: str) -> str:
-    """An installed distribution's version, or "absent": part of the compile fingerprint."""
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
 
 
 class FolderSize:

@@ -50,11 +50,11 @@ def write_png(record: Any, target: Path | IO[bytes]) -> None:
         "steps": record.steps,
         "size": record.resolution,
         "model": record.model,
-        "lora": getattr(record, "lora", "none"),
-        "lora_scale": getattr(record, "lora_scale", 1.0),
+        "lora": record.lora,
+        "lora_scale": record.lora_scale,
         "software": f"neuron-app {__version__}",
     }
-    if getattr(record, "references", None):  # an edit: which references (buckets and hashes) made it
+    if record.references:  # an edit: which references (buckets and hashes) made it
         fields["references"] = json.dumps([{"bucket": r["bucket"], "sha256": r["sha256"]} for r in record.references])
     for key, value in fields.items():
         meta.add_itxt(key, str(value))

@@ -65,11 +65,11 @@ class _StateCollector(Collector):
         graphs = CounterMetricFamily(
             f"{PREFIX}_graphs_compiled", "Graphs compiled since start, by component.", labels=["component"]
         )
-        vae_graphs = getattr(status, "vae_compiles", 0)
+        vae_graphs = status.vae_compiles
         graphs.add_metric(["transformer"], status.compiles - vae_graphs)
         graphs.add_metric(["vae"], vae_graphs)
         yield graphs
-        cache = getattr(status, "prompt_cache", None) or {}
+        cache = status.prompt_cache
         prompts = CounterMetricFamily(
             f"{PREFIX}_prompt_cache",
             "Prompt-embedding cache lookups: hit (the text encoder was skipped) or miss (it ran).",

@@ -137,8 +137,7 @@ def status_markdown(status: ManagerStatus) -> str:
 
 def compile_less_markdown(status: ManagerStatus) -> str:
     """How many of the graphs are the VAE's, and what the prompt cache saved (engine/vae.py, prompt_cache.py)."""
-    vae = getattr(status, "vae_compiles", 0)
-    cache = getattr(status, "prompt_cache", None) or {}
+    vae, cache = status.vae_compiles, status.prompt_cache
     text = f" (VAE: {vae})" if vae else ""
     if cache.get("size"):
         text += f" · **prompt cache** {cache['hits']} hits, {cache['misses']} misses"

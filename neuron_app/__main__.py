@@ -82,6 +82,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     from neuron_app.engine.cache import ARTIFACT_DIRS, clear_artifacts, folder_size
 
+    if args.action:
+        return cmd_cache_remote(args)
     manager = _manager()
     cache_dir = manager.settings.cache_dir
     if args.clear_all:
@@ -126,6 +128,63 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cache_remote(args: argparse.Namespace) -> int:
+    """`cache push | pull | ls-remote`: the compiled artifacts of this fingerprint through cache_remote (S3)."""
+    from neuron_app.engine.remote_cache import list_remote
+    from neuron_app.engine.remote_store import RemoteError, describe
+
+    manager = _manager()
+    remote = manager.remote
+    if not remote.enabled:
+        raise RemoteError("cache_remote is not set: NEURON_APP_CACHE_REMOTE=s3://bucket/prefix", param="cache_remote")
+    try:
+        if args.action == "push":
+            report = remote.push()
+            print(
+                f"pushed {', '.join(report.shapes)} (fingerprint {manager.fingerprint}): {report.files} files, "
+                f"{report.total_bytes} bytes; uploaded {report.uploaded} new objects ({report.uploaded_bytes} bytes) "
+                f"in {report.seconds:.2f}s; index {report.index}"
+            )
+            return EXIT_OK
+        if args.action == "pull":
+            pulled = remote.pull()
+            if pulled.error:
+                raise RemoteError(pulled.error)
+            print(
+                f"pulled {pulled.objects} objects ({pulled.bytes} bytes), shapes {', '.join(pulled.shapes) or '-'} "
+                f"from {remote.url} in {pulled.seconds:.2f}s; {len(pulled.ignored)} ignored"
+            )
+            for line in pulled.ignored:
+                print(f"  ignored: {line}")
+            return EXIT_FAILED if pulled.ignored else EXIT_OK
+        listing = list_remote(remote.url, manager.settings.cache_remote_timeout_s)
+    except RemoteError:
+        raise
+    except Exception as exc:  # boto3 and network errors: one line, no traceback
+        raise RemoteError(f"{remote.url}: {describe(exc)}") from exc
+    if args.json:
+        print(json.dumps({"url": remote.url, "fingerprint": manager.fingerprint, "fingerprints": listing}, indent=2))
+        return EXIT_OK
+    print(f"{remote.url}: {len(listing)} fingerprint(s); this instance's is {manager.fingerprint}")
+    rows = [
+        [
+            ("* " if item["fingerprint"] == manager.fingerprint else "  ") + item["fingerprint"],
+            ", ".join(item["shapes"]) or "-",
+            item["files"],
+            item["bytes"],
+            item["instances"],
+            item["pushed_at"],
+            f"{item['model']} {item['device']} {item['compile']}",
+        ]
+        for item in listing
+    ]
+    print(_table(["fingerprint", "shapes", "files", "bytes", "pushers", "pushed at", "model device compile"], rows))
+    for item in listing:
+        for line in item["problems"]:
+            print(f"  {item['fingerprint']}: {line}")
+    return EXIT_OK
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from neuron_app.doctor import run_doctor
 
@@ -159,7 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     pre.add_argument("--reference-bucket", metavar="WxH", help="bucket of those references (default: the first)")
     pre.set_defaults(func=cmd_precompile)
-    cache = sub.add_parser("cache", help="list the cache folder; remove stale entries")
+    cache = sub.add_parser("cache", help="list the cache folder; remove stale entries; push/pull through S3")
+    cache.add_argument(
+        "action",
+        nargs="?",
+        choices=["push", "pull", "ls-remote"],
+        help="with cache_remote: push this fingerprint's artifacts, pull them, or list the fingerprints there",
+    )
     group = cache.add_mutually_exclusive_group()
     group.add_argument("--clear-stale", action="store_true", help="remove manifest entries of other fingerprints")
     group.add_argument("--clear-all", action="store_true", help="remove compiled artifacts and the manifest")

@@ -57,6 +57,20 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return match.group("bucket"), prefix
 
 
+_S3_URL = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix") for `cache_remote`; ValueError naming the form."""
+    match = _S3_URL.match(url.strip())
+    if not match:
+        raise ValueError(f"cache_remote {url!r} is not of the form s3://bucket/prefix (bucket: 3-63 of a-z 0-9 . -)")
+    prefix = (match.group("prefix") or "").strip("/")
+    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        raise ValueError(f"cache_remote {url!r} has an empty, '.' or '..' path segment")
+    return match.group("bucket"), prefix
+
+
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "neuron-app"
@@ -233,6 +247,15 @@ class Settings(BaseSettings):
     cache_remote_timeout_s: float = Field(
         10.0, gt=0.0, le=600.0, description="Connect and read timeout of each S3 call; a slow store is skipped."
     )
+    cache_remote: str | None = Field(
+        None,
+        description="s3://bucket/prefix holding compiled artifacts for many instances: `cache push` uploads, "
+        "the app pulls its fingerprint's at start and before compiling (boto3, standard AWS credentials, "
+        "AWS_ENDPOINT_URL for S3-compatible stores); unset: off.",
+    )
+    cache_remote_timeout_s: float = Field(
+        10.0, gt=0.0, le=600.0, description="Connect and read timeout of each S3 call; a slow store is skipped."
+    )
 
     # --- server ------------------------------------------------------------------------------
     server_name: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 to serve the network.")
@@ -397,6 +420,14 @@ class Settings(BaseSettings):
     @classmethod
     def _check_cache_dir(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @field_validator("cache_remote")
+    @classmethod
+    def _check_cache_remote(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        bucket, prefix = parse_s3_url(value)
+        return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
     @field_validator("cache_remote")
     @classmethod

@@ -46,6 +46,7 @@ from neuron_app.engine.records import (
     ShapeStatus,
 )
 from neuron_app.engine.remote_cache import RemoteCache
+from neuron_app.engine.remote_cache import RemoteCache
 from neuron_app.engine.requests import Request
 from neuron_app.engine.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.safety import SafetyChecker
@@ -91,6 +92,7 @@ class PipelineManager(Admitted):
         self.vae_counter = self.counter.child(vae_backend(self.compile_backend))
         self.prompt_cache = PromptCache(settings.prompt_cache_size, self.fingerprint)
         self.probe = self.backend.cache_probe(self.compile_backend, settings.cache_dir)
+        self.remote = RemoteCache.for_manager(self)  # cache_remote (S3): pulls, the "remote" verdict, push
         self.remote = RemoteCache.for_manager(self)  # cache_remote (S3): pulls, the "remote" verdict, push
 
         self._state_lock = threading.RLock()
@@ -189,6 +191,7 @@ class PipelineManager(Admitted):
         with self._load_lock:
             if self._pipe is not None:
                 return self._pipe
+            self.remote.pull_once()  # what the remote holds for this fingerprint, before anything compiles
             self.remote.pull_once()  # what the remote holds for this fingerprint, before anything compiles
             if progress:
                 progress(ProgressEvent("loading", message=f"Loading {self.settings.model}"))
@@ -306,6 +309,7 @@ class PipelineManager(Admitted):
             progress(ProgressEvent("compiling", str(res), message=msg))
         log.info("compile start %s (%s)", name, key)
         self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now
+        self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now
         before, graphs_before = self.probe.snapshot(), self.counter.graphs
         start = time.perf_counter()
         eager_before = self.backend.eager_compile_count(graphs_before)
@@ -334,6 +338,7 @@ class PipelineManager(Admitted):
             cache = CacheResult(self.probe.judge(before, self.probe.snapshot()))
         else:
             cache = CacheResult.MEMORY  # nothing new was compiled: dynamo already had this graph
+        cache = self.remote.verdict(name, cache)  # a disk hit on pulled artifacts is a remote one
         cache = self.remote.verdict(name, cache)  # a disk hit on pulled artifacts is a remote one
         outcome = CompileOutcome(name, cache, graphs > 0 or eager > 0, elapsed, graphs, eager)
         with self._state_lock:
@@ -513,6 +518,7 @@ class PipelineManager(Admitted):
                 warmup=self.warmup.snapshot(),
                 shapes=shapes,
                 loras=self.adapters.describe(),
+                remote=self.remote.snapshot(),
                 remote=self.remote.snapshot(),
                 edits={name: self._graph_status(name, key, entries) for name, key in sorted(edits.items())},
                 eager_compiles=self.backend.eager_compile_count(self.counter.graphs),

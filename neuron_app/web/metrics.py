@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "neuron_app"
 REQUEST_RESULTS = ("ok", "refused", "failed")
-CACHE_KINDS = ("miss", "memory", "disk")
+CACHE_KINDS = ("miss", "memory", "disk", "remote")
 #: Tiny CPU images take ~0.2 s, a 1 MP image on a NeuronCore a few seconds, big shapes with many steps a minute.
 GENERATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
 #: aot_eager compiles in ~2 s, inductor in ~30 s, Neuron in minutes (large models up to an hour).
@@ -81,6 +81,16 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_cache_size_bytes", "Size of the persistent cache folder.", value=status.cache_size_bytes
         )
+        remote = getattr(status, "remote", None) or {}
+        if remote:  # cache_remote (S3): what the pulls installed and what they refused
+            pulled = CounterMetricFamily(
+                f"{PREFIX}_remote_objects",
+                "Objects from cache_remote: pulled (verified and installed) or ignored (failed a check).",
+                labels=["result"],
+            )
+            pulled.add_metric(["pulled"], remote.get("objects_pulled", 0))
+            pulled.add_metric(["ignored"], remote.get("ignored", 0))
+            yield pulled
         yield from _replica_gauges(status.replicas)
         length = self.queue_length()
         if length is not None:
@@ -152,7 +162,8 @@ class Metrics:
         self.cache_results = Counter(
             f"{PREFIX}_cache_results",
             "What each successful request found: miss (compiled now), memory (compiled earlier in this "
-            "process), disk (compiled now from the persistent cache).",
+            "process), disk (compiled now from the persistent cache), remote (from artifacts pulled from "
+            "cache_remote).",
             ["kind"],
             registry=self.registry,
         )

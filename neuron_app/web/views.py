@@ -131,6 +131,7 @@ def status_markdown(status: ManagerStatus) -> str:
         f"**Model** `{status.model}` ({model_state}) · **graphs compiled** {status.compiles}"
         f"{compile_less_markdown(status)}{warm_line}\n\n"
         f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}) · fingerprint `{status.fingerprint}`"
+        f"{remote_markdown(status)}"
         f"{lora_markdown(status)}"
     )
 
@@ -177,9 +178,30 @@ def shapes_table(status: ManagerStatus) -> list[list[Any]]:
     return rows
 
 
+def remote_markdown(status: ManagerStatus) -> str:
+    """What cache_remote (S3) gave this process (engine/remote_cache.py); empty when it is off."""
+    remote = getattr(status, "remote", None) or {}
+    if not remote:
+        return ""
+    if remote.get("last_pull_at") is None:
+        text = f" · **remote** `{remote['url']}`: not pulled yet"
+    else:
+        size = _human_bytes(remote.get("bytes_pulled", 0))
+        text = f" · **remote** `{remote['url']}`: {remote.get('objects_pulled', 0)} objects ({size}) pulled"
+        text += f", last pull {remote['last_pull_at']}"
+    if remote.get("shapes_pulled"):
+        text += f", shapes {', '.join(remote['shapes_pulled'])}"
+    if remote.get("ignored"):
+        text += f", {remote['ignored']} objects ignored (see the log)"
+    if remote.get("last_error"):
+        text += f", last error: {remote['last_error']}"
+    return text
+
+
 def info_markdown(record: GenerationRecord) -> str:
     if record.compiled:
-        source = "from the persistent cache" if record.cache == "disk" else "from scratch"
+        words = {"disk": "from the persistent cache", "remote": "from artifacts pulled from cache_remote"}
+        source = words.get(str(record.cache), "from scratch")
         compiled = f" · compiled {record.graphs_compiled} graph(s) {source} in {record.compile_s:.2f} s"
     else:
         compiled = ""

@@ -191,6 +191,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(stack_only=args.stack, as_json=args.json)
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0: every file has this server's marks; 1: one has none; 2: one is not a readable image."""
+    from neuron_app.verify import main_args
+
+    return main_args(args)
+
+
 def cmd_serve(_args: argparse.Namespace) -> int:
     import app
 
@@ -236,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--stack", action="store_true", help="software only (no device, no instance): image builds")
     doctor.add_argument("--json", action="store_true", help="machine-readable checks")
     doctor.set_defaults(func=cmd_doctor)
+    verify = sub.add_parser("verify", help="which AI-content marks images carry (C2PA, IPTC, watermark)")
+    verify.add_argument("files", nargs="+", metavar="FILE", help="images to check")
+    verify.add_argument("--json", action="store_true", help="machine-readable report")
+    verify.set_defaults(func=cmd_verify)
     args = parser.parse_args(argv)
     from neuron_app.errors import AppError
 

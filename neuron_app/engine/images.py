@@ -10,21 +10,23 @@ from pathlib import Path
 from typing import IO, Any
 
 from neuron_app import __version__
+from neuron_app.engine.marks import Marker
 
 
 class ImageStore:
     """Writes PNGs into one folder and keeps only the newest `keep`, so a demo cannot fill the disk."""
 
-    def __init__(self, folder: Path, keep: int = 200) -> None:
+    def __init__(self, folder: Path, keep: int = 200, marker: Marker | None = None) -> None:
         self.folder = folder
         self.keep = keep
+        self.marker = marker
         self._lock = threading.Lock()
         self._files: deque[Path] | None = None  # oldest first; read from the folder once, then kept here
 
     def save(self, record: Any) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{record.resolution}-{record.seed}-{uuid.uuid4().hex[:8]}.png"
-        write_png(record, path)
+        write_png(record, path, self.marker)
         self._prune(path)
         return path
 
@@ -39,11 +41,8 @@ class ImageStore:
                 self._files.popleft().unlink(missing_ok=True)
 
 
-def write_png(record: Any, target: Path | IO[bytes]) -> None:
-    """The record's image as PNG with how it was made (prompt, seed, steps, size, model, LoRA) in text chunks."""
-    from PIL.PngImagePlugin import PngInfo
-
-    meta = PngInfo()
+def provenance(record: Any) -> dict[str, str]:
+    """How the image was made (prompt, seed, steps, size, model, LoRA): the PNG's text chunks."""
     fields = {
         "prompt": record.prompt,
         "seed": record.seed,
@@ -56,8 +55,18 @@ def write_png(record: Any, target: Path | IO[bytes]) -> None:
     }
     if record.references:  # an edit: which references (buckets and hashes) made it
         fields["references"] = json.dumps([{"bucket": r["bucket"], "sha256": r["sha256"]} for r in record.references])
-    for key, value in fields.items():
-        meta.add_itxt(key, str(value))
-    # compress_level 1: a 1024x1024 PNG encodes faster than at the default 6, for a somewhat larger file;
-    # the encode runs inside every request's round trip.
-    record.image.save(target, format="PNG", pnginfo=meta, compress_level=1)
+    return {key: str(value) for key, value in fields.items()}
+
+
+def write_png(record: Any, target: Path | IO[bytes], marker: Marker | None = None) -> None:
+    """The record's image as PNG with its provenance, marked as AI-made (engine/marks.py: watermark, IPTC XMP,
+    signed C2PA manifest); `marker` None: the process settings' marker. `record.marks` says what it carries."""
+    if marker is None:
+        from neuron_app.settings import get_settings
+
+        marker = Marker.for_settings(get_settings())
+    data = marker.encode(record, provenance(record))
+    if isinstance(target, Path):
+        target.write_bytes(data)
+    else:
+        target.write(data)

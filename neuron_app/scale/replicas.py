@@ -315,7 +315,16 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         replicas=replicas,
         vae_compiles=sum(s.vae_compiles for s in statuses),
         prompt_cache=_summed([s.prompt_cache for s in statuses]),
+        safety=_merged_safety([getattr(s, "safety", {}) for s in statuses]),
     )
+
+
+def _merged_safety(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The replicas' safety checkers: one setting, counts summed."""
+    if not parts or not parts[0]:
+        return {}
+    counts = _summed([{k: part.get(k, 0) for k in ("passed", "flagged")} for part in parts])
+    return {"checker": parts[0].get("checker"), "model": parts[0].get("model")} | counts
 
 
 def _summed(counters: list[dict[str, int]]) -> dict[str, int]:

@@ -78,6 +78,15 @@ class _StateCollector(Collector):
         prompts.add_metric(["hit"], cache.get("hits", 0))
         prompts.add_metric(["miss"], cache.get("misses", 0))
         yield prompts
+        safety = getattr(status, "safety", None) or {}
+        checked = CounterMetricFamily(
+            f"{PREFIX}_safety_images",
+            "Images the safety checker classified: passed (returned) or flagged (refused, never stored).",
+            labels=["result"],
+        )
+        for result in ("passed", "flagged"):
+            checked.add_metric([result], safety.get(result, 0))
+        yield checked
         yield GaugeMetricFamily(
             f"{PREFIX}_cache_size_bytes", "Size of the persistent cache folder.", value=status.cache_size_bytes
         )

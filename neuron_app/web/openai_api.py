@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
+from neuron_app.engine.marks import Marker
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
 from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
 from neuron_app.errors import AppError, RateLimited, RequestError, ShuttingDown, app_error_of, one_line
@@ -111,16 +112,17 @@ def failure(exc: Exception) -> ApiError:
 class UrlStore:
     """PNGs handed out as `url`: unguessable names, each downloadable for `ttl_s` seconds, then deleted."""
 
-    def __init__(self, folder: Path, ttl_s: float) -> None:
+    def __init__(self, folder: Path, ttl_s: float, marker: Marker | None = None) -> None:
         self.folder = folder
         self.ttl_s = ttl_s
+        self.marker = marker
         self._lock = threading.Lock()
 
     def save(self, record: GenerationRecord) -> str:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.prune()
         name = secrets.token_urlsafe(32) + ".png"
-        write_png(record, self.folder / name)
+        write_png(record, self.folder / name, self.marker)
         return name
 
     def find(self, name: str) -> Path | None:
@@ -180,7 +182,8 @@ class OpenAIImages:
         self.manager = manager
         self.demo = demo
         self.access = access or Access(settings)  # keys, limits and their counts (web/access.py)
-        self.urls = UrlStore(settings.outputs_dir / "api", settings.image_url_ttl_s)
+        self.marker = Marker.for_settings(settings)  # watermark, IPTC, C2PA (engine/marks.py)
+        self.urls = UrlStore(settings.outputs_dir / "api", settings.image_url_ttl_s, self.marker)
         self._lock = threading.Lock()
         self._in_flight = 0
 
@@ -309,20 +312,22 @@ class OpenAIImages:
             except Exception as exc:
                 self.access.observe_error(exc, "openai")
                 raise failure(exc) from None
-        data = [self.image_item(request, record, response_format) for record in records]
+        # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
+        data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
         return JSONResponse(answer)
 
     def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:
         """One image of the answer; `provenance` (ignored by the OpenAI SDK's parsing) says how it was made."""
-        item: dict[str, Any] = {"revised_prompt": None, "provenance": record.info()}
+        item: dict[str, Any] = {"revised_prompt": None}
         if response_format == "url":
             name = self.urls.save(record)
             item["url"] = str(request.url_for("openai_image_file", name=name))
         else:
             buffer = io.BytesIO()
-            write_png(record, buffer)
+            write_png(record, buffer, self.marker)
             item["b64_json"] = base64.b64encode(buffer.getvalue()).decode("ascii")
+        item["provenance"] = record.info()  # after writing: it lists the marks the PNG carries
         return item
 
     # --- endpoints --------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ def build_app(settings: Settings, manager: Manager) -> App:
     import gradio as gr
 
     from neuron_app.engine.images import ImageStore
+    from neuron_app.engine.marks import Marker
     from neuron_app.web.access import Access
     from neuron_app.web.openai_api import OpenAIImages
     from neuron_app.web.ops import Ops
@@ -76,7 +77,9 @@ def build_app(settings: Settings, manager: Manager) -> App:
     # downloadable (`allowed_paths`); ImageStore keeps it bounded.
     gr.set_static_paths([settings.outputs_dir])
     access = Access(settings)  # API keys, per-key and per-address limits, their counts (one per app)
-    demo = build_ui(manager, ImageStore(settings.outputs_dir), access)
+    # Every image is marked as AI-made (watermark, IPTC, signed C2PA): the signer is checked here, at start.
+    marker = Marker.for_settings(settings)
+    demo = build_ui(manager, ImageStore(settings.outputs_dir, marker=marker), access)
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.device_lanes)
     openai_api = OpenAIImages(settings, manager, demo, access)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)

@@ -132,8 +132,16 @@ def status_markdown(status: ManagerStatus) -> str:
         f"{compile_less_markdown(status)}{warm_line}\n\n"
         f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}) · fingerprint `{status.fingerprint}`"
         f"{remote_markdown(status)}"
-        f"{lora_markdown(status)}"
+        f"{lora_markdown(status)}{safety_markdown(status)}"
     )
+
+
+def safety_markdown(status: ManagerStatus) -> str:
+    """The safety checker's state and counts (engine/safety.py)."""
+    safety = getattr(status, "safety", None) or {}
+    if safety.get("checker") != "on":
+        return "\n\n**Safety checker** off" if safety else ""
+    return f"\n\n**Safety checker** on (`{safety['model']}`): {safety['passed']} passed, {safety['flagged']} refused"
 
 
 def compile_less_markdown(status: ManagerStatus) -> str:
@@ -211,4 +219,6 @@ def info_markdown(record: GenerationRecord) -> str:
         f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
         + (f" · LoRA {record.lora} x{record.lora_scale:g}" if record.lora != "none" else "")
         + (f" · references {refs}" if refs else "")
+        + f" · safety {record.safety}"
+        + (f" · marked: {', '.join(sorted(record.marks))}" if record.marks else "")
     )

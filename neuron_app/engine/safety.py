@@ -1,0 +1,175 @@
+"""The safety checker: an image classifier on the host CPU between decode and delivery.
+
+Every generated image is classified before anything stores or returns it; one whose 'nsfw' probability
+reaches `safety_threshold` is refused (`ContentRefused`, code content_policy_violation) and never leaves the
+manager, so no entry (page, API, OpenAI API, MCP, replicas) can write or send it.
+
+The detector is a transformers image classifier, `safety_model` (default Falconsai/nsfw_image_detection,
+a ViT under Apache-2.0, labels normal/nsfw), loaded like the model (Hub id or folder). NudeNet was not
+chosen: its wheel on PyPI carries an AGPL-3.0 LICENSE file while its metadata says MIT, and AGPL terms on
+a network service are not a default to pick for operators. `tiny` is an offline stand-in for tests,
+saved with `save_pretrained` and loaded through `from_pretrained` like the tiny FLUX.2-klein: a one-layer
+ViT whose weights are set by hand so that it flags a solid magenta image and passes noise (no explicit
+material anywhere, and a deterministic outcome).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from neuron_app.errors import ContentRefused, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+FLAG_LABEL = "nsfw"
+TINY_SAFETY = "tiny"
+TINY_FOLDER = "tiny-safety-vit-v1"
+#: The stand-in flags a patch whose mean of (R + B - 2 G), with pixels scaled to [-1, 1], is above this:
+#: solid magenta (255, 0, 255) gives 4, mid-grey noise about 0.
+TINY_THRESHOLD = 3.0
+#: What the stand-in flags, for tests and the bench.
+TINY_FLAGGED_COLOUR = (255, 0, 255)
+
+
+def build_tiny_safety(folder: Path) -> None:
+    """Save the stand-in classifier (ViTForImageClassification + its PIL image processor) into `folder`."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    config = ViTConfig(
+        image_size=32, patch_size=16, num_channels=3, hidden_size=4, num_hidden_layers=1, num_attention_heads=1,
+        intermediate_size=8, id2label={0: "normal", 1: FLAG_LABEL}, label2id={"normal": 0, FLAG_LABEL: 1},
+    )  # fmt: skip
+    model = ViTForImageClassification(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        for name, param in model.named_parameters():  # layer norms: identity scale
+            if "layernorm" in name and name.endswith("weight"):
+                param.fill_(1.0)
+        embed = model.vit.embeddings.patch_embeddings.projection
+        area = config.patch_size**2
+        embed.weight[0, 0], embed.weight[0, 1], embed.weight[0, 2] = 1 / area, -2 / area, 1 / area  # dim 0: R+B-2G
+        embed.bias[3] = TINY_THRESHOLD  # dim 3: the threshold; the classifier compares dims 0 and 3
+        # Query and key are zero: every token attends evenly, so the CLS token gets the patches' mean; value and
+        # output projections pass it through (names of transformers 5, and of 4.x).
+        passes = ("attention.v_proj.weight", "attention.o_proj.weight", "attention.value.weight", "output.dense.weight")
+        for name, param in model.named_parameters():
+            if name.endswith(passes) and "intermediate" not in name and "mlp" not in name and param.shape == (4, 4):
+                param.copy_(torch.eye(4))
+        model.classifier.weight[1, 0], model.classifier.weight[1, 3] = 8.0, -8.0
+        model.classifier.weight[0, 0], model.classifier.weight[0, 3] = -8.0, 8.0
+    processor = ViTImageProcessorPil(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-safety-", dir=folder.parent))
+    try:
+        model.save_pretrained(staging)
+        processor.save_pretrained(staging)
+        staging.rename(folder)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (folder / "config.json").is_file():  # another process did not win the race either
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def ensure_tiny_safety(models_dir: Path) -> Path:
+    folder = models_dir / TINY_FOLDER
+    if not (folder / "config.json").is_file():
+        log.info("building the tiny safety classifier in %s", folder)
+        build_tiny_safety(folder)
+    return folder
+
+
+class SafetyChecker:
+    """Loads the classifier on first use (under a lock), classifies, counts passed and flagged images."""
+
+    def __init__(self, settings: Any) -> None:
+        self.enabled = settings.safety_on
+        self.model_id = settings.safety_model
+        self.threshold = settings.safety_threshold
+        self.models_dir = settings.cache_dir / "models"
+        self.hf_token = settings.hf_token.get_secret_value() if settings.hf_token else None
+        self._lock = threading.Lock()
+        self._loaded: tuple[Any, Any, int] | None = None  # processor, model, index of the flag label
+        self.passed = 0
+        self.flagged = 0
+        self.seconds = 0.0  # classifying time, summed
+
+    @property
+    def state(self) -> str:
+        return "on" if self.enabled else "off"
+
+    def load(self) -> tuple[Any, Any, int]:
+        if self._loaded is not None:
+            return self._loaded
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._load()
+        return self._loaded
+
+    def _load(self) -> tuple[Any, Any, int]:
+        from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+        source = str(ensure_tiny_safety(self.models_dir)) if self.model_id == TINY_SAFETY else self.model_id
+        try:
+            processor = AutoImageProcessor.from_pretrained(source, token=self.hf_token, backend="pil")
+            model = AutoModelForImageClassification.from_pretrained(source, token=self.hf_token).eval()
+        except Exception as exc:  # offline, gated, not a classifier: the checker cannot run, so nothing is served
+            raise ModelLoadError(
+                f"the safety checker's model {self.model_id!r} could not be loaded ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); set safety_model to a local folder, "
+                "or safety_checker = off"
+            ) from exc
+        labels = {str(name).lower(): int(i) for i, name in model.config.id2label.items()}
+        if FLAG_LABEL not in labels:
+            raise ModelLoadError(
+                f"the safety model {self.model_id!r} has no {FLAG_LABEL!r} label (labels: {sorted(labels)})"
+            )
+        log.info("safety checker loaded: %s", self.model_id)
+        return processor, model, labels[FLAG_LABEL]
+
+    def score(self, image: Any) -> float:
+        """The classifier's probability that `image` (PIL) is nsfw."""
+        import torch
+
+        processor, model, index = self.load()
+        with torch.inference_mode():
+            inputs = processor(images=image.convert("RGB"), return_tensors="pt")
+            logits = model(**inputs).logits
+        return float(torch.softmax(logits.float(), dim=-1)[0, index])
+
+    def check(self, image: Any) -> str:
+        """'passed' or 'off'; a flagged image raises `ContentRefused` (the caller drops the image)."""
+        if not self.enabled:
+            return "off"
+        start = time.perf_counter()
+        score = self.score(image)
+        self.seconds += time.perf_counter() - start
+        if score >= self.threshold:
+            self.flagged += 1
+            log.warning("safety checker flagged an image (score %.2f >= %.2f): refused", score, self.threshold)
+            raise ContentRefused(
+                "the generated image was flagged by this server's safety checker and is not returned; "
+                "try another prompt or seed",
+                param=None,
+            )
+        self.passed += 1
+        return "passed"
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "checker": self.state,
+            "model": self.model_id if self.enabled else None,
+            "passed": self.passed,
+            "flagged": self.flagged,
+        }

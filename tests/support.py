@@ -4,13 +4,13 @@ moment torch is first imported."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from neuron_app import environment
+from neuron_app.bench.common import free_port as free_port  # one copy: tests import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,13 +49,6 @@ else:
     runpy.run_path(sys.argv[0], run_name="__main__")
 print("NO TORCH IMPORT", flush=True)
 """
-
-
-def free_port() -> int:
-    """A port nothing listens on now: tests never assume 7860 (or any fixed port) is free."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def link_models(cache_dir: Path, models: Path) -> Path:

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from neuron_app.bench.common import (
     summarize,
 )
 from neuron_app.engine.tiny import VARIANTS
+from neuron_app.environment import dist_version
 from neuron_app.settings import PROJECT_ROOT
 from neuron_app.shapes import Resolution
 
@@ -94,13 +94,6 @@ class BenchConfig:
         for key in ("out", "command", "keep_work", "models_dir"):
             data.pop(key)
         return data
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def _cpu_model() -> str:
@@ -159,7 +152,7 @@ def machine_info() -> dict[str, Any]:
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "load_avg_start": [round(x, 2) for x in os.getloadavg()],
         "versions": {
-            name: _dist_version(name)
+            name: dist_version(name)
             for name in ("torch", "diffusers", "transformers", "gradio", "gradio_client", "torch-neuronx", "neuronx-cc")
         },
     }

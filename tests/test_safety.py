@@ -1,0 +1,102 @@
+"""The safety checker (engine/safety.py): auto/on/off, the real classifier path on its offline stand-in, and
+every entry's answer when an image passes (`"safety": "passed"`) or is flagged (refused, no file left).
+
+The stand-in is a one-layer ViT saved with `save_pretrained` and loaded through transformers'
+`from_pretrained`, with weights set so that it flags solid magenta and passes noise: no explicit material.
+The tiny FLUX.2-klein draws noise, so the end-to-end refusal uses a real setting instead: a
+`safety_threshold` below the stand-in's score for noise (about 1e-16) flags every image it makes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from neuron_app.engine.safety import TINY_FLAGGED_COLOUR, SafetyChecker
+from neuron_app.errors import ContentRefused
+
+SAFE = {"safety_checker": "on", "safety_model": "tiny"}
+
+
+def metric(app: Any, name: str) -> float:
+    text = httpx.get(app.url + "metrics", timeout=10).text
+    return float(next(line for line in text.splitlines() if line.startswith(name)).split()[-1])
+
+
+def pngs(*folders: Path) -> list[Path]:
+    return [p for folder in folders if folder.exists() for p in folder.rglob("*.png")]
+
+
+def test_auto_is_on_when_others_can_reach_the_app(make_settings: Callable[..., Any]) -> None:
+    for name in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        assert not make_settings(server_name=name).safety_on, name
+    for name in ("0.0.0.0", "10.1.2.3", "::", "demo.example.com"):
+        assert make_settings(server_name=name).safety_on, name
+    assert make_settings(share=True).safety_on
+    assert not make_settings(server_name="0.0.0.0", safety_checker="off").safety_on
+    assert make_settings(safety_checker="on").safety_on
+
+
+def test_the_stand_in_classifier_flags_magenta_and_passes_noise(make_settings: Callable[..., Any]) -> None:
+    checker = SafetyChecker(make_settings(**SAFE))
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 256, (256, 256, 3), dtype=np.uint8))
+    assert checker.check(noise) == "passed" and checker.score(noise) < 1e-6
+    assert checker.check(Image.new("RGB", (64, 64), (128, 128, 128))) == "passed"
+    with pytest.raises(ContentRefused, match="flagged by this server's safety checker") as caught:
+        checker.check(Image.new("RGB", (256, 256), TINY_FLAGGED_COLOUR))
+    assert caught.value.code == "content_policy_violation" and caught.value.param is None
+    assert checker.snapshot() == {"checker": "on", "model": "tiny", "passed": 2, "flagged": 1}
+    folder = make_settings().cache_dir / "models"
+    assert any((p / "config.json").is_file() and (p / "preprocessor_config.json").is_file() for p in folder.iterdir())
+    off = SafetyChecker(make_settings(safety_checker="off", safety_model="tiny"))
+    assert off.check(Image.new("RGB", (64, 64), TINY_FLAGGED_COLOUR)) == "off"  # off: not even loaded
+
+
+@pytest.fixture(scope="module")
+def safe_app(launch_tiny: Callable[..., Any]) -> Any:
+    return launch_tiny(**SAFE)
+
+
+def test_every_entry_says_passed_when_the_checker_is_on(safe_app: Any) -> None:
+    from gradio_client import Client
+    from openai import OpenAI
+
+    _path, info = Client(safe_app.url, verbose=False).predict("a calm lake", "64x64", 2, 1, api_name="/generate")
+    assert info["safety"] == "passed"
+    client = OpenAI(base_url=safe_app.url + "v1", api_key="unused", max_retries=0, timeout=300)
+    result = client.images.generate(prompt="a calm lake", size="64x64", n=2, extra_body={"num_inference_steps": 2})
+    assert [d.model_extra["provenance"]["safety"] for d in result.data] == ["passed", "passed"]
+    status = safe_app.manager.status().safety
+    assert status == {"checker": "on", "model": "tiny", "passed": 3, "flagged": 0}
+    assert metric(safe_app, 'neuron_app_safety_images_total{result="passed"}') == 3
+
+
+def test_a_flagged_image_is_refused_everywhere_and_leaves_no_file(launch_tiny: Callable[..., Any]) -> None:
+    from gradio_client import Client
+    from openai import BadRequestError, OpenAI
+
+    app = launch_tiny(**SAFE, safety_threshold=1e-30)
+    settings = app.settings
+    temp = Path(os.environ["GRADIO_TEMP_DIR"])
+    before = set(pngs(temp))
+    with pytest.raises(Exception, match="flagged by this server's safety checker"):
+        Client(app.url, verbose=False).predict("a calm lake", "64x64", 2, 1, api_name="/generate")
+    client = OpenAI(base_url=app.url + "v1", api_key="unused", max_retries=0, timeout=300)
+    for response_format in ("b64_json", "url"):
+        with pytest.raises(BadRequestError) as caught:
+            steps = {"num_inference_steps": 2}
+            client.images.generate(prompt="a lake", size="64x64", response_format=response_format, extra_body=steps)
+        error = caught.value.body
+        assert caught.value.status_code == 400 and error["code"] == "content_policy_violation"
+        assert error["param"] is None and "safety checker" in error["message"]
+    assert pngs(settings.outputs_dir) == [] and set(pngs(temp)) == before  # nothing written, anywhere
+    assert app.manager.status().safety["flagged"] == 3
+    assert metric(app, 'neuron_app_safety_images_total{result="flagged"}') == 3
+    assert metric(app, 'neuron_app_requests_total{result="refused"}') == 3

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import base64
 import io
+import json
 from typing import Any
 
 from mcp import ClientSession
@@ -23,8 +23,9 @@ async def _session(url: str, work: Any) -> Any:
 
 
 def test_mcp_client_lists_and_calls_generate(launched_app: Any) -> None:
-    """The tools are `generate`, `edit` and `status`, typed and documented (shapes and step range in the description);
-    calling `generate` returns the PNG and its record, through the same manager as the page."""
+    """The tools are `generate`, `edit` and `status`, typed and documented (shapes and step range in the description,
+    whole numbers typed integer); calling `generate` returns the PNG as image content and its record as JSON text and
+    structured content (no server path anywhere), through the same manager as the page."""
 
     progress: list[str] = []
 
@@ -41,12 +42,13 @@ def test_mcp_client_lists_and_calls_generate(launched_app: Any) -> None:
         return tools, called, again, status
 
     tools, called, again, status = asyncio.run(_session(launched_app.url, work))
-    assert set(tools) == {"generate", "edit", "status"}
+    assert set(tools) == {"generate", "edit", "inpaint", "status"}
     assert "reference images" in tools["edit"].description
     generate = tools["generate"]
     assert generate.inputSchema["required"] == ["prompt", "resolution", "steps", "seed"]
     properties = generate.inputSchema["properties"]
-    assert properties["prompt"]["type"] == "string" and properties["steps"]["type"] == "number"
+    assert properties["prompt"]["type"] == "string"
+    assert properties["steps"]["type"] == properties["seed"]["type"] == "integer"
     assert "64x64, 128x64, 64x128, 128x128" in properties["resolution"]["description"]
     assert "from 1 to 8" in properties["steps"]["description"]
     assert "Generate one image" in generate.description
@@ -59,10 +61,14 @@ def test_mcp_client_lists_and_calls_generate(launched_app: Any) -> None:
         image = Image.open(io.BytesIO(base64.b64decode(images[0].data)))
         assert image.size == (64, 64)
         pixels.append(image.convert("RGB").tobytes())
-        texts = [c.text for c in result.content if c.type == "text" and c.text.startswith("{")]
-        record = ast.literal_eval(texts[0])  # Gradio writes the JSON output as a Python dict's text
+        texts = [c.text for c in result.content if c.type == "text"]
+        (record,) = [json.loads(text) for text in texts]  # JSON, not a Python dict's repr
         assert (record["seed"], record["resolution"], record["steps"]) == (9, "64x64", 2)
+        assert result.structuredContent == record
+        assert str(launched_app.settings.cache_dir) not in result.model_dump_json()  # no server path (file=/...)
+        assert "gradio_api/file=" not in result.model_dump_json()
     assert pixels[0] == pixels[1]  # same inputs, same image
     assert progress  # Gradio forwarded queue and progress updates
     assert launched_app.manager.status().shapes["64x64"].hits == 2
-    assert not status.isError and "64x64" in status.content[0].text
+    assert not status.isError and json.loads(status.content[0].text)["shapes"]["64x64"]["state"] == "ready"
+    assert status.structuredContent is not None and status.structuredContent["model"] == "tiny"

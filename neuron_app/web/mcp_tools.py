@@ -1,17 +1,37 @@
-"""Gradio's MCP server (`launch(mcp_server=True)`): our named endpoints `generate` and `status` become tools.
+"""Gradio's MCP server (`launch(mcp_server=True)`): our named endpoints `generate`, `edit` and `status` become tools.
 
 Gradio 6.31 builds each tool from the event function's docstring and the endpoint's types (web/ui.py
-writes those docstrings with the configured shapes and step range). One mend: a tool call without a
-progress token takes Gradio's fast path, which wraps a multi-output result in one more list, so
-`generate` (image, record) would come back as the text of a tuple instead of an image and a record.
+writes those docstrings with the configured shapes and step range). `mend` fixes what its answers get wrong:
+
+- a tool call without a progress token takes Gradio's fast path, which wraps a multi-output result in one more
+  list, so `generate` (image, record) would come back as the text of a tuple instead of an image and a record;
+- JSON outputs come back as Python reprs (`{'replica': None}`, `root={...}`) that `json.loads` refuses, and
+  `structuredContent` stays empty: here they are JSON text and the record is the structured content;
+- an image comes with a "URL" that is Gradio's file route plus the server's absolute path (a path leak that a
+  remote client cannot use anyway): here the image is MCP image content only, the PNG's bytes.
 """
 
 from __future__ import annotations
 
+import base64
+import contextvars
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+#: The structured content of the tool call running in this context (concurrent calls each have their own).
+_STRUCTURED: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("mcp_structured")
+
+
+def mend(demo: Any) -> None:
+    """Apply every mend below to a launched demo's MCP server (nothing when MCP is off)."""
+    server = getattr(demo, "mcp_server_obj", None)
+    if server is None:
+        return
+    mend_multi_output(demo)
+    mend_outputs(server)
 
 
 def mend_multi_output(demo: Any) -> None:
@@ -29,3 +49,66 @@ def mend_multi_output(demo: Any) -> None:
 
     execute._mended = True  # type: ignore[attr-defined]
     server._execute_tool_without_progress = execute
+
+
+def plain(value: Any) -> Any:
+    """A JSON output as plain data: Gradio's `JsonData` (a pydantic root model) on its direct path, a dict on
+    the client path."""
+    dump = getattr(value, "model_dump", None)
+    return dump() if callable(dump) else value
+
+
+def content_of(output: Any, types: Any) -> list[Any]:
+    """One tool output as MCP content: a PNG as image content (its bytes, no server path), data as JSON text."""
+    if isinstance(output, dict) and output.get("meta", {}).get("_type") == "gradio.FileData":
+        path = Path(str(output.get("path") or ""))
+        if path.suffix.lower() == ".png" and path.is_file():
+            data = base64.b64encode(path.read_bytes()).decode("ascii")
+            return [types.ImageContent(type="image", data=data, mimeType="image/png")]
+        return [types.TextContent(type="text", text=json.dumps({"file": path.name}))]
+    value = plain(output)
+    if isinstance(value, str):
+        return [types.TextContent(type="text", text=value)]
+    return [types.TextContent(type="text", text=json.dumps(value, default=str))]
+
+
+def structured(outputs: list[Any]) -> dict[str, Any] | None:
+    """The structured content of a result: its one JSON object (generate's record, the status), if any."""
+    objects = [value for value in map(plain, outputs) if isinstance(value, dict) and "meta" not in value]
+    return objects[0] if len(objects) == 1 else None
+
+
+def mend_outputs(server: Any) -> None:
+    """Answer tool calls with JSON text, image content and structured content (see the module docstring)."""
+    if getattr(server, "_outputs_mended", False):
+        return
+    types = server.types
+    handlers = server.mcp_server.request_handlers
+    call_request = types.CallToolRequest
+    original_handler = handlers.get(call_request)
+    if original_handler is None or not hasattr(server, "postprocess_output_data"):
+        log.warning("Gradio's MCP server changed: its tool answers are not mended (Python reprs, file paths)")
+        return
+
+    def postprocess_output_data(data: Any, root_url: str) -> list[Any]:
+        outputs = list(data)
+        holder = _STRUCTURED.get(None)
+        if holder is not None:
+            holder["value"] = structured(outputs)
+        return [content for output in outputs for content in content_of(output, types)]
+
+    async def handler(request: Any) -> Any:
+        holder: dict[str, Any] = {}
+        token = _STRUCTURED.set(holder)
+        try:
+            result = await original_handler(request)
+        finally:
+            _STRUCTURED.reset(token)
+        call = getattr(result, "root", None)
+        if isinstance(call, types.CallToolResult) and not call.isError and call.structuredContent is None:
+            call.structuredContent = holder.get("value")
+        return result
+
+    server.postprocess_output_data = postprocess_output_data
+    handlers[call_request] = handler
+    server._outputs_mended = True

@@ -95,7 +95,7 @@ def mcp_enabled(settings: Settings) -> bool:
     return settings.mcp_server
 
 
-def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
+def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: Any) -> Any:
     settings = app.settings
     kwargs: dict[str, Any] = {
         "server_name": settings.server_name,
@@ -106,18 +106,31 @@ def launch(app: App, *, block: bool = True, **overrides: Any) -> Any:
         "allowed_paths": [str(settings.outputs_dir)],
         "show_error": False,
         "max_file_size": int(settings.max_upload_mb * 1024 * 1024),
-        "quiet": False,
+        "quiet": True,  # Gradio's own lines would say "set share=True in launch()": `announce` says the app's way
         "app_kwargs": app.ops.app_kwargs() if app.ops is not None else None,
         "mcp_server": mcp_enabled(settings),
     }
     kwargs.update(overrides)
     result = app.demo.launch(**kwargs)
-    from neuron_app.web.mcp_tools import mend_multi_output
+    from neuron_app.web.mcp_tools import mend
 
-    mend_multi_output(app.demo)
+    mend(app.demo)  # MCP answers as JSON and image content, no server paths
+    if not quiet:
+        print(announce(app.demo, settings), flush=True)
     if block:
         app.demo.block_thread()
     return result
+
+
+def announce(demo: Any, settings: Settings) -> str:
+    """Where the page runs, and how this app shares it (Gradio prints the public URL itself when shared)."""
+    lines = [f"* Running on local URL:  {demo.protocol}://{demo.server_name}:{demo.server_port}"]
+    if not getattr(demo, "share_url", None):
+        lines.append(
+            "* No public link. To open one, set NEURON_APP_SHARE=true with NEURON_APP_AUTH_USERNAME and"
+            " NEURON_APP_AUTH_PASSWORD (docs/deploy-trn.md, Share link and authentication)."
+        )
+    return "\n".join(lines)
 
 
 def _wait_for_gradio(demo: Any, deadline: float) -> bool:
@@ -141,13 +154,21 @@ def shutdown(app: App, grace_s: float) -> bool:
     inside the device work that `drain` waits for, and its writes are atomic.
     """
     deadline = time.monotonic() + grace_s
-    log.warning("shutting down: refusing new requests, waiting up to %.0f s for running ones", grace_s)
+    running = app.manager.in_flight
+    log.warning(
+        "shutting down: refusing new requests; waiting up to %.0f s for %d running or waiting request(s)",
+        grace_s,
+        running,
+    )
     idle = app.manager.drain(grace_s)
+    log.info("shutdown: waiting for the page's queue to deliver its last answers")
     delivered = _wait_for_gradio(app.demo, deadline)
     if not (idle and delivered):
         log.error("shutdown grace period of %.0f s ran out with requests still running; they are cut off", grace_s)
+    log.info("shutdown: closing the web server")
     app.demo.close()
-    app.manager.close()  # replicas: stop them, and the Ray instance the app started
+    log.info("shutdown: releasing the manager (replicas and the Ray instance the app started, if any)")
+    app.manager.close()
     log.warning("server closed")
     return idle and delivered
 
@@ -168,7 +189,9 @@ def install_signal_handlers(
             os._exit(EXIT_CUT_OFF)
         stopping.set()
         log.warning("%s received", name)
-        raise SystemExit(EXIT_OK if shutdown(app, grace_s) else EXIT_CUT_OFF)
+        code = EXIT_OK if shutdown(app, grace_s) else EXIT_CUT_OFF
+        log.warning("exiting with code %d (Python's teardown of torch and the model can take a few seconds)", code)
+        raise SystemExit(code)
 
     for sig in signals:
         signal.signal(sig, handle)

@@ -140,6 +140,10 @@ BAD_REQUESTS = {
         f"resolution 1024x1024 is not offered; choose one of {OFFERED}",
     ),
     "size-malformed": ({"size": "big"}, "size", "is not of the form WIDTHxHEIGHT"),
+    # every size refusal names `size` and lists what is offered, whatever the engine refuses the shape for
+    "size-1000x1000": ({"size": "1000x1000"}, "size", f"must be a positive multiple of 16; choose one of {OFFERED}"),
+    "size-300x300": ({"size": "300x300"}, "size", f"; choose one of {OFFERED}"),
+    "size-abc": ({"size": "abc"}, "size", f"e.g. '1024x1024'; choose one of {OFFERED}"),
     "n-zero": ({"n": 0}, "n", "n must be between 1 and 4, got 0"),
     "n-above-max": ({"n": 5}, "n", "n must be between 1 and 4, got 5"),
     "prompt-empty": ({"prompt": "   "}, "prompt", "prompt is empty"),

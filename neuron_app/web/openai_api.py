@@ -38,7 +38,7 @@ from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
 from neuron_app.engine.marks import Marker
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
-from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
+from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, parse_resolution, resolve_size
 from neuron_app.errors import AppError, RateLimited, RequestError, ShuttingDown, app_error_of, one_line
 from neuron_app.settings import Settings
 from neuron_app.web.access import Access
@@ -98,6 +98,18 @@ def refusal(exc: AppError) -> ApiError:
         headers = {"Retry-After": "5"}
     param = PARAM_OF.get(exc.param, exc.param) if exc.param else None
     return ApiError(exc.http_status, str(exc), type=type_, param=param, code=exc.code, headers=headers)
+
+
+def check_size(size: Any, offered: list[str]) -> None:
+    """Every `size` refusal names `size` and lists the offered shapes: the engine refuses 1000x1000 for its width
+    (not a multiple of 16) before it would say which sizes there are."""
+    if size == AUTO_SIZE or (isinstance(size, str) and size in offered):
+        return
+    try:
+        reason = f"resolution {parse_resolution(size, 'size')} is not offered"
+    except RequestError as exc:
+        reason = str(exc)
+    raise RequestError(f"{reason}; choose one of {', '.join(offered)}", param="size")
 
 
 def failure(exc: Exception) -> ApiError:
@@ -285,6 +297,7 @@ class OpenAIImages:
                 size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
             else:  # an edit: "auto" follows the first reference's aspect ratio (engine/requests.py)
                 size = fields.get("size") or AUTO_SIZE
+            check_size(size, offered)
             steps = self.settings.default_steps if steps is None else steps
             seed = fields.get("seed")
             if seed is None:

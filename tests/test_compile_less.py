@@ -129,6 +129,17 @@ def test_prompt_cache_is_lru_and_keyed_on_length_and_model(make_settings: Any) -
     assert PromptCache(2, "model-b").embeds(pipe, "a", 32) is not a32
 
 
+def test_prompt_cache_counts_user_prompts_only(make_settings: Any) -> None:
+    """A compile runs the pipeline once with the warm-up prompt: that run is neither a hit nor a miss nor an
+    entry, so one click with one prompt reads 0 hits, 1 miss."""
+    manager = PipelineManager(make_settings(default_steps=1))  # aot_eager: the compile runs the pipeline
+    record = manager.generate("one prompt", "64x64", 1, 0)
+    assert record.compiled
+    assert manager.status().prompt_cache == {"hits": 0, "misses": 1, "entries": 1, "size": 64}
+    manager.generate("one prompt", "64x64", 1, 1)
+    assert manager.status().prompt_cache == {"hits": 1, "misses": 1, "entries": 1, "size": 64}
+
+
 def test_the_page_is_built_before_torch_is_imported(tmp_path: Path) -> None:
     """What app.py does before `launch`: settings, manager (device auto), the Blocks; none of it imports torch."""
     import subprocess

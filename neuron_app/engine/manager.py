@@ -321,7 +321,8 @@ class PipelineManager(Admitted):
                 # The serving step count at the target shape compiles the transformer and, on Neuron, every
                 # eager op a real request runs (scheduler ops included); `_execute` waits for the device.
                 steps, blank = self.settings.default_steps, blank_references(buckets)
-                self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, steps, 0, references=blank))
+                with self.prompt_cache.not_a_user_prompt():  # the counters count what people asked for
+                    self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, steps, 0, references=blank))
         except Exception as exc:
             with self._state_lock:
                 graph.state, graph.error = ShapeState.FAILED, one_line(exc)

@@ -9,8 +9,10 @@ returned, passed back as `prompt_embeds`: the images are bit-identical with and 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -24,11 +26,27 @@ class PromptCache:
         self.misses = 0
         self._entries: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._local = threading.local()  # `not_a_user_prompt` in this thread
+
+    @contextlib.contextmanager
+    def not_a_user_prompt(self) -> Iterator[None]:
+        """The compile's own run (the warm-up prompt): encoded as a request would be, neither counted in hits and
+        misses nor kept (it would take a user prompt's place)."""
+        self._local.off = True
+        try:
+            yield
+        finally:
+            self._local.off = False
 
     def embeds(self, pipe: Any, prompt: str, max_sequence_length: int) -> Any:
         """The prompt's embeddings, encoded by the pipeline on a miss; None when the cache is off."""
         if self.size <= 0:
             return None
+        if getattr(self._local, "off", False):
+            embeds, _text_ids = pipe.encode_prompt(
+                prompt=prompt, device=pipe._execution_device, max_sequence_length=max_sequence_length
+            )
+            return embeds
         key = (prompt, max_sequence_length, self.fingerprint)
         with self._lock:
             cached = self._entries.get(key)

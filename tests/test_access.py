@@ -203,9 +203,20 @@ def test_page_limit_per_client_address(app: Any, gradio: Any) -> None:
         assert info["seed"] == seed
     with pytest.raises(AppError, match=r"address 127\.0\.0\.1 is over its limit of 2 images per minute; retry in"):
         gradio.predict(PROMPT, "64x64", 1, 3, api_name="/generate")
+    from neuron_app.bench.wire import WireClient
+
+    wire = WireClient(app.url, timeout=60)  # the page's own Generate (the browser's event): the same address
+    try:
+        fn_index, fn = next((fid, fn) for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
+        data = [PROMPT, "64x64", 1, 4, 1, False]  # prompt, shape, steps, seed, images, randomize
+        data += [getattr(component, "value", None) for component in fn.inputs[len(data) :]]  # the rest as shown
+        answer = wire.event(fn_index, data)
+    finally:
+        wire.close()
+    assert not answer["success"] and "127.0.0.1 is over its limit of 2 images per minute" in str(answer["output"])
     text = metrics(app)
     assert sample(text, "neuron_app_page_images_total") == 2
-    assert sample(text, "neuron_app_page_rate_limited_total") == 1
+    assert sample(text, "neuron_app_page_rate_limited_total") == 2  # gradio_client and the page
 
 
 def test_mcp_calls_pass_the_same_checks_in_their_own_bucket(app: Any) -> None:

@@ -38,8 +38,10 @@ WORKDIR /app
 # The Neuron runtime (apt) and a venv with torch, torch-neuronx, neuronx-cc, nki and the app's packages (the ARGs
 # above reach the script as environment variables).
 COPY scripts/install-neuron.sh scripts/
-COPY requirements-common.txt requirements-nodeps.txt requirements-neuron*.txt ./
-RUN scripts/install-neuron.sh
+COPY requirements-common.txt requirements-nodeps.txt requirements-neuron*.txt requirements-replicas.txt ./
+# Then Ray Serve, so that the image also serves NEURON_APP_REPLICAS=N on one instance (docs/replicas.md); the
+# single-process quick start (requirements.txt) leaves it out.
+RUN scripts/install-neuron.sh && python -m pip install --no-cache-dir -r requirements-replicas.txt
 COPY . .
 # The build fails on a wrong stack (the PyTorch/XLA torch-neuronx, a torch that does not match, no compiler) and
 # on a wheel that is installed but does not import here.

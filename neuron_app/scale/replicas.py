@@ -40,7 +40,7 @@ from neuron_app.engine.records import (
     ShapeStatus,
 )
 from neuron_app.engine.requests import Request
-from neuron_app.errors import GenerationFailed, ModelLoadError, app_error_of, one_line
+from neuron_app.errors import GenerationFailed, ModelLoadError, SettingsError, app_error_of, one_line
 from neuron_app.scale.replica_server import ReplicaServer, StatusBoard
 from neuron_app.settings import Settings
 
@@ -387,8 +387,14 @@ def start_replicas(settings: Settings) -> ReplicaClient:
     # A request waiting for a free replica re-polls with exponential backoff, by default up to 0.5 s: with one
     # request per replica that leaves replicas idle between short requests. Read when ray.serve is imported.
     os.environ.setdefault("RAY_SERVE_ROUTER_RETRY_MAX_BACKOFF_S", str(ROUTER_MAX_BACKOFF_S))
-    import ray
-    from ray import serve
+    try:
+        import ray
+        from ray import serve
+    except ModuleNotFoundError as exc:  # the single-process install (requirements.txt) has no Ray
+        raise SettingsError(
+            "replicas > 1 and ray_address need Ray Serve, which requirements.txt does not install:"
+            " pip install -r requirements-replicas.txt"
+        ) from exc
 
     owns_ray = not settings.ray_address
     from neuron_app.environment import forwarded_env

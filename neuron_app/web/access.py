@@ -54,11 +54,22 @@ class _Window:
 
     span_s: float
     entries: deque[tuple[float, int]] = field(default_factory=deque)
+    total: int = 0  # the images of `entries` (a day's window may hold thousands)
 
     def used(self, now: float) -> int:
         while self.entries and self.entries[0][0] <= now - self.span_s:
-            self.entries.popleft()
-        return sum(n for _t, n in self.entries)
+            self.total -= self.entries.popleft()[1]
+        return self.total
+
+    def add(self, entry: tuple[float, int]) -> None:
+        self.entries.append(entry)
+        self.total += entry[1]
+
+    def remove(self, entry: tuple[float, int]) -> None:
+        """Give a refunded entry back (it may have left the window already)."""
+        with contextlib.suppress(ValueError):
+            self.entries.remove(entry)
+            self.total -= entry[1]
 
     def wait_s(self, now: float, images: int, limit: int) -> float:
         """Seconds until `images` more fit under `limit` (the oldest entries leave the window first)."""
@@ -105,15 +116,19 @@ class Limiter:
                     )
             entry = (now, images)
             for window in windows:
-                window.entries.append(entry)
+                window.add(entry)
 
         def refund() -> None:
             with self._lock:
                 for window in windows:
-                    with contextlib.suppress(ValueError):
-                        window.entries.remove(entry)
+                    window.remove(entry)
 
         return refund
+
+    def refusal_counts(self) -> dict[tuple[str, str], int]:
+        """(caller, reason) -> refusals, copied under the lock (read at scrape time while requests come in)."""
+        with self._lock:
+            return dict(self.refusals)
 
     def _forget_idle(self, now: float) -> None:
         for key in [key for key, window in self._windows.items() if window.used(now) == 0]:
@@ -221,7 +236,8 @@ class Access:
         with self._lock:
             images, refused, page = dict(self.images), dict(self.refused), self.page_images
             failures, content = self.auth_failures, dict(self.content_refused)
-        for (caller, reason), count in self.limiter.refusals.items():
+        limited = self.limiter.refusal_counts()
+        for (caller, reason), count in limited.items():
             kind, _, name = caller.partition(":")
             if kind == "key":
                 refused[(name, reason)] = refused.get((name, reason), 0) + count
@@ -246,7 +262,7 @@ class Access:
         yield CounterMetricFamily(
             f"{PREFIX}_page_images", "Images made through the page, gradio_client and MCP.", value=page
         )
-        page_limited = sum(n for (caller, _r), n in self.limiter.refusals.items() if caller.startswith("page:"))
+        page_limited = sum(n for (caller, _r), n in limited.items() if caller.startswith("page:"))
         yield CounterMetricFamily(
             f"{PREFIX}_page_rate_limited",
             "Page, gradio_client and MCP requests refused by page_images_per_minute (all addresses together).",

@@ -1,0 +1,173 @@
+"""What the safety checker and the AI-content marks cost per image, beside a generation on the same machine.
+
+    python -m neuron_app.bench.safety [--sizes 256 512 1024] [--repeats 5]
+
+Prints Markdown tables (pasted into BENCHMARKS.md with this command). Measured through the app's own code:
+`SafetyChecker.score` (what `check` runs) on a ViT-B/16 at 224x224 with random weights (the architecture,
+preprocessing and so the cost of the default Falconsai/nsfw_image_detection, which cannot be downloaded here)
+and on the tiny stand-in;
+`Marker.encode` (watermark embedded and read back, PNG with text and XMP, C2PA signed with the local chain) and
+its parts, against the plain PNG the app wrote before; and `manager.generate` of the tiny-deep model (the real
+block structure at tiny width, so its time says little about the real 4B model, which needs the device).
+All on the host CPU, where these steps run in the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from neuron_app.bench.common import PROMPT, percentile
+
+#: tiny-deep generations are timed up to this side: at 1024x1024 one takes minutes of this CPU.
+GENERATE_MAX_SIDE = 512
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of `repeats` calls after one warm-up call."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return percentile(samples, 50)
+
+
+def vit_b16(folder: Path) -> Path:
+    """A ViT-B/16 classifier (normal/nsfw) with random weights, saved like a Hub checkpoint."""
+    from transformers import ViTConfig, ViTForImageClassification
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    labels = {0: "normal", 1: "nsfw"}
+    config = ViTConfig(id2label=labels, label2id={v: k for k, v in labels.items()})  # defaults: ViT-B/16, 224
+    ViTForImageClassification(config).eval().save_pretrained(folder)
+    processor = ViTImageProcessorPil(size={"height": 224, "width": 224}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def images(size: int) -> dict[str, Any]:
+    """Noise (what the tiny model draws) and a photo-like image (smooth areas: the watermark's harder case)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(size)
+    noise = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+    coarse = Image.fromarray(rng.integers(0, 256, (size // 8, size // 8, 3), dtype=np.uint8))
+    return {"noise": noise, "photo-like": coarse.resize((size, size), Image.Resampling.BICUBIC)}
+
+
+def record_for(image: Any) -> Any:
+    from neuron_app.engine.records import CacheResult, GenerationRecord
+
+    side = f"{image.size[0]}x{image.size[1]}"
+    return GenerationRecord(side, 4, 0, PROMPT, CacheResult.MEMORY, False, 0.0, 0.0, 0.0, 0, "bench", image=image)
+
+
+def measure(sizes: list[int], repeats: int, cache: Path) -> dict[str, Any]:
+    from neuron_app.engine.c2pa_signing import ManifestSigner, signing_key
+    from neuron_app.engine.images import provenance
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.engine.marks import Marker, add_watermark, embed_watermark, read_watermark
+    from neuron_app.engine.safety import SafetyChecker
+    from neuron_app.settings import load_settings
+
+    base = {"model": "tiny-deep", "device": "cpu", "compile_backend": "aot_eager", "cache_dir": cache}
+    base |= {"max_sequence_length": 32, "resolutions": [f"{s}x{s}" for s in sizes], "default_resolution": "256x256"}
+    settings = load_settings(**base)
+    checkers = {
+        "ViT-B/16 (Falconsai's architecture)": SafetyChecker(
+            load_settings(**base, safety_checker="on", safety_model=str(vit_b16(cache / "vit-b16")))
+        ),
+        "tiny stand-in": SafetyChecker(load_settings(**base, safety_checker="on", safety_model="tiny")),
+    }
+    marker = Marker(settings)
+    signer = ManifestSigner(signing_key(None, None, None, cache))
+    rows: dict[str, Any] = {"safety": [], "marks": [], "generate": []}
+    for size in sizes:
+        for name, checker in checkers.items():
+            image = images(size)["noise"]
+            rows["safety"].append((f"{size}x{size}", name, timed(lambda c=checker, i=image: c.score(i), repeats)))
+        for kind, image in images(size).items():
+            record = record_for(image)
+            text = provenance(record)
+
+            def plain(image: Any = image) -> bytes:
+                buffer = io.BytesIO()
+                image.save(buffer, format="PNG", compress_level=1)
+                return buffer.getvalue()
+
+            png = plain()
+            held = embed_watermark(image, marker.payload) is not None
+            one_pass_holds = read_watermark(add_watermark(image, marker.payload)) == marker.payload
+            manifest = marker.manifest(record, "2026-01-01T00:00:00Z")
+            rows["marks"].append(
+                {
+                    "shape": f"{size}x{size}",
+                    "image": kind,
+                    "plain_png": timed(plain, repeats),
+                    "watermark": timed(lambda i=image: embed_watermark(i, marker.payload), repeats),
+                    "c2pa": timed(lambda p=png, m=manifest: signer.sign(p, m), repeats),
+                    "all": timed(lambda r=record, t=text: marker.encode(r, t), repeats),
+                    "held": "yes" if held else "no",
+                    "one_pass": "yes" if one_pass_holds else "no (a second pass)",
+                    "bytes": (len(png), len(marker.encode(record, text))),
+                }
+            )
+    manager = PipelineManager(settings)
+    manager.ensure_loaded()
+    for size in [s for s in sizes if s <= GENERATE_MAX_SIDE]:
+        shape = f"{size}x{size}"
+        manager.compile_shape(shape)
+        rows["generate"].append((shape, timed(lambda s=shape: manager.generate(PROMPT, s, 4, 0), max(1, repeats // 2))))
+    return rows
+
+
+def render(rows: dict[str, Any], command: str) -> str:
+    ms = lambda s: f"{s * 1000:.1f}"  # noqa: E731
+    cores = os.cpu_count()
+    lines = [
+        f"Command: `{command}` ({cores} logical cores, Python {platform.python_version()}, load average "
+        f"{os.getloadavg()[0]:.2f} at the end; medians, host CPU).",
+        "",
+        "| shape | tiny-deep generate, 4 steps (ms) |",
+        "|---|---|",
+        *[f"| {shape} | {ms(s)} |" for shape, s in rows["generate"]],
+        "",
+        "| shape | safety classifier | check per image (ms) |",
+        "|---|---|---|",
+        *[f"| {shape} | {name} | {ms(s)} |" for shape, name, s in rows["safety"]],
+        "",
+        "| shape | image | plain PNG (ms) | watermark, embed + read back (ms) | C2PA sign (ms) | all marks (ms) "
+        "| holds | one pass enough | PNG bytes plain / marked |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in rows["marks"]:
+        lines.append(
+            f"| {m['shape']} | {m['image']} | {ms(m['plain_png'])} | {ms(m['watermark'])} | {ms(m['c2pa'])} "
+            f"| {ms(m['all'])} | {m['held']} | {m['one_pass']} | {m['bytes'][0]} / {m['bytes'][1]} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m neuron_app.bench.safety", description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[256, 512, 1024], help="square sides (multiples of 16)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    command = "python -m neuron_app.bench.safety" + (" " + " ".join(argv) if argv else "")
+    with tempfile.TemporaryDirectory(prefix="bench-safety-") as tmp:
+        print(render(measure(args.sizes, args.repeats, Path(tmp)), command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

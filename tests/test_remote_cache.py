@@ -366,3 +366,23 @@ def test_status_page_and_metrics_show_what_was_pulled(s3: Any, make_settings: An
     text = Metrics(manager).render()[0].decode()
     assert 'neuron_app_remote_objects_total{result="pulled"} 0.0' in text
     assert 'neuron_app_cache_results_total{kind="remote"} 0.0' in text
+
+
+def test_warmup_precompiled_warms_the_shapes_the_first_pull_brought(
+    s3: Any, make_settings: Any, tmp_path: Path
+) -> None:
+    """A fresh instance with warmup = precompiled and an empty manifest: the pull at load lists the pushed
+    shape, and warm-up compiles it."""
+    from neuron_app.engine.manager import PipelineManager
+
+    url = f"s3://{s3.bucket}/p"
+    source = PipelineManager(make_settings(cache_dir=tmp_path / "source", cache_remote=url))
+    source.compile_shape("128x64")
+    assert source.remote.push().shapes == ["128x64"]
+    fresh = PipelineManager(make_settings(cache_dir=tmp_path / "fresh", cache_remote=url, warmup="precompiled"))
+    assert fresh.warmup_order() == []  # nothing local before the pull
+    thread = fresh.start_warmup()
+    assert thread is not None
+    thread.join(timeout=300)
+    assert fresh.status().warmup["done"] == ["128x64"]
+    assert fresh.status().remote["shapes_pulled"] == ["128x64"]

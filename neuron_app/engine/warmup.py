@@ -40,9 +40,13 @@ class Warmup:
         with self._lock:
             return {k: (list(v) if isinstance(v, list) else v) for k, v in self._state.items()}
 
+    def _pulls(self) -> bool:
+        """cache_remote with warmup = precompiled: the pull at load may bring shapes, so the order is read again."""
+        return self.manager.settings.warmup == "precompiled" and self.manager.remote.enabled
+
     def start(self) -> threading.Thread | None:
         order = self.order()
-        if not order and not self.manager.settings.load_on_start:
+        if not order and not self._pulls() and not self.manager.settings.load_on_start:
             return None
         with self._lock:
             self._state.update(running=True, pending=list(order), done=[])
@@ -53,6 +57,10 @@ class Warmup:
     def _work(self, order: list[str]) -> None:
         try:
             self.manager.ensure_loaded()
+            if self._pulls():
+                order = self.order()
+                with self._lock:
+                    self._state["pending"] = list(order)
             for name in order:
                 try:
                     self.manager.compile_shape(name)

@@ -37,7 +37,11 @@ def test_a_cold_shape_is_interpolated_between_measured_compiles() -> None:
     entries = {"512x512": _entry("512x512", 40.0), "1024x1024": _entry("1024x1024", 120.0)}  # 1024 / 4096 tokens
     between = estimate(entries, "1024x512", "fp")  # 2048 tokens: a third of the way
     assert between is not None and abs(between.seconds - (40.0 + 80.0 / 3)) < 1e-9
-    assert (between.kind, between.sure, between.basis) == ("compile", "interpolated", "between 512x512 and 1024x1024")
+    assert (between.kind, between.sure, between.basis) == (
+        "compile",
+        "interpolated",
+        "interpolated between 512x512 and 1024x1024",
+    )
 
 
 def test_other_shapes_are_scaled_by_image_tokens_within_limits() -> None:
@@ -57,7 +61,9 @@ def test_loads_are_not_compile_history() -> None:
 
 def test_other_configurations_give_their_mean_and_say_it_is_rough() -> None:
     entries = {"1024x1024": _entry("1024x1024", 100.0, "old"), "768x768": _entry("768x768", 50.0, "old")}
-    assert estimate(entries, "1024x1024", "new") == Estimate(75.0, "compile", "mean of 2 compile(s) elsewhere", "rough")
+    assert estimate(entries, "1024x1024", "new") == Estimate(
+        75.0, "compile", "mean of 2 compile(s) under other settings", "rough"
+    )
 
 
 def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any) -> None:
@@ -83,7 +89,7 @@ def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any)
     assert estimate_text(cold) in shape_info(cold) and "not compiled" in shape_info(cold)
     row = next(r for r in shapes_table(status) if r[0] == "128x128")
     assert row[1:4] == ["not compiled", estimate_text(cold), "not in the cache"]
-    assert estimate_text(cold).startswith("compiles in about") and estimate_text(cold).endswith("64x64, scaled)")
+    assert estimate_text(cold).startswith("compiles in about") and estimate_text(cold).endswith("(scaled from 64x64)")
     # the page's output area during that compile: the manager's event, the same status record, the same words
     events: list[Any] = []
     module_manager.generate("estimate", "128x128", 1, 0, progress=events.append)

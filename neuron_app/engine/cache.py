@@ -165,7 +165,7 @@ def _scaled(rows: list[tuple[int, ManifestEntry]], tokens: int) -> tuple[float, 
     if below and above and below[0] != above[0]:
         share = (tokens - below[0]) / (above[0] - below[0])
         seconds = below[1].compile_s + share * (above[1].compile_s - below[1].compile_s)
-        return seconds, f"between {below[1].resolution} and {above[1].resolution}"
+        return seconds, f"interpolated between {below[1].resolution} and {above[1].resolution}"
     nearest_tokens, nearest = below or above or min(rows, key=lambda r: abs(r[0] - tokens))
     if nearest_tokens == tokens:
         return nearest.compile_s, f"as {nearest.resolution} (same size)"
@@ -189,17 +189,19 @@ def estimate(entries: dict[str, ManifestEntry], resolution: str, fingerprint: st
         loads = _measured(entries, fingerprint, "disk")
         if tokens and loads:
             seconds, basis = _scaled(loads, tokens)
-            sure = "interpolated" if basis.startswith("between") else "scaled"
+            sure = "interpolated" if basis.startswith("interpolated") else "scaled"
             return Estimate(min(seconds, own.compile_s), "load", f"loads {basis}", sure)
         return Estimate(own.compile_s, "load", "at most its compile time; no load measured yet", "upper bound")
     rows = _measured(entries, fingerprint, "miss")
     if tokens and rows:
         seconds, basis = _scaled(rows, tokens)
-        return Estimate(seconds, "compile", basis, "interpolated" if basis.startswith("between") else "scaled")
+        return Estimate(seconds, "compile", basis, "interpolated" if basis.startswith("interpolated") else "scaled")
     others = [e.compile_s for e in entries.values() if e.cache == "miss"] or [e.compile_s for e in entries.values()]
     if not others:
         return None
-    return Estimate(sum(others) / len(others), "compile", f"mean of {len(others)} compile(s) elsewhere", "rough")
+    return Estimate(
+        sum(others) / len(others), "compile", f"mean of {len(others)} compile(s) under other settings", "rough"
+    )
 
 
 def estimate_compile_s(entries: dict[str, ManifestEntry], resolution: str, fingerprint: str) -> float | None:

@@ -40,7 +40,7 @@ def estimate_text(shape: ShapeStatus) -> str:
             return f"{verb}; no history for an estimate"
         return f"{verb} in about {human_seconds(shape.estimate_s)}"
     bound = "at most" if found.sure == "upper bound" else "about"
-    sure = "" if found.sure in ("measured", "upper bound") else f", {found.sure}"
+    sure = ", rough" if found.sure == "rough" else ""  # the basis says the rest ("measured", "scaled from ...")
     return f"{verb} in {bound} {human_seconds(found.seconds)} ({found.basis}{sure})"
 
 

@@ -167,6 +167,9 @@ class Settings(BaseSettings):
     prompt_cache_size: int = Field(
         64, ge=0, description="Encoded prompts kept (LRU) so repeated prompts skip the text encoder; 0 = off."
     )
+    previews: bool = Field(
+        True, description="The page shows a host-side preview of the latents after each step (no VAE, no compile)."
+    )
     tp_degree: int = Field(
         1, ge=1, description="Tensor-parallel degree (NeuronCores per model); set by torchrun's WORLD_SIZE."
     )

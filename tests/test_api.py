@@ -54,11 +54,13 @@ def test_requests_the_dropdown_would_not_offer_are_refused_clearly(client: Any, 
 
 def test_api_surface_is_the_public_contract(client: Any) -> None:
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/edit", "/status"}
+    assert set(endpoints) == {"/generate", "/edit", "/inpaint", "/status"}
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     assert names == ["prompt", "resolution", "steps", "seed", "lora", "lora_scale"]
     defaults = {p["parameter_name"]: p.get("parameter_default") for p in endpoints["/generate"]["parameters"][4:]}
     assert defaults == {"lora": "none", "lora_scale": 1.0}  # optional: 4-argument callers keep working
     names = [p["parameter_name"] for p in endpoints["/edit"]["parameters"]]
     assert names == ["prompt", "images", "resolution", "steps", "seed", "lora", "lora_scale"]
+    names = [p["parameter_name"] for p in endpoints["/inpaint"]["parameters"]]
+    assert names == ["prompt", "image", "mask", "resolution", "steps", "seed", "lora", "lora_scale", "strength"]
     assert endpoints["/status"]["parameters"] == []

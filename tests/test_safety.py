@@ -100,3 +100,16 @@ def test_a_flagged_image_is_refused_everywhere_and_leaves_no_file(launch_tiny: C
     assert app.manager.status().safety["flagged"] == 3
     assert metric(app, 'neuron_app_safety_images_total{result="flagged"}') == 3
     assert metric(app, 'neuron_app_requests_total{result="refused"}') == 3
+
+
+def test_a_classifier_that_cannot_load_fails_the_request_before_device_work(
+    make_settings: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Fail closed: no unchecked image leaves, and nothing was compiled or generated for the request."""
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.errors import ModelLoadError
+
+    manager = PipelineManager(make_settings(safety_checker="on", safety_model=str(tmp_path / "no-such-model")))
+    with pytest.raises(ModelLoadError, match=r"the safety checker's model .* could not be loaded"):
+        manager.generate("a calm lake", "64x64", 2, 1)
+    assert manager.counter.graphs == 0 and manager.status().shapes["64x64"].hits == 0

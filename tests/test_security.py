@@ -178,7 +178,7 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
     (page included) takes an input that could pick the model, its revision,
     a token, the device or a path."""
     api = auth_client.view_api(return_format="dict", print_info=False)
-    assert set(api["named_endpoints"]) == {"/generate", "/edit", "/status"}
+    assert set(api["named_endpoints"]) == {"/generate", "/edit", "/inpaint", "/status"}
     assert not api["unnamed_endpoints"]
     params = api["named_endpoints"]["/generate"]["parameters"]
     assert [(p["parameter_name"], p["component"]) for p in params] == [
@@ -199,6 +199,18 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("seed", "Number"),
         ("lora", "Textbox"),
         ("lora_scale", "Number"),
+    ]
+    inpaint = api["named_endpoints"]["/inpaint"]["parameters"]
+    assert [(p["parameter_name"], p["component"]) for p in inpaint] == [
+        ("prompt", "Textbox"),
+        ("image", "File"),
+        ("mask", "File"),
+        ("resolution", "Textbox"),
+        ("steps", "Number"),
+        ("seed", "Number"),
+        ("lora", "Textbox"),
+        ("lora_scale", "Number"),
+        ("strength", "Number"),
     ]
     for fn in auth_app.demo.fns.values():
         for block in fn.inputs:

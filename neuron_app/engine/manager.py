@@ -385,6 +385,7 @@ class PipelineManager(Admitted):
     def _run(self, req: Request, progress: ProgressCallback | None) -> GenerationRecord:
         start = time.perf_counter()
         self.ensure_loaded(progress)
+        self.safety.ready()  # its classifier loads before any device work: one that cannot load fails the request
         with self._device_lock:
             eager_before = self.backend.eager_compile_count(self.counter.graphs)
             outcome = self._compile_locked(req.resolution, progress, req.buckets)

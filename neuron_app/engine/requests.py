@@ -92,13 +92,14 @@ def validate(
     image: Any = None,
     mask: Any = None,
     strength: Any = None,
+    previews: Any = False,
 ) -> Request:
     """Check a request against what the UI offers (`offered` shapes); raises `RequestError` with a clear message.
 
     `references` None is text-to-image; a sequence is an edit (see `engine/references.py`), where `resolution`
     may be "auto": the offered shape nearest in aspect ratio to the first reference. `image` starts from that
     image (image-to-image at `strength`, 0 < strength <= 1, default 1); with `mask` only the masked part is
-    redrawn (engine/masks.py); "auto" then follows the image."""
+    redrawn (engine/masks.py); "auto" then follows the image. `previews` True: a preview per step (the page)."""
     prompt = check_prompt(prompt, settings.max_prompt_chars)
     check_blocked(prompt, settings.blocked_terms, settings.blocked_terms_file)  # ContentRefused, before any work
     auto = resolution == "auto"
@@ -122,7 +123,7 @@ def validate(
         res = res or Resolution(source.image.width, source.image.height)
     res = res or refs.auto_resolution(loaded[0], offered)
     options = {"lora": lora, "lora_scale": lora_scale, "references": loaded, "source": source, "strength": strength}
-    return Request(prompt, res, steps, seed, **options)
+    return Request(prompt, res, steps, seed, previews=previews is True, **options)
 
 
 def check_strength(strength: Any, steps: int, has_image: bool) -> float:

@@ -109,6 +109,11 @@ class SafetyChecker:
     def state(self) -> str:
         return "on" if self.enabled else "off"
 
+    def ready(self) -> None:
+        """Load the classifier when the checker is on (once); raises `ModelLoadError` when it cannot be."""
+        if self.enabled:
+            self.load()
+
     def load(self) -> tuple[Any, Any, int]:
         if self._loaded is not None:
             return self._loaded

@@ -293,7 +293,7 @@ class OpenAIImages:
             n, steps = fields.get("n"), fields.get("num_inference_steps")  # absent or null: the defaults
             count = check_images(1 if n is None else n, self.settings.max_images)
             offered = offered_shapes(self.manager.status())
-            if options.get("references") is None:
+            if options.get("references") is None and options.get("image") is None:
                 size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
             else:  # an edit: "auto" follows the first reference's aspect ratio (engine/requests.py)
                 size = fields.get("size") or AUTO_SIZE
@@ -366,10 +366,6 @@ class OpenAIImages:
     async def edits(self, request: Request) -> Response:
         try:
             self.check_auth(request)
-            if not self.editing:
-                raise ApiError(
-                    501, "image editing is not available on this server", type="server_error", code="not_implemented"
-                )
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > EDIT_BODY_LIMIT:
                 await read_body(request, EDIT_BODY_LIMIT)  # raises 413
@@ -392,12 +388,31 @@ class OpenAIImages:
                 raise ApiError(400, "image is required: one or more image files", param="image")
             if len(uploads) > MAX_EDIT_IMAGES:
                 raise ApiError(400, f"at most {MAX_EDIT_IMAGES} images", param="image")
-            references = [await upload.read() for upload in uploads]
+            images = [await upload.read() for upload in uploads]
             fields = {key: _form_value(value) for key, value in form.items() if isinstance(value, str)}
             fields["prompt"] = form.get("prompt")  # text stays text
-            return await self.serve(request, fields, references=references)
+            options = await self.inpaint_options(form, fields, images)
+            if options.get("references") and not self.editing:
+                raise ApiError(
+                    501, "image editing is not available on this server", type="server_error", code="not_implemented"
+                )
+            return await self.serve(request, fields, **options)
         except ApiError as exc:
             return self.answer_error(request, exc)
+
+    async def inpaint_options(self, form: Any, fields: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
+        """OpenAI's `mask` (transparent = edit) applies to the first image; `strength` (an extension) without a
+        mask makes it image-to-image. The other images are references. Without either, all are references."""
+        mask = form.get("mask")
+        if mask is not None and not isinstance(mask, UploadFile):
+            raise ApiError(400, "mask must be a PNG file the image's size", param="mask")
+        strength = fields.get("strength")
+        if mask is None and strength is None:
+            return {"references": images}
+        options: dict[str, Any] = {"image": images[0], "references": images[1:] or None, "strength": strength}
+        if mask is not None:
+            options["mask"] = await mask.read()
+        return options
 
     def answer_error(self, request: Request, exc: ApiError) -> Response:
         """The error's answer; a refusal of a known key is counted under its name (rate limits count themselves)."""

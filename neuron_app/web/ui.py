@@ -24,6 +24,7 @@ from neuron_app.engine.records import (
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
 from neuron_app.web import editing
+from neuron_app.web import inpaint as painting
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.batch import generate_many
 from neuron_app.web.live import live
@@ -112,6 +113,8 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         lora_scale: float,
         references: Any = None,
         buckets: list[str] | None = None,
+        source: Any = None,
+        strength: float = 1.0,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> Iterator[tuple[Any, ...]]:
@@ -119,14 +122,17 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         if randomize:  # room for the consecutive seeds of the most images a request may ask for
             seed = random.randint(0, MAX_SEED - (settings.max_images - 1))
         refs = editing.reference_paths(references)
-        options = {"lora": lora, "lora_scale": lora_scale, "references": refs}
+        options = {"lora": lora, "lora_scale": lora_scale, "references": refs, "previews": settings.previews}
+        options |= painting.editor_source(source, strength)  # an image in the brush editor: inpaint or img2img
+        previews = painting.Previews(settings.previews)  # each step's preview in the gallery while it runs
 
         def work(on_event: ProgressCallback) -> list[GenerationRecord]:
+            on_event = previews.forward(on_event)
             with access.page_images_for(request, check_images(count, settings.max_images)):  # per address
                 return generate_many(manager, prompt, resolution, steps, seed, count, progress=on_event, **options)
 
         def line(text: str) -> tuple[Any, ...]:
-            return gr.update(), text, gr.update(), gr.update()
+            return previews.gallery(), text, gr.update(), gr.update()
 
         try:
             records = yield from live(work, manager.status, progress_bridge(progress), line)
@@ -185,6 +191,27 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         record = run(prompt, resolution, steps, seed, progress, request, **options)
         return str(store.save(record)), record.info()
 
+    def inpaint(
+        prompt: str,
+        image: str | None,
+        mask: str | None,
+        resolution: str,
+        steps: float,
+        seed: float,
+        lora: str = "none",
+        lora_scale: float = 1.0,
+        strength: float = 1.0,
+        request: gr.Request | None = None,
+        progress: gr.Progress = gr.Progress(),
+    ) -> tuple[str, dict[str, Any]]:
+        if image is None:
+            raise gr.Error("image is required: the image to inpaint", print_exception=False)
+        if mask is None:
+            raise gr.Error("mask is required: a PNG the image's size (transparent = redraw)", print_exception=False)
+        options = {"lora": lora, "lora_scale": lora_scale, "image": image, "mask": mask, "strength": strength}
+        record = run(prompt, resolution, steps, seed, progress, request, **options)
+        return str(store.save(record)), record.info()
+
     def status() -> dict[str, Any]:
         return manager.status().to_dict()
 
@@ -228,6 +255,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             "    The PNG image, and a JSON record as generate's plus references: each one's size and bucket.",
         ]
     )
+    inpaint.__doc__ = painting.inpaint_doc(settings)
     status.__doc__ = (
         "The server's state: model, device, whether the model is loaded, and per shape its state"
         " (ready, compiling, not_compiled, failed), hits and compile seconds.\n\nReturns:\n    The status as JSON."
@@ -271,6 +299,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                     elem_id="prompt",
                 )
                 references = editing.reference_input(settings)
+                source, strength = painting.source_input(settings)
                 with gr.Row():
                     resolution = gr.Dropdown(
                         label="Resolution",
@@ -326,10 +355,11 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
 
         shown = gr.State(dropdown_choices(initial))
         buckets = gr.State([])
+        page_inputs = [prompt, resolution, steps, seed, count, randomize, lora, lora_scale, references, buckets]
         gr.on(
             [generate_btn.click, prompt.submit],
             ui_generate,
-            inputs=[prompt, resolution, steps, seed, count, randomize, lora, lora_scale, references, buckets],
+            inputs=[*page_inputs, source, strength],
             outputs=[gallery, info, seed, resolution],
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,
@@ -353,6 +383,10 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_btn = gr.Button()
             status_btn = gr.Button()
             edit_btn = gr.Button()
+            api_source = gr.File(label="image")  # any file: the manager says why one is not an image
+            api_mask = gr.File(label="mask")
+            api_strength = gr.Number(value=1.0)
+            inpaint_btn = gr.Button()
         api_btn.click(
             generate,
             inputs=[api_prompt, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
@@ -366,6 +400,15 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             inputs=[api_prompt, api_references, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
             outputs=[api_image, api_info],
             api_name="edit",
+            concurrency_id=DEVICE_QUEUE,
+            concurrency_limit=lanes,
+        )
+        api_rest = [api_resolution, api_steps, api_seed, api_lora, api_lora_scale, api_strength]
+        inpaint_btn.click(
+            inpaint,
+            inputs=[api_prompt, api_source, api_mask, *api_rest],
+            outputs=[api_image, api_info],
+            api_name="inpaint",
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,
         )

@@ -297,3 +297,18 @@ def test_old_api_key_is_one_unlimited_key_named_default(make_settings: Any) -> N
     assert access.images["default"] == 12 and access.auth_failures == 2
     with pytest.raises(SettingsError, match="api_key is also one of api_keys"):
         make_settings(api_key=CI_KEY, api_keys={"ci": {"key": CI_KEY}})
+
+
+def test_without_keys_the_api_shares_the_page_budget_of_the_address(launch_tiny: Callable[..., Any]) -> None:
+    """No API key configured: the OpenAI API draws on the address's page budget, so the API and gradio_client
+    together make page_images_per_minute images, not twice that."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    app = launch_tiny(page_images_per_minute=1)
+    assert sdk(app, "unused").images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS).data
+    with pytest.raises(openai.RateLimitError, match=r"address 127\.0\.0\.1 is over its limit of 1 image per minute"):
+        sdk(app, "unused").images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS)
+    with pytest.raises(AppError, match="over its limit of 1 image per minute"):
+        Client(app.url, verbose=False).predict(PROMPT, "64x64", 1, 0, api_name="/generate")
+    assert sample(metrics(app), "neuron_app_page_rate_limited_total") == 2

@@ -81,6 +81,10 @@ class _Window:
         return self.span_s
 
 
+def _images(count: int) -> str:
+    return f"{count} image" if count == 1 else f"{count} images"
+
+
 class Limiter:
     """Sliding-window image limits for many callers; `charge` is atomic over all of a caller's limits."""
 
@@ -98,7 +102,7 @@ class Limiter:
         for limit in active:
             if images > limit.images:
                 raise RequestError(
-                    f"{who} may ask for at most {limit.images} images {limit.words}; this request asks for {images}",
+                    f"{who} may ask for at most {_images(limit.images)} {limit.words}; this request asks for {images}",
                     param="n",
                 )
         now = self.clock()
@@ -111,7 +115,7 @@ class Limiter:
                     wait = math.ceil(window.wait_s(now, images, limit.images))
                     self.refusals[(caller, limit.reason)] += 1
                     raise RateLimited(
-                        f"{who} is over its limit of {limit.images} images {limit.words}; retry in {wait} s",
+                        f"{who} is over its limit of {_images(limit.images)} {limit.words}; retry in {wait} s",
                         retry_after_s=wait,
                     )
             entry = (now, images)
@@ -191,7 +195,8 @@ class Access:
         """Charge an OpenAI API request to its key (or, with no keys configured, to the client's address under
         the page limit); given back if the body raises; counted per key name when it succeeds."""
         if name is None:
-            refund = self.limiter.charge(f"client:{client}", images, self.page_limits, f"client {client or 'unknown'}")
+            caller = client or "unknown"  # one budget per address, shared with the page
+            refund = self.limiter.charge(f"page:{caller}", images, self.page_limits, f"address {caller}")
         else:
             key = next(k for k in self.keys if k.name == name)
             refund = self.limiter.charge(f"key:{name}", images, key.limits, f"key {name!r}")

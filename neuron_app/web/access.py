@@ -8,7 +8,8 @@
   exact (no burst at a window edge as with fixed windows), and a refusal says when enough images have left the
   window. Images are charged when a request is admitted and given back if it fails or is refused later, so
   a caller pays for images made, not for mistakes. Counts live in this process: a restart forgets them.
-- The page (and gradio_client, and MCP) is limited per client address, `page_images_per_minute`: the address
+- The page (and gradio_client, MCP, and the OpenAI API while no key is configured) is limited per client
+  address, one budget per address, `page_images_per_minute`: the address
   Gradio reports (`gr.Request.client.host`). uvicorn takes it from `X-Forwarded-For` only when the connection
   comes from an address in `FORWARDED_ALLOW_IPS` (default 127.0.0.1): behind a proxy on another host every
   user shares the proxy's address unless that variable names it. MCP calls reach the queue through Gradio's own

@@ -87,6 +87,22 @@ def _rebuild_rate(message: str, param: str | None, code: str | None, retry_after
     return RateLimited(message, param=param, code=code, retry_after_s=retry_after_s)
 
 
+class NotFound(AppError):
+    """No such thing for this caller (an unknown job id, or another key's job): nothing is said about which."""
+
+    kind = "refused"
+    http_status = 404
+    default_code = "not_found"
+
+
+class Conflict(AppError):
+    """The request is valid but not in the thing's current state (cancelling a job that already runs)."""
+
+    kind = "refused"
+    http_status = 409
+    default_code = "conflict"
+
+
 # --- unavailable: the server cannot take it now ------------------------------------------------------
 class Unavailable(AppError):
     """The server cannot do it now (loading, shutting down, no device); the caller may retry later."""

@@ -12,9 +12,18 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,7 +39,15 @@ ENV_PREFIX = "NEURON_APP_"
 SETTINGS_FILE_ENV = "NEURON_APP_SETTINGS"
 #: `NEURON_APP_*` variables the app reads that are not settings (the rest must name a setting).
 NON_SETTING_VARS = (SETTINGS_FILE_ENV,)
-SECRET_FIELDS = ("auth_username", "auth_password", "hf_token", "api_key", "api_keys", "c2pa_key_passphrase")
+SECRET_FIELDS = (
+    "auth_username",
+    "auth_password",
+    "hf_token",
+    "api_key",
+    "api_keys",
+    "c2pa_key_passphrase",
+    "webhook_secret",
+)
 TINY = "tiny"
 #: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).
 MAX_REFERENCE_AREA = 1024 * 1024
@@ -69,6 +86,54 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
         raise ValueError(f"cache_remote {url!r} has an empty, '.' or '..' path segment")
     return match.group("bucket"), prefix
+
+
+def _check_webhook_secret(secret: SecretStr | None) -> None:
+    """A Standard Webhooks secret: 'whsec_' + base64 of 24..64 bytes (the value is never put in the message)."""
+    import base64
+    import binascii
+
+    if secret is None:
+        raise ValueError("webhook_hosts is set but NEURON_APP_WEBHOOK_SECRET is not: webhooks are always signed")
+    text = secret.get_secret_value()
+    try:
+        key = base64.b64decode(text.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if not text.startswith("whsec_") or not 24 <= len(key) <= 64:
+        raise ValueError("webhook_secret must be 'whsec_' followed by the base64 of 24 to 64 random bytes")
+
+
+class ReplicaRange(int):
+    """`replicas` as an int (its maximum, what every caller sizes by: lanes, Ray CPUs) that also knows its minimum:
+    "1-4" scales between 1 and 4 replicas with the queue (Ray Serve autoscaling); a plain 2 is min = max = 2."""
+
+    min: int
+
+    def __new__(cls, maximum: int, minimum: int | None = None) -> ReplicaRange:
+        obj = super().__new__(cls, maximum)
+        obj.min = maximum if minimum is None else minimum
+        return obj
+
+    @property
+    def max(self) -> int:
+        return int(self)
+
+    def __getnewargs__(self) -> tuple[int, int]:  # pickled to the replicas with the settings
+        return (int(self), self.min)
+
+
+def _replica_range(value: Any, handler: Any) -> ReplicaRange:
+    """An int, or "MIN-MAX" (each checked by the field's bounds); MIN above MAX is refused."""
+    if isinstance(value, ReplicaRange):
+        return value
+    if isinstance(value, str) and "-" in value.strip().lstrip("-"):
+        low, _, high = value.strip().partition("-")
+        minimum, maximum = handler(low.strip()), handler(high.strip())
+        if minimum > maximum:
+            raise ValueError(f"replicas {value!r}: MIN is above MAX (write MIN-MAX, e.g. 1-4)")
+        return ReplicaRange(maximum, minimum)
+    return ReplicaRange(handler(value))
 
 
 def _default_cache_dir() -> Path:
@@ -317,6 +382,23 @@ class Settings(BaseSettings):
     mcp_server: bool = Field(
         True, description="Serve generate and status as MCP tools at /gradio_api/mcp/ (off while page auth is on)."
     )
+    job_ttl_s: float = Field(
+        86400.0,
+        ge=60.0,
+        description="How long a finished asynchronous job of the OpenAI API (Prefer: respond-async) and its images "
+        "stay readable at /v1/images/jobs/{id}, restarts included; then both are deleted.",
+    )
+    webhook_hosts: list[str] = Field(
+        [],
+        description="Hosts an asynchronous job's webhook_url may name (host names, IP addresses or networks such as "
+        "10.0.0.0/8); empty: webhook_url is refused. Private and loopback addresses must be listed; link-local "
+        "ones (169.254.169.254) never pass.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description="Standard Webhooks signing secret, 'whsec_' + base64 of 24-64 random bytes (environment only: "
+        "NEURON_APP_WEBHOOK_SECRET); needed when webhook_hosts is set.",
+    )
 
     # --- sharing safely: the safety checker and AI-content marks (engine/safety.py, engine/marks.py) --------
     safety_checker: Literal["auto", "on", "off"] = Field(
@@ -350,12 +432,31 @@ class Settings(BaseSettings):
     )
 
     # --- replicas (Ray Serve) ---------------------------------------------------------------
-    replicas: int = Field(
+    replicas: Annotated[int, WrapValidator(_replica_range)] = Field(
         1,
         ge=1,
         le=256,
+        validate_default=True,
         description="Model replicas serving in parallel, each with its own cores, behind Ray Serve; "
-        "1 (and no ray_address) serves in this process without Ray.",
+        '1 (and no ray_address) serves in this process without Ray; "MIN-MAX" (e.g. "1-4") scales between '
+        "them with the queue (Ray Serve autoscaling).",
+    )
+    autoscale_target_ongoing: float = Field(
+        1.0,
+        gt=0.0,
+        description='With replicas = "MIN-MAX": requests per replica (running plus queued at it) that Ray Serve '
+        "aims at; above it a replica is added (each replica runs one request at a time).",
+    )
+    autoscale_upscale_delay_s: float = Field(
+        30.0,
+        ge=0.0,
+        description='With replicas = "MIN-MAX": how long the load must stay high before a replica is added.',
+    )
+    autoscale_downscale_delay_s: float = Field(
+        600.0,
+        ge=0.0,
+        description='With replicas = "MIN-MAX": how long the load must stay low before a replica is removed (a new '
+        "replica loads the model and its graphs again).",
     )
     ray_address: str | None = Field(
         None,
@@ -526,6 +627,8 @@ class Settings(BaseSettings):
                 f"replicas={self.replicas} with tp_degree={self.tp_degree} is not supported: replicas are data "
                 "parallel with one model copy each; use torchrun for tensor parallelism, or set replicas=1"
             )
+        if self.webhook_hosts:
+            _check_webhook_secret(self.webhook_secret)
         return self
 
     # --- derived -----------------------------------------------------------------------------
@@ -535,8 +638,24 @@ class Settings(BaseSettings):
 
     @property
     def device_lanes(self) -> int:
-        """Device events the queue runs at once: one per replica (each replica takes one request at a time)."""
-        return max(self.concurrency_limit, self.replicas)
+        """Device events the queue runs at once: one per replica (each replica takes one request at a time);
+        with replicas = "MIN-MAX", one per replica at the most."""
+        return max(self.concurrency_limit, self.replicas_max)
+
+    @property
+    def replicas_min(self) -> int:
+        """Fewest replicas: MIN of "MIN-MAX", else `replicas`."""
+        return getattr(self.replicas, "min", int(self.replicas))
+
+    @property
+    def replicas_max(self) -> int:
+        """Most replicas: MAX of "MIN-MAX", else `replicas` (the int value of `replicas` either way)."""
+        return int(self.replicas)
+
+    @property
+    def autoscaling(self) -> bool:
+        """replicas = "MIN-MAX" with MIN < MAX: Ray Serve adds and removes replicas with the queue."""
+        return self.replicas_min < self.replicas_max
 
     @property
     def outputs_dir(self) -> Path:

@@ -43,11 +43,18 @@ from neuron_app.errors import AppError, RateLimited, RequestError, ShuttingDown,
 from neuron_app.settings import Settings
 from neuron_app.web.access import Access
 from neuron_app.web.batch import offered_shapes, run_many, validate_many
+from neuron_app.web.jobs import Jobs, wants_async
 from neuron_app.web.ops import gradio_queue_length
 
 log = logging.getLogger(__name__)
 
-OPENAI_PATHS = ("/v1/models", "/v1/images/generations", "/v1/images/edits", "/v1/images/files/{name}")
+OPENAI_PATHS = (
+    "/v1/models",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/images/files/{name}",
+    "/v1/images/jobs/{id}",
+)
 #: A JSON request is a prompt and a few numbers; edits carry reference images.
 GENERATION_BODY_LIMIT = 1 << 20
 EDIT_BODY_LIMIT = 50 << 20
@@ -83,9 +90,12 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers
 
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error object (also what a failed job shows)."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse({"error": self.body()}, status_code=self.status, headers=self.headers)
 
 
 def refusal(exc: AppError) -> ApiError:
@@ -198,6 +208,8 @@ class OpenAIImages:
         self.urls = UrlStore(settings.outputs_dir / "api", settings.image_url_ttl_s, self.marker)
         self._lock = threading.Lock()
         self._in_flight = 0
+        # Prefer: respond-async (web/jobs.py): the same checks, charge and queue place, run by a job worker.
+        self.jobs = Jobs(settings, manager, self.marker, self.urls.save, lambda exc: failure(exc).body())
 
     @property
     def in_flight(self) -> int:
@@ -308,6 +320,11 @@ class OpenAIImages:
             log.info("openai api refused: %s", exc)
             self.access.observe_error(exc, "openai")
             raise refusal(exc) from None
+        prefer = request.headers.get("prefer", "")
+        try:  # allowlist and every resolved address: a 400 naming webhook_url, and no connection made
+            webhook_url = await run_in_threadpool(self.jobs.check_webhook, prefer, fields)
+        except RequestError as exc:
+            raise refusal(exc) from None
 
         def on_progress(event: ProgressEvent) -> None:
             log.info("openai api %s: %s", event.resolution or "", event.message)
@@ -320,6 +337,18 @@ class OpenAIImages:
                 log.info("openai api refused: %s", exc)
                 raise refusal(exc) from None
             stack.enter_context(self.admitted())
+            if wants_async(prefer):  # the job holds the charge and the queue place from here until it ends
+                view = self.jobs.submit(
+                    request.state.api_key_name,
+                    lambda progress: run_many(self.manager, job, count, progress),
+                    stack.pop_all(),
+                    size=str(job.resolution),
+                    count=count,
+                    response_format=response_format,
+                    webhook_url=webhook_url,
+                    url_for=lambda name: str(request.url_for("openai_image_file", name=name)),
+                )
+                return JSONResponse(view, status_code=202, headers={"Location": f"/v1/images/jobs/{view['id']}"})
             try:
                 records = await run_in_threadpool(run_many, self.manager, job, count, on_progress)
             except Exception as exc:
@@ -427,6 +456,18 @@ class OpenAIImages:
             return ApiError(404, "no such image (or it expired)", code="not_found").response()
         return FileResponse(path, media_type="image/png")
 
+    async def job(self, request: Request) -> Response:
+        """An asynchronous job (web/jobs.py): GET reads it, DELETE cancels it while it is queued."""
+        try:
+            name = self.check_auth(request)
+            if request.method == "DELETE":
+                return JSONResponse(await run_in_threadpool(self.jobs.cancel, request.path_params["id"], name))
+            return JSONResponse(await run_in_threadpool(self.jobs.view, request.path_params["id"], name))
+        except AppError as exc:
+            return self.answer_error(request, refusal(exc))
+        except ApiError as exc:
+            return self.answer_error(request, exc)
+
     async def models(self, request: Request) -> Response:
         try:
             self.check_auth(request)
@@ -441,4 +482,5 @@ class OpenAIImages:
             Route("/v1/images/generations", self.generations, methods=["POST"]),
             Route("/v1/images/edits", self.edits, methods=["POST"]),
             Route("/v1/images/files/{name}", self.image_file, methods=["GET"], name="openai_image_file"),
+            Route("/v1/images/jobs/{id}", self.job, methods=["GET", "DELETE"]),
         ]

@@ -170,3 +170,38 @@ def test_auto_resolution_follows_the_image(make_settings: Any) -> None:
     wide = source_image(128).resize((256, 128))
     request = manager.validate("a fox", "auto", 2, 1, image=png(wide), strength=0.5)
     assert str(request.resolution) == "128x64" and request.source.image.size == (128, 64)
+
+
+def test_preview_projects_the_unpacked_latents() -> None:
+    """The preview of packed latents is FLUX.2's latent-to-RGB map applied to the unpacked 32-channel latents."""
+    import torch
+    from diffusers import Flux2KleinPipeline
+
+    from neuron_app.engine.previews import FLUX2_RGB, FLUX2_RGB_BIAS, latent_preview
+
+    rows, cols = 4, 6
+    latents = torch.randn(1, 32, rows * 2, cols * 2, generator=torch.Generator().manual_seed(0))
+    packed = Flux2KleinPipeline._pack_latents(Flux2KleinPipeline._patchify_latents(latents))
+    preview = latent_preview(packed, cols * 16, rows * 16)
+    rgb = torch.einsum("chw,cr->hwr", latents[0], torch.tensor(FLUX2_RGB)) + torch.tensor(FLUX2_RGB_BIAS)
+    expected = Image.fromarray(((rgb.clamp(-1, 1) + 1) * 127.5 + 0.5).numpy().astype(np.uint8), "RGB")
+    assert preview.size == (cols * 4, rows * 4)
+    assert np.array_equal(np.asarray(preview), np.asarray(expected.resize(preview.size, Image.Resampling.BILINEAR)))
+
+
+def test_brush_strokes_are_the_mask() -> None:
+    """The page's ImageEditor value: painted pixels (any layer's alpha) are what to redraw; no strokes is
+    image-to-image at the slider's strength."""
+    from neuron_app.web.inpaint import editor_source
+
+    background = source_image().convert("RGBA")
+    layer = Image.new("RGBA", background.size, (0, 0, 0, 0))
+    layer.paste((255, 255, 255, 255), (0, 0, SIZE // 2, SIZE))
+    options = editor_source({"background": background, "layers": [layer], "composite": None}, 0.8)
+    assert options["strength"] == 0.8 and options["image"].mode == "RGB"
+    mask = np.asarray(options["mask"])
+    assert mask[:, : SIZE // 2].min() == 255 and mask[:, SIZE // 2 :].max() == 0
+    blank = Image.new("RGBA", background.size, (0, 0, 0, 0))
+    assert set(editor_source({"background": background, "layers": [blank]}, 0.5)) == {"image", "strength"}
+    assert editor_source({"background": None, "layers": []}, 1.0) == {}
+    assert editor_source(None, 1.0) == {}

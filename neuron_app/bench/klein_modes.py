@@ -5,7 +5,7 @@
   Qwen3-4B's depth and vocabulary: the 2-core CI host cannot hold 4B parameters twice);
 - previews: the host-side latent-to-RGB preview per denoising step (`engine/previews.py`), at serving shapes.
 
-Prints one JSON object; `--json PATH` also writes it.
+Prints one JSON object; `--json PATH` also writes it. `--skip-encoder` measures the previews only (seconds).
 """
 
 from __future__ import annotations
@@ -110,16 +110,40 @@ def bench_text_encoder(tokens: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def bench_previews(shapes: list[str], repeats: int) -> dict[str, Any]:
+    """ms per step of `engine/previews.py` on FLUX.2's 128 packed channels, and on the tiny model's 4."""
+    import torch
+
+    from neuron_app.engine.previews import latent_preview
+    from neuron_app.shapes import Resolution
+
+    out: dict[str, Any] = {}
+    for name in shapes:
+        res = Resolution.parse(name)
+        for channels in (128, 4):
+            packed = torch.randn(1, (res.height // 16) * (res.width // 16), channels)
+            latent_preview(packed, res.width, res.height)  # warm
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                latent_preview(packed, res.width, res.height)
+                times.append(time.perf_counter() - start)
+            out[f"{name}/{channels}ch"] = {"ms_per_step": round(statistics.median(times) * 1000, 3)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m neuron_app.bench.klein_modes", description=__doc__)
     parser.add_argument("--tokens", type=int, default=128, help="prompt tokens encoded (klein pads to 512)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-encoder", action="store_true")
+    parser.add_argument("--preview-shapes", default="1024x1024,1344x768,512x512,64x64")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}
     if not args.skip_encoder:
         report["text_encoder"] = bench_text_encoder(args.tokens, args.repeats)
+    report["previews"] = bench_previews([x for x in args.preview_shapes.split(",") if x], max(5, args.repeats * 5))
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -35,8 +35,10 @@ class Manager(Protocol):
         lora: Any = "none",
         lora_scale: Any = 1.0,
         references: Sequence[Any] | None = None,
+        **source: Any,
     ) -> Request:
-        """The one validation (engine/requests.py) against what is offered now; raises `RequestError`."""
+        """The one validation (engine/requests.py) against what is offered now; raises `RequestError`. `source`:
+        `image`, `mask`, `strength` (image-to-image, inpainting) and `previews` (the page's step previews)."""
         ...
 
     def run(self, request: Request, progress: ProgressCallback | None = None) -> GenerationRecord:
@@ -54,6 +56,7 @@ class Manager(Protocol):
         lora: Any = "none",
         lora_scale: Any = 1.0,
         references: Sequence[Any] | None = None,
+        **source: Any,
     ) -> GenerationRecord:
         """`validate`, then `run`: the raw-input entry of the Gradio API, MCP and the command line."""
         ...

@@ -107,9 +107,11 @@ class ReplicaClient(Admitted):
         lora: Any = "none",
         lora_scale: Any = 1.0,
         references: Sequence[Any] | None = None,
+        **source: Any,
     ) -> Request:
-        """The manager's own checks, here: a refusal costs no replica work."""
-        options = {"lora": lora, "lora_scale": lora_scale, "references": references}
+        """The manager's own checks, here: a refusal costs no replica work. `source`: image, mask, strength,
+        previews (previews stay on the replica: its progress events do not cross)."""
+        options = {"lora": lora, "lora_scale": lora_scale, "references": references, **source}
         return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
 
     def generate(
@@ -123,9 +125,10 @@ class ReplicaClient(Admitted):
         lora: Any = "none",
         lora_scale: Any = 1.0,
         references: Sequence[Any] | None = None,
+        **source: Any,
     ) -> GenerationRecord:
         """Validate here, then `run` on a replica (the manager's raw-input entry, the same parameters)."""
-        options = {"lora": lora, "lora_scale": lora_scale, "references": references}
+        options = {"lora": lora, "lora_scale": lora_scale, "references": references, **source}
         return self._admitted(lambda: self._run(self.validate(prompt, resolution, steps, seed, **options), progress))
 
     def run(self, request: Request, progress: ProgressCallback | None = None) -> GenerationRecord:

@@ -208,3 +208,28 @@ def test_operator_certificate_signs_and_a_wrong_key_stops_the_start(
         make_settings(c2pa_cert=tmp_path / "chain.pem")
     with pytest.raises(SettingsError, match="watermark_payload"):
         make_settings(watermark_payload="TOOLONG")
+
+
+def test_mcp_generate_carries_every_mark(marked_app: Any) -> None:
+    """The MCP tool's image content is the marked PNG itself, and its record lists the marks."""
+    import asyncio
+    import json
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    async def call() -> Any:
+        async with (
+            streamablehttp_client(marked_app.url + "gradio_api/mcp/") as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            args = {"prompt": "a marked lighthouse", "resolution": "256x256", "steps": 2, "seed": 3}
+            return await session.call_tool("generate", args)
+
+    result = asyncio.run(call())
+    assert not result.isError, result.content
+    (image,) = [c for c in result.content if c.type == "image"]
+    assert_marked(base64.b64decode(image.data))
+    (record,) = [json.loads(c.text) for c in result.content if c.type == "text"]
+    assert set(record["marks"]) == {"c2pa", "iptc", "watermark"}

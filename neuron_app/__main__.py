@@ -1,4 +1,4 @@
-"""Command line: `python -m neuron_app {serve,precompile,cache,doctor}`.
+"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest}`.
 
 `precompile` is what a deployment runs once before users come (or in an image build):
 it fills the persistent compile cache and the manifest, so the server starts warm.
@@ -198,6 +198,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return main_args(args)
 
 
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from neuron_app.selftest import main as selftest
+
+    return selftest(args.rest)
+
+
 def cmd_serve(_args: argparse.Namespace) -> int:
     import app
 
@@ -247,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("files", nargs="+", metavar="FILE", help="images to check")
     verify.add_argument("--json", action="store_true", help="machine-readable report")
     verify.set_defaults(func=cmd_verify)
+    selftest = sub.add_parser(
+        "selftest", help="the first device check: neuron on a trn instance, neuron-emulated elsewhere", add_help=False
+    )
+    selftest.add_argument("rest", nargs=argparse.REMAINDER, help="selftest's own options (--help)")
+    selftest.set_defaults(func=cmd_selftest)
     args = parser.parse_args(argv)
     from neuron_app.errors import AppError
 

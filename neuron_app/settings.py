@@ -74,20 +74,6 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return match.group("bucket"), prefix
 
 
-_S3_URL = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
-
-
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix") for `cache_remote`; ValueError naming the form."""
-    match = _S3_URL.match(url.strip())
-    if not match:
-        raise ValueError(f"cache_remote {url!r} is not of the form s3://bucket/prefix (bucket: 3-63 of a-z 0-9 . -)")
-    prefix = (match.group("prefix") or "").strip("/")
-    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
-        raise ValueError(f"cache_remote {url!r} has an empty, '.' or '..' path segment")
-    return match.group("bucket"), prefix
-
-
 def _check_webhook_secret(secret: SecretStr | None) -> None:
     """A Standard Webhooks secret: 'whsec_' + base64 of 24..64 bytes (the value is never put in the message)."""
     import base64
@@ -224,10 +210,15 @@ class Settings(BaseSettings):
         "same token count then share everything): auto = on for neuron, off elsewhere.",
     )
     vae_tile: int = Field(
-        64, ge=8, le=256, description="VAE tile side in latent pixels (x8 image pixels); one compiled graph."
+        32,
+        ge=8,
+        le=256,
+        description="VAE tile side in latent pixels (x8 image pixels: 256 px); one compiled graph. Small on purpose: "
+        "a whole 1024 px decode was measured past neuronx-cc's instruction limit, a 512 px tile reported not to "
+        "compile in 30 min (docs/compiling-less.md).",
     )
     vae_tile_overlap: int = Field(
-        16, ge=0, le=128, description="Latent pixels shared by neighbouring VAE tiles, blended across (<= tile/2)."
+        8, ge=0, le=128, description="Latent pixels shared by neighbouring VAE tiles, blended across (<= tile/2)."
     )
     prompt_cache_size: int = Field(
         64, ge=0, description="Encoded prompts kept (LRU) so repeated prompts skip the text encoder; 0 = off."
@@ -305,15 +296,6 @@ class Settings(BaseSettings):
     )
     only_precompiled: bool = Field(
         False, description="Offer only shapes that are precompiled or compiled in this process."
-    )
-    cache_remote: str | None = Field(
-        None,
-        description="s3://bucket/prefix holding compiled artifacts for many instances: `cache push` uploads, "
-        "the app pulls its fingerprint's at start and before compiling (boto3, standard AWS credentials, "
-        "AWS_ENDPOINT_URL for S3-compatible stores); unset: off.",
-    )
-    cache_remote_timeout_s: float = Field(
-        10.0, gt=0.0, le=600.0, description="Connect and read timeout of each S3 call; a slow store is skipped."
     )
     cache_remote: str | None = Field(
         None,
@@ -524,14 +506,6 @@ class Settings(BaseSettings):
     @classmethod
     def _check_cache_dir(cls, value: Path) -> Path:
         return value.expanduser().resolve()
-
-    @field_validator("cache_remote")
-    @classmethod
-    def _check_cache_remote(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
-            return None
-        bucket, prefix = parse_s3_url(value)
-        return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
     @field_validator("cache_remote")
     @classmethod

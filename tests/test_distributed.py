@@ -32,12 +32,15 @@ PROMPT = "a lighthouse on a cliff"
 SHAPES = ["64x64", "128x64"]
 LORAS = {"red": "tiny:1"}  # followers must switch to the style rank 0 sends with each call
 START_TIMEOUT_S = 180  # generous: the 2 cores may be shared; an idle machine starts in ~20 s
+#: The lockstep runs the neuron code path (neuron-emulated: TorchNeuron's rules on CPU, gloo between ranks).
+DEVICE = "neuron-emulated"
 STOP_TIMEOUT_S = 40  # torchrun itself SIGKILLs its ranks 30 s after forwarding SIGTERM
 
 
 def tp_env(cache_dir: Path, port: int, settings_file: Path) -> dict[str, str]:
     """The tiny model's settings as NEURON_APP_* variables, loopback only."""
     values = TINY_OVERRIDES | {
+        "device": DEVICE,
         "resolutions": SHAPES,
         "cache_dir": str(cache_dir),
         "server_port": port,
@@ -116,7 +119,7 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
         )
     try:
         # The single-process reference, computed while the ranks start (same settings, same seed).
-        overrides = {"resolutions": SHAPES, "cache_dir": cache_dir, "loras": LORAS}
+        overrides = {"device": DEVICE, "resolutions": SHAPES, "cache_dir": cache_dir, "loras": LORAS}
         single = PipelineManager(load_settings(**(TINY_OVERRIDES | overrides)))
         expected = np.asarray(single.generate(PROMPT, "64x64", 2, 7).image.convert("RGB"))
         styled = np.asarray(single.generate(PROMPT, "64x64", 2, 7, lora="red", lora_scale=0.5).image.convert("RGB"))

@@ -96,6 +96,10 @@ class DeviceBackend(ABC):
     def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:  # noqa: B027 (optional hook)
         """After loading: the pipeline is on the device (the emulator marks its weights and graphs)."""
 
+    def wrap_graph(self, fn: Any, name: str) -> Any:
+        """A compiled callable as the device runs it (the emulator: one device graph, outside its rules)."""
+        return fn
+
     def device_work(self) -> contextlib.AbstractContextManager[None]:
         """Context for one call's device work (the emulator enforces TorchNeuron's rules inside it)."""
         return contextlib.nullcontext()

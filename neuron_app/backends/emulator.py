@@ -275,6 +275,7 @@ class NeuronEmulator:
             return
         self.eager_seen += 1
         if self.store.record("eager", f"{overload}({shapes})"):
+            log.debug("eager compile: %s(%s)", overload, shapes)
             with self._lock:
                 self.eager_compiles += 1
 

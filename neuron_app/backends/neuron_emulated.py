@@ -84,14 +84,16 @@ class NeuronEmulatedBackend(NeuronBackend):
                 em.adopt(component)
                 for sub in component.modules():
                     impl = getattr(sub, "_compiled_call_impl", None)
-                    if impl is not None and not hasattr(impl, "neuron_graph"):
-                        sub._compiled_call_impl = em.graph(impl, type(sub).__name__)
+                    if impl is not None:
+                        sub._compiled_call_impl = self.wrap_graph(impl, type(sub).__name__)
         for module in host_modules:
             em.place(list(module.parameters()) + list(module.buffers()), False)
         decoder = getattr(getattr(pipe.vae, "decode", None), "__self__", None)
-        tile_fn = getattr(decoder, "_tile_fn", None)
-        if getattr(decoder, "compiled", False) and not hasattr(tile_fn, "neuron_graph"):
-            decoder._tile_fn = em.graph(tile_fn, "vae_tile")
+        if getattr(decoder, "compiled", False):
+            decoder._tile_fn = self.wrap_graph(decoder._tile_fn, "vae_tile")
+
+    def wrap_graph(self, fn: Any, name: str) -> Any:
+        return fn if hasattr(fn, "neuron_graph") else self.emulator.graph(fn, name)
 
     def device_work(self) -> contextlib.AbstractContextManager[None]:
         return self.emulator.device_work()

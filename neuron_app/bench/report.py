@@ -436,6 +436,10 @@ def render_benchmarks(runs: dict[str, dict[str, Any]]) -> str:
             "It writes `benchmarks/neuron.json` and regenerates this file with the table in this section. "
             "Expect each cold compile to take minutes: the whole run can take an hour."
         )
+    for name, extra in sorted(runs.items()):
+        if name not in ("cpu", "neuron") and "markdown" in extra:  # a standalone measurement module's JSON
+            parts.append(f"## {extra['title']}")
+            parts.append(f"Measured with `{extra['command']}` on {extra['started_at']}.\n\n{extra['markdown']}")
     return "\n\n".join(parts) + "\n"
 
 

@@ -46,7 +46,6 @@ from neuron_app.engine.records import (
     ShapeStatus,
 )
 from neuron_app.engine.remote_cache import RemoteCache
-from neuron_app.engine.remote_cache import RemoteCache
 from neuron_app.engine.requests import Request
 from neuron_app.engine.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.safety import SafetyChecker
@@ -93,12 +92,12 @@ class PipelineManager(Admitted):
         self.prompt_cache = PromptCache(settings.prompt_cache_size, self.fingerprint)
         self.probe = self.backend.cache_probe(self.compile_backend, settings.cache_dir)
         self.remote = RemoteCache.for_manager(self)  # cache_remote (S3): pulls, the "remote" verdict, push
-        self.remote = RemoteCache.for_manager(self)  # cache_remote (S3): pulls, the "remote" verdict, push
 
         self._state_lock = threading.RLock()
         self._device_lock = threading.Lock()
         self._load_lock = threading.Lock()
         self._pipe: Any = None
+        self._shape_free_warm = False
         self._loading = False
         self._load_s: float | None = None
         self._load_error: str | None = None
@@ -191,7 +190,6 @@ class PipelineManager(Admitted):
         with self._load_lock:
             if self._pipe is not None:
                 return self._pipe
-            self.remote.pull_once()  # what the remote holds for this fingerprint, before anything compiles
             self.remote.pull_once()  # what the remote holds for this fingerprint, before anything compiles
             if progress:
                 progress(ProgressEvent("loading", message=f"Loading {self.settings.model}"))
@@ -309,7 +307,6 @@ class PipelineManager(Admitted):
             progress(ProgressEvent("compiling", str(res), message=msg))
         log.info("compile start %s (%s)", name, key)
         self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now
-        self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now
         before, graphs_before = self.probe.snapshot(), self.counter.graphs
         start = time.perf_counter()
         eager_before = self.backend.eager_compile_count(graphs_before)
@@ -323,6 +320,7 @@ class PipelineManager(Admitted):
                 steps, blank = self.settings.default_steps, blank_references(buckets)
                 with self.prompt_cache.not_a_user_prompt():  # the counters count what people asked for
                     self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, steps, 0, references=blank))
+                self._warm_shape_free_ops()
         except Exception as exc:
             with self._state_lock:
                 graph.state, graph.error = ShapeState.FAILED, one_line(exc)
@@ -340,7 +338,6 @@ class PipelineManager(Admitted):
         else:
             cache = CacheResult.MEMORY  # nothing new was compiled: dynamo already had this graph
         cache = self.remote.verdict(name, cache)  # a disk hit on pulled artifacts is a remote one
-        cache = self.remote.verdict(name, cache)  # a disk hit on pulled artifacts is a remote one
         outcome = CompileOutcome(name, cache, graphs > 0 or eager > 0, elapsed, graphs, eager)
         with self._state_lock:
             graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
@@ -353,6 +350,29 @@ class PipelineManager(Admitted):
             self.manifest.record(ManifestEntry(name, self.fingerprint, fields, round(elapsed, 3), graphs, str(cache)))
         self._emit(outcome)
         return outcome
+
+    def _warm_shape_free_ops(self) -> None:
+        """Where eager ops compile per signature (Neuron), the ops a shape's warm-up cannot meet, measured on
+        neuron-emulated: a prompt that fills max_sequence_length (no padding: the text encoder's attention takes
+        another path, one more compile), and the scheduler's timesteps for every step count a request may ask
+        (two small ops per count). None of them depend on the image shape: once per process, then cached."""
+        if self._shape_free_warm or not self.backend.compiles_eager_ops_per_shape:
+            return
+        import copy
+
+        import numpy as np
+        import torch
+        from diffusers.pipelines.flux2.pipeline_flux2_klein import retrieve_timesteps
+
+        with self.backend.device_work(), torch.inference_mode():
+            prompt = " ".join([WARMUP_PROMPT] * self.settings.max_sequence_length)
+            self._pipe.encode_prompt(prompt=prompt, max_sequence_length=self.settings.max_sequence_length)
+            device = self._pipe._execution_device
+            for steps in range(1, self.settings.max_steps + 1):
+                sigmas = np.linspace(1.0, 1 / steps, steps)
+                retrieve_timesteps(copy.deepcopy(self._pipe.scheduler), steps, device, sigmas=sigmas, mu=1.0)
+        self.backend.synchronize()
+        self._shape_free_warm = True
 
     @reports_failures
     @admitted
@@ -392,6 +412,8 @@ class PipelineManager(Admitted):
 
             def on_step(step: int, total: int, preview: Any = None) -> None:
                 if progress:
+                    if self.safety.enabled:  # no picture of an unchecked image reaches anyone: no step previews
+                        preview = None
                     fields = ("denoising", str(req.resolution), step, total, f"Step {step}/{total}")
                     progress(ProgressEvent(*fields) if preview is None else PreviewEvent(*fields, preview))
                     if step == total:
@@ -520,7 +542,6 @@ class PipelineManager(Admitted):
                 warmup=self.warmup.snapshot(),
                 shapes=shapes,
                 loras=self.adapters.describe(),
-                remote=self.remote.snapshot(),
                 remote=self.remote.snapshot(),
                 edits={name: self._graph_status(name, key, entries) for name, key in sorted(edits.items())},
                 eager_compiles=self.backend.eager_compile_count(self.counter.graphs),

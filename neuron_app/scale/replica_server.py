@@ -100,7 +100,7 @@ class ReplicaServer:
         from neuron_app.engine.manager import PipelineManager
 
         manager = PipelineManager(settings)
-        if manager.backend.name == "cpu":
+        if manager.backend.name in ("cpu", "neuron-emulated"):
             import torch
 
             torch.set_num_threads(settings.cores_per_replica)  # one model per core set: no oversubscription

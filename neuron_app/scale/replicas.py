@@ -57,6 +57,9 @@ ROUTER_MAX_BACKOFF_S = 0.05
 BOARD_TTL_S = 0.2
 #: Seconds between progress lines while a request waits for its replica.
 PROGRESS_TICK_S = 1.0
+#: With replicas = "MIN-MAX", handles and replicas report their queues to Serve's controller this often (Ray's
+#: default, 10 s, would add up to 10 s to every scaling decision). Read when ray.serve is imported.
+AUTOSCALING_PUSH_S = 1.0
 
 
 class ReplicaClient(Admitted):
@@ -362,6 +365,26 @@ def start_failure(exc: BaseException) -> ModelLoadError:
 
 
 # --- start ---------------------------------------------------------------------------------------------------------
+def deployment_scale(settings: Settings) -> dict[str, Any]:
+    """A fixed `num_replicas`, or for replicas = "MIN-MAX" Ray Serve's `autoscaling_config`: it adds a replica while
+    the requests per replica (running plus queued at the handles) stay above the target for the upscale delay and
+    removes one while they stay below it for the downscale delay; the load is averaged over the upscale delay
+    (2..30 s)."""
+    if not settings.autoscaling:
+        return {"num_replicas": settings.replicas_max}
+    return {
+        "autoscaling_config": {
+            "min_replicas": settings.replicas_min,
+            "initial_replicas": settings.replicas_min,
+            "max_replicas": settings.replicas_max,
+            "target_ongoing_requests": settings.autoscale_target_ongoing,
+            "upscale_delay_s": settings.autoscale_upscale_delay_s,
+            "downscale_delay_s": settings.autoscale_downscale_delay_s,
+            "look_back_period_s": min(30.0, max(2.0, settings.autoscale_upscale_delay_s)),
+        }
+    }
+
+
 def _actor_options(settings: Settings) -> dict[str, Any]:
     """Each replica asks Ray for its own cores: NeuronCores as the `neuron_cores` resource, else GPUs or CPUs."""
     cores = settings.cores_per_replica
@@ -390,6 +413,13 @@ def start_replicas(settings: Settings) -> ReplicaClient:
     # A request waiting for a free replica re-polls with exponential backoff, by default up to 0.5 s: with one
     # request per replica that leaves replicas idle between short requests. Read when ray.serve is imported.
     os.environ.setdefault("RAY_SERVE_ROUTER_RETRY_MAX_BACKOFF_S", str(ROUTER_MAX_BACKOFF_S))
+    pushes = {}
+    if settings.autoscaling:
+        names = (
+            "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S",
+            "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S",
+        )
+        pushes = {name: os.environ.setdefault(name, str(AUTOSCALING_PUSH_S)) for name in names}
     try:
         import ray
         from ray import serve
@@ -404,11 +434,12 @@ def start_replicas(settings: Settings) -> ReplicaClient:
 
     # The fallback switches and NEFF folder as this process exported them: a joined cluster's workers do not
     # inherit this environment (each replica also runs prepare_process itself).
-    env_vars = {"PYTHONPATH": str(PROJECT_ROOT), "TOKENIZERS_PARALLELISM": "false", **forwarded_env()}
+    env_vars = {"PYTHONPATH": str(PROJECT_ROOT), "TOKENIZERS_PARALLELISM": "false", **forwarded_env(), **pushes}
     runtime_env = {"env_vars": env_vars}
     init: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "logging_level": logging.WARNING}
     if owns_ray:
-        cpus = settings.replicas * (settings.cores_per_replica if settings.device in ("cpu", "auto") else 1)
+        on_cpu = settings.device in ("cpu", "auto", "neuron-emulated")
+        cpus = settings.replicas_max * (settings.cores_per_replica if on_cpu else 1)
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, **init)
     else:
         ray.init(address=settings.ray_address, **init)
@@ -418,7 +449,7 @@ def start_replicas(settings: Settings) -> ReplicaClient:
         deployment = serve.deployment(
             ReplicaServer,
             name=DEPLOYMENT_NAME,
-            num_replicas=settings.replicas,
+            **deployment_scale(settings),  # num_replicas, or autoscaling_config for replicas = "MIN-MAX"
             max_ongoing_requests=1,  # one device per replica: a busy replica is skipped by the router
             ray_actor_options=_actor_options(settings),
             health_check_period_s=2,
@@ -436,5 +467,10 @@ def start_replicas(settings: Settings) -> ReplicaClient:
         ray.shutdown()
         raise start_failure(exc) from None
     client = ReplicaClient(settings, handle, board, owns_ray=owns_ray)
-    log.info("%d replica(s) up on Ray Serve (%s)", settings.replicas, "local Ray" if owns_ray else settings.ray_address)
+    where = "local Ray" if owns_ray else settings.ray_address
+    if settings.autoscaling:
+        log.info("%d replica(s) up on Ray Serve (%s), scaling %d-%d with the queue", settings.replicas_min, where,
+                 settings.replicas_min, settings.replicas_max)  # fmt: skip
+    else:
+        log.info("%d replica(s) up on Ray Serve (%s)", settings.replicas_max, where)
     return client

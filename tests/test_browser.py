@@ -140,6 +140,19 @@ def test_type_pick_generate_see_image_and_ready_label(page: Any, tmp_path: Path)
     assert page.locator("#seed .error").count() == 0  # the seed box keeps its number
 
 
+def test_a_refused_request_says_why_in_the_output_area_and_leaves_the_seed_box_alone(page: Any) -> None:
+    """An empty prompt is refused before any model work: the reason shows in the output area, and the seed box keeps
+    its number with no spinner or error badge (the event's progress shows on the gallery only)."""
+    page.locator("#randomize input").uncheck()
+    page.locator("#seed input").fill("42")
+    page.locator("#prompt textarea").fill("   ")
+    page.locator("#generate").click()
+    page.locator("#info").filter(has_text="Not generated:").filter(has_text="prompt is empty").wait_for()
+    seed = page.locator("#seed")
+    assert seed.locator("input").input_value() == "42"
+    assert "Error" not in seed.inner_text() and seed.locator(".error, .eta-bar, .progress-text").count() == 0
+
+
 def test_upload_a_reference_edit_and_use_the_result_as_the_next_reference(page: Any, tmp_path: Path) -> None:
     """Upload a wide reference, pick `auto` (offered only while references are uploaded), edit, then put the
     result back as a second reference."""

@@ -113,3 +113,17 @@ def test_a_classifier_that_cannot_load_fails_the_request_before_device_work(
     with pytest.raises(ModelLoadError, match=r"the safety checker's model .* could not be loaded"):
         manager.generate("a calm lake", "64x64", 2, 1)
     assert manager.counter.graphs == 0 and manager.status().shapes["64x64"].hits == 0
+
+
+def test_no_step_preview_leaves_before_the_check(make_settings: Callable[..., Any]) -> None:
+    """Live previews are pictures of the image before it is checked: with the checker on, none are sent."""
+    from dataclasses import replace
+
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.engine.previews import PreviewEvent
+
+    manager = PipelineManager(make_settings(**SAFE))
+    events: list[Any] = []
+    record = manager.run(replace(manager.validate("a calm lake", "64x64", 2, 1), previews=True), progress=events.append)
+    assert record.safety == "passed" and [e.step for e in events if e.phase == "denoising"] == [1, 2]
+    assert not any(isinstance(e, PreviewEvent) for e in events)

@@ -1,8 +1,9 @@
 """What the safety checker and the AI-content marks cost per image, beside a generation on the same machine.
 
-    python -m neuron_app.bench.safety [--sizes 256 512 1024] [--repeats 5]
+    python -m neuron_app.bench.safety [--sizes 256 512 1024] [--repeats 5] [--json benchmarks/safety.json]
+    python -m neuron_app.bench render --benchmarks BENCHMARKS.md     # the JSON becomes a BENCHMARKS.md section
 
-Prints Markdown tables (pasted into BENCHMARKS.md with this command). Measured through the app's own code:
+Prints Markdown tables. Measured through the app's own code:
 `SafetyChecker.score` (what `check` runs) on a ViT-B/16 at 224x224 with random weights (the architecture,
 preprocessing and so the cost of the default Falconsai/nsfw_image_detection, which cannot be downloaded here)
 and on the tiny stand-in;
@@ -15,9 +16,12 @@ All on the host CPU, where these steps run in the server.
 from __future__ import annotations
 
 import argparse
+import datetime
 import io
+import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +30,7 @@ from typing import Any
 
 from neuron_app.bench.common import PROMPT, percentile
 
+TITLE = "Safety checker and AI-content marks, per image (host CPU)"
 #: tiny-deep generations are timed up to this side: at 1024x1024 one takes minutes of this CPU.
 GENERATE_MAX_SIDE = 512
 
@@ -165,10 +170,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m neuron_app.bench.safety", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", type=int, default=[256, 512, 1024], help="square sides (multiples of 16)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--json", type=Path, help="also write the tables here (benchmarks/safety.json: a section of BENCHMARKS.md)"
+    )
     args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     command = "python -m neuron_app.bench.safety" + (" " + " ".join(argv) if argv else "")
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(prefix="bench-safety-") as tmp:
-        print(render(measure(args.sizes, args.repeats, Path(tmp)), command))
+        markdown = render(measure(args.sizes, args.repeats, Path(tmp)), command)
+    print(markdown)
+    if args.json:  # what `python -m neuron_app.bench render` puts into BENCHMARKS.md as its own section
+        record = {"title": TITLE, "command": command, "started_at": started, "markdown": markdown}
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

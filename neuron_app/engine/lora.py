@@ -18,6 +18,7 @@ import json
 import logging
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,8 @@ class AdapterSet:
     _modules: list[Any] = field(init=False, default_factory=list)
     _current: tuple[str, float] = field(init=False, default=(NONE, 1.0))
     last_switch_s: float = field(init=False, default=0.0)
+    #: The backend's synchronize, so a switch is timed to its end on an asynchronous device (review M10).
+    synchronize: Callable[[], None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         """Cheap start-up checks (before anything loads): sources parse, files exist, headers read, ranks fit."""
@@ -356,5 +359,14 @@ class AdapterSet:
                 for module, base in zip(self._modules, prepared.scalings, strict=True):
                     module.scaling[SLOT].fill_(base * scale)
         self._current = (name, scale)
+        if self.synchronize is not None:
+            self.synchronize()  # an asynchronous device (Neuron) has only queued the copies: time them done
         self.last_switch_s = time.perf_counter() - start
         return self.last_switch_s
+
+    def warm(self) -> None:
+        """Switch to every style once and back (on the device, after loading): where eager ops compile on first
+        use (Neuron), the switch's copies and fills compile at load, not in a user's first styled request."""
+        for spec in self.specs:
+            self.activate(spec.name, 1.0)
+        self.activate(NONE, 1.0)

@@ -215,6 +215,9 @@ class PipelineManager(Admitted):
                 elif self.vae_on_host:
                     host = install_host_decode(pipe).modules
                 self.backend.adopt(pipe, host)  # the emulator: weights and compiled graphs are on the device
+                self.adapters.synchronize = self.backend.synchronize
+                with self.backend.device_work():
+                    self.adapters.warm()
             except Exception as exc:
                 with self._state_lock:
                     self._load_error = str(exc) if isinstance(exc, ModelLoadError) else one_line(exc)

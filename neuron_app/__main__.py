@@ -43,7 +43,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
     from neuron_app.engine import requests
     from neuron_app.engine.edits import edit_label
-    from neuron_app.errors import CompileFailed, RequestError
+    from neuron_app.errors import CompileFailed, NeuronRuleViolation, RequestError
 
     manager = _manager(args.cores)
     names = args.resolutions or [str(r) for r in manager.resolutions]
@@ -69,12 +69,13 @@ def cmd_precompile(args: argparse.Namespace) -> int:
         bar.set_postfix_str(label)
         try:
             outcome = manager.compile_shape(name, references=buckets)
-            rows.append([label, "ready", str(outcome.cache), outcome.graphs, f"{outcome.compile_s:.2f}"])
-        except CompileFailed as exc:
+            row = [label, "ready", str(outcome.cache), outcome.graphs, outcome.eager_compiles]
+            rows.append([*row, f"{outcome.compile_s:.2f}"])
+        except (CompileFailed, NeuronRuleViolation) as exc:
             failed += 1
-            rows.append([label, "failed", "", 0, str(exc)[:120]])
+            rows.append([label, "failed", "", 0, 0, str(exc)[:120]])
     print(f"model {manager.settings.model} loaded in {load_s:.1f}s; cache {manager.settings.cache_dir}")
-    print(_table(["shape", "state", "cache", "graphs", "seconds"], rows))
+    print(_table(["shape", "state", "cache", "graphs", "eager ops", "seconds"], rows))
     print(f"manifest: {manager.manifest.path} (fingerprint {manager.fingerprint})")
     return EXIT_FAILED if failed else EXIT_OK
 

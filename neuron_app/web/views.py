@@ -132,8 +132,25 @@ def status_markdown(status: ManagerStatus) -> str:
         f"{compile_less_markdown(status)}{warm_line}\n\n"
         f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}) · fingerprint `{status.fingerprint}`"
         f"{remote_markdown(status)}"
-        f"{lora_markdown(status)}{safety_markdown(status)}"
+        f"{lora_markdown(status)}{safety_markdown(status)}{neuron_markdown(status)}"
     )
+
+
+def neuron_markdown(status: ManagerStatus) -> str:
+    """Eager compiles (Neuron compiles each op signature once) and, on neuron-emulated, the rules' record."""
+    rules = status.neuron_rules
+    degraded = [name for name, shape in status.shapes.items() if shape.degraded]
+    text = f"\n\n**Eager ops compiled** {status.eager_compiles}" if status.eager_compiles or rules else ""
+    if degraded:
+        text += f" · **degraded** (ops ran on the CPU): {', '.join(degraded)}"
+    if rules:
+        text += (
+            f" · **neuron rules** ({rules['mode']}): {rules['violation_count']} violation(s), "
+            f"{rules['eager_signatures']} op signatures"
+        )
+        if rules["violations"]:
+            text += f" · last: `{rules['violations'][-1][:160]}`"
+    return text
 
 
 def safety_markdown(status: ManagerStatus) -> str:
@@ -219,6 +236,7 @@ def info_markdown(record: GenerationRecord) -> str:
         f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
         + (f" · LoRA {record.lora} x{record.lora_scale:g}" if record.lora != "none" else "")
         + (f" · references {refs}" if refs else "")
+        + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
         + f" · safety {record.safety}"
         + (f" · marked: {', '.join(sorted(record.marks))}" if record.marks else "")
     )

@@ -104,13 +104,13 @@ def _page_generate(
 ) -> dict[str, Any]:
     """Send the page's own Generate event (private to the API, sent by the browser through the queue).
     `data` is prompt, resolution, steps, seed, images, randomize; `style` the LoRA dropdown and scale slider; then
-    no reference images (and no reference buckets)."""
+    no reference images (and no reference buckets), no image in the brush editor, strength 1."""
     from neuron_app.bench.wire import WireClient
 
     fn_index = next(fid for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
     wire = WireClient(app.url, timeout=timeout)
     try:
-        return wire.event(fn_index, [*data, *style, None, []])
+        return wire.event(fn_index, [*data, *style, None, [], None, 1.0])
     finally:
         wire.close()
 

@@ -257,6 +257,8 @@ class ReplicaClient(Admitted):
         import ray
         from ray import serve
 
+        with contextlib.suppress(Exception):  # its router: with autoscaling it pushes queue metrics every second
+            self.handle.shutdown()
         with contextlib.suppress(Exception):
             serve.delete(APP_NAME)
         if self.owns_ray:

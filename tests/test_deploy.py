@@ -85,19 +85,70 @@ def test_space_front_matter_matches_the_app() -> None:
     assert len(meta["short_description"]) <= 60
 
 
+def requirement_lines(name: str) -> list[str]:
+    lines = [line.split(" #")[0].strip() for line in (ROOT / name).read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+#: The Neuron SDK 2.33 versions (its release notes' component index), pinned in one place each and equal everywhere.
+SDK_2_33 = {
+    "NEURON_RUNTIME_VERSION": "2.35.30.0",
+    "NEURON_COLLECTIVES_VERSION": "2.35.43.0",
+    "NEURON_TOOLS_VERSION": "2.33.38.0",
+}
+
+
 def test_neuron_requirements_are_one_torchneuron_stack() -> None:
-    """TorchNeuron from the Neuron pip repository, with the torch the CPU install pins (the versions agree),
-    and the app's common packages, which pin no torch of their own."""
-    lines = [line.strip() for line in (ROOT / "requirements-neuron.txt").read_text().splitlines()]
-    requirements = [line for line in lines if line and not line.startswith("#")]
-    cpu_install = (ROOT / "requirements.txt").read_text().splitlines()
-    torch_pin = next(line for line in cpu_install if line.startswith("torch=="))
-    assert torch_pin in requirements and "torch-neuronx==2.13.*" in requirements
+    """TorchNeuron 2.13 from the Neuron pip repository, with the torch the CPU install pins (the versions agree);
+    the 2.14 file is the same stack for torch 2.14; both pin the 2.33 compiler and NKI and add the app's common
+    packages, which pin no torch of their own."""
+    requirements = requirement_lines("requirements-neuron.txt")
+    torch_pin = next(line for line in requirement_lines("requirements.txt") if line.startswith("torch=="))
+    assert torch_pin in requirements and "torch-neuronx==2.13.3.0.*" in requirements
     assert torch_pin == "torch==2.13.0"  # torch-neuronx 2.13.* is built for it
-    assert "--extra-index-url https://pip.repos.neuron.amazonaws.com" in requirements
-    assert "-r requirements-common.txt" in requirements
-    common = (ROOT / "requirements-common.txt").read_text().splitlines()
-    assert not [line for line in common if re.match(r"torch\b", line.strip())]
+    newer = requirement_lines("requirements-neuron-2.14.txt")
+    assert "torch==2.14.0" in newer and "torch-neuronx==2.14.3.0.*" in newer
+    for stack in (requirements, newer):
+        assert "--extra-index-url https://pip.repos.neuron.amazonaws.com" in stack
+        assert {"neuronx-cc==2.28.7631.0", "nki==0.7.0", "-r requirements-common.txt"} <= set(stack)
+    common = requirement_lines("requirements-common.txt")
+    assert not [line for line in common if re.match(r"torch\b", line)]
+
+
+def test_the_image_the_install_script_and_the_guide_pin_one_sdk_release() -> None:
+    """Ubuntu 26.04 (the 2.33 wheels' only OS), its python3, LD_LIBRARY_PATH for libnrt, and the 2.33 runtime
+    packages at the same versions in the Dockerfile's ARGs, the install script's defaults and the guide's table."""
+    args = {k: v for k, v in (a.split("=", 1) for kw, a in dockerfile_instructions() if kw == "ARG" and "=" in a)}
+    assert args["BASE_IMAGE"] == "ubuntu:26.04" and args["NEURON_STACK"] == "install"
+    env = next(a for kw, a in dockerfile_instructions() if kw == "ENV")
+    assert "LD_LIBRARY_PATH=/opt/aws/neuron/lib" in env
+    script = (ROOT / "scripts" / "install-neuron.sh").read_text()
+    guide = DEPLOY_DOC.read_text()
+    for name, value in SDK_2_33.items():
+        assert args[name] == value, name
+        assert f'{name}="${{{name}:-{value}}}"' in script, name
+        assert value in guide, name
+    assert "python3 python3-venv" in script and "python3.12" not in script
+    assert "/opt/aws_neuronx_venv_torch_neuronx_2_14_0" in guide and "2.31.7.0" in guide  # DLAMI venv, host driver
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"NEURON_STACK": "present", "VENV": "/nonexistent"}, "has no torch_neuronx"),
+        ({"NEURON_STACK": "maybe"}, "NEURON_STACK must be install or present"),
+    ],
+)
+def test_install_script_refuses_a_stack_it_cannot_install_into(env: dict[str, str], message: str) -> None:
+    """`present` (the DLAMI or DLC route) needs a Python that already imports torch_neuronx; nothing is installed."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install-neuron.sh")],
+        env=os.environ | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
 def test_nothing_documents_unsupported_neuron_hardware() -> None:

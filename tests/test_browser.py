@@ -238,6 +238,13 @@ def test_dropdown_and_table_agree_before_and_after_a_restart(browser: Any, tmp_p
     app, url = start(load_on_start=True)  # the restart: same cache folder, the model loads before any request
     try:
         app.manager.start_warmup().join(120)
+        # The served config (the page's first render) already holds the state of now, not the state at launch
+        # (before the load): no "loads on the first request", no "Cache (0 B)".
+        import httpx
+
+        served = {c.get("props", {}).get("elem_id"): c["props"] for c in httpx.get(url + "config").json()["components"]}
+        assert "loaded in" in served["status"]["value"] and "(0 B)" not in served["status"]["value"]
+        assert any(label.startswith("64x64 - precompiled") for label, _value in served["resolution"]["choices"])
         page = open_page(browser, url)
         status = page.locator("#status")
         status.filter(has_text="loaded in").wait_for(timeout=5_000)  # the page opens on the state of now

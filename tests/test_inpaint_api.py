@@ -160,3 +160,36 @@ def test_mcp_inpaint_tool(app: Any) -> None:
     images = [c for c in result.content if c.type == "image"]
     image = Image.open(io.BytesIO(base64.b64decode(images[0].data)))
     assert np.array_equal(halves(image)[1], halves(source_image())[1])
+
+
+def test_page_shows_step_previews_in_the_gallery_then_the_image(app: Any) -> None:
+    """The page's own Generate event (the browser's, through the queue): before the final image the gallery
+    receives a preview per step, at a quarter of the image's size, and nothing new compiles."""
+    import json
+    import re
+    import uuid
+
+    import httpx
+
+    fn_index, fn = next((fid, fn) for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
+    data: list[Any] = ["a fox", "128x64", 3, 4, 1, False]
+    data += [getattr(component, "value", None) for component in fn.inputs[len(data) :]]
+    app.manager.generate("warm", "128x64", 1, 0)
+    compiles = app.manager.status().compiles
+    session = uuid.uuid4().hex[:12]
+    body = {"data": data, "fn_index": fn_index, "session_hash": session, "trigger_id": None, "event_data": None}
+    urls: list[str] = []  # the gallery's images in order: full values and Gradio's diffs both carry the url
+    with httpx.Client(timeout=120) as http:
+        http.post(app.url + "gradio_api/queue/join", json=body).raise_for_status()
+        with http.stream("GET", app.url + "gradio_api/queue/data", params={"session_hash": session}) as stream:
+            for line in stream.iter_lines():
+                message = json.loads(line[5:]) if line.startswith("data:") else {}
+                gallery = json.dumps(((message.get("output") or {}).get("data") or [None])[0])
+                urls += [u for u in re.findall(r'"(http[^"]+/gradio_api/file=[^"]+[.]png)"', gallery) if u not in urls]
+                if message.get("msg") == "process_completed":
+                    assert message["success"], message
+                    break
+        sizes = [Image.open(io.BytesIO(http.get(url).content)).size for url in urls]
+    assert sizes[-1] == (128, 64)  # the image
+    assert sizes[:-1] and set(sizes[:-1]) == {(32, 16)}, sizes  # previews before it, a quarter a side
+    assert app.manager.status().compiles == compiles

@@ -280,15 +280,20 @@ def test_cli_without_cache_remote_says_how_to_set_it(tmp_path: Path) -> None:
     assert result.returncode == 2 and "NEURON_APP_CACHE_REMOTE" in result.stderr
 
 
-def fleet_env(cache_dir: Path, s3: Any, url: str) -> dict[str, str]:
-    """A tiny instance whose compiler keeps a disk cache: inductor (aot_eager has none), regional, one shape."""
+#: Two ways a tiny instance keeps compiled artifacts on disk: inductor's cache on the CPU (aot_eager keeps none),
+#: and the emulated Neuron device's NEFF-style files (aot_eager stands in for neuronx-cc: cheaper).
+INDUCTOR = {"NEURON_APP_COMPILE_BACKEND": "inductor", "NEURON_APP_COMPILE_MODE": "regional"}
+EMULATED = {"NEURON_APP_DEVICE": "neuron-emulated"}
+
+
+def fleet_env(cache_dir: Path, s3: Any, url: str, device: dict[str, str]) -> dict[str, str]:
+    """A tiny instance with one shape, compiling at 1 step, pointed at the bucket."""
     env = tiny_env(
         cache_dir,
-        NEURON_APP_COMPILE_BACKEND="inductor",
-        NEURON_APP_COMPILE_MODE="regional",
         NEURON_APP_RESOLUTIONS='["64x64"]',
         NEURON_APP_DEFAULT_STEPS="1",
         NEURON_APP_CACHE_REMOTE=url,
+        **device,
     )
     return {k: v for k, v in env.items() if not k.startswith("AWS_")} | s3.env
 
@@ -301,16 +306,27 @@ def fresh_instance(env: dict[str, str]) -> tuple[dict[str, Any], str]:
     return json.loads(result.stdout.split("RESULT ", 1)[1]), result.stderr
 
 
+def graph_artifact(cache_dir: Path, part: dict[str, Any]) -> dict[str, Any]:
+    """An emulated NEFF of a compiled graph (eager-op ones may also be made at load, outside the compile)."""
+    for item in part["files"]:
+        path = item["path"]
+        if path.startswith("neff-emulated/") and json.loads((cache_dir / path).read_text())["kind"] == "graph":
+            return item
+    raise AssertionError("no graph artifact was pushed")
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # three inductor processes, two of them compiling (minutes on a shared 2-core machine)
+@pytest.mark.timeout(1800)  # three processes, two of them compiling (minutes with inductor on 2 shared cores)
+@pytest.mark.parametrize("device", [INDUCTOR, EMULATED], ids=["cpu-inductor", "neuron-emulated"])
 def test_precompile_push_then_fresh_instances_serve_remote_then_miss_on_garbage(
-    s3: Any, tmp_path: Path, shared_models: Path
+    s3: Any, tmp_path: Path, shared_models: Path, device: dict[str, str]
 ) -> None:
     """The issue's done-when: precompile + cache push on one folder; a fresh instance on an empty folder
     serves its first request "remote"; after one object in the bucket is garbage, another fresh one serves
     "miss" (compiled locally) and logs why."""
     url = f"s3://{s3.bucket}/fleet"
-    env = fleet_env(link_models(tmp_path / "source", shared_models), s3, url)
+    source = link_models(tmp_path / "source", shared_models)
+    env = fleet_env(source, s3, url, device)
     pre = run_cli(env, "precompile")
     assert pre.returncode == 0, pre.stderr[-3000:]
     start = time.perf_counter()
@@ -324,7 +340,7 @@ def test_precompile_push_then_fresh_instances_serve_remote_then_miss_on_garbage(
     [entry] = remote["fingerprints"]
     assert entry["fingerprint"] == remote["fingerprint"] and entry["shapes"] == ["64x64"]
 
-    served, _log = fresh_instance(fleet_env(link_models(tmp_path / "fresh", shared_models), s3, url))
+    served, _log = fresh_instance(fleet_env(link_models(tmp_path / "fresh", shared_models), s3, url, device))
     assert served["record"]["cache"] == "remote", served
     pulled = served["remote"]
     assert pulled["url"] == url and pulled["shapes_pulled"] == ["64x64"] and pulled["objects_pulled"] > 0
@@ -333,16 +349,20 @@ def test_precompile_push_then_fresh_instances_serve_remote_then_miss_on_garbage(
     fp = entry["fingerprint"]
     index = s3.list_objects_v2(Bucket=s3.bucket, Prefix=f"fleet/{fp}/index/")["Contents"]
     part = json.loads(s3.get_object(Bucket=s3.bucket, Key=index[0]["Key"])["Body"].read())
-    victim = next(f for f in part["files"] if f["path"].startswith("inductor/"))
+    if device is INDUCTOR:
+        victim = next(f for f in part["files"] if f["path"].startswith("inductor/"))
+    else:
+        victim = graph_artifact(source, part)
     s3.put_object(Bucket=s3.bucket, Key=f"fleet/{fp}/objects/{victim['sha256']}", Body=b"garbage" * 50)
 
-    missed, log = fresh_instance(fleet_env(link_models(tmp_path / "second", shared_models), s3, url))
+    missed, log = fresh_instance(fleet_env(link_models(tmp_path / "second", shared_models), s3, url, device))
     assert missed["record"]["cache"] == "miss", missed
     assert victim["path"] in log and "ignored" in log, log[-3000:]
     same_bytes = [f["path"] for f in part["files"] if f["sha256"] == victim["sha256"]]  # one object, maybe 2 paths
     assert missed["remote"]["ignored"] == len(same_bytes) and missed["remote"]["shapes_pulled"] == []
     print(
-        f"push {push_s:.2f}s (CLI, {entry['files']} files, {entry['bytes']} bytes); fresh instance: pull "
+        ("cpu-inductor" if device is INDUCTOR else "neuron-emulated")
+        + f": push {push_s:.2f}s (CLI, {entry['files']} files, {entry['bytes']} bytes); fresh instance: pull "
         f"{pulled['last_pull_s']}s, {pulled['objects_pulled']} objects, compile {served['record']['compile_s']}s "
         f"(remote) vs {missed['record']['compile_s']}s (miss, garbage in one object)"
     )

@@ -26,7 +26,6 @@ class CacheResult(StrEnum):
     MEMORY = "memory"  # the graph was already compiled in this process
     DISK = "disk"  # compiled now, served from the persistent cache (by the compiler's evidence)
     REMOTE = "remote"  # a persistent-cache hit on artifacts pulled from cache_remote (engine/remote_cache.py)
-    REMOTE = "remote"  # a persistent-cache hit on artifacts pulled from cache_remote (engine/remote_cache.py)
 
 
 @dataclass(frozen=True)
@@ -164,9 +163,6 @@ class ManagerStatus:
     prompt_cache: dict[str, int] = field(default_factory=dict)  # hits, misses, entries, size
     #: Edit graphs compiled in this process or precompiled, by label ("64x64 + 1 ref (64x64)").
     edits: dict[str, ShapeStatus] = field(default_factory=dict)
-    #: cache_remote: {url, last_pull_at, last_pull_s, objects_pulled, bytes_pulled, shapes_pulled, ignored,
-    #: last_error}; empty when off.
-    remote: dict[str, Any] = field(default_factory=dict)
     #: cache_remote: {url, last_pull_at, last_pull_s, objects_pulled, bytes_pulled, shapes_pulled, ignored,
     #: last_error}; empty when off.
     remote: dict[str, Any] = field(default_factory=dict)

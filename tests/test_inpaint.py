@@ -58,6 +58,8 @@ def test_inpaint_keeps_the_unmasked_half_and_compiles_nothing(manager: PipelineM
         left, right = halves(record.image)
         assert np.array_equal(right, src_right)  # outside the mask: the input's pixels exactly
         assert np.abs(left - src_left).mean() > 10  # the masked half is new
+        assert record.source is not None and record.source["masked"] and record.source["strength"] == 1.0
+        assert record.source["edit_fraction"] == 0.5 and record.info()["source"] == record.source
         lefts.append(left)
     assert not np.array_equal(lefts[0], lefts[1])
     assert manager.status().compiles == before  # the text-to-image graph served both

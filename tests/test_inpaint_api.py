@@ -114,7 +114,8 @@ def test_gradio_client_inpaint(app: Any, tmp_path: Any) -> None:
         5,
         api_name="/inpaint",
     )
-    assert record["resolution"] == SHAPE and record["seed"] == 5
+    assert record["resolution"] == SHAPE and record["seed"] == 5 and record["source"]["masked"] is True
+    assert "source" in Image.open(path).text  # the PNG says which image was inpainted
     assert np.array_equal(halves(Image.open(path))[1], halves(source_image())[1])
     assert app.manager.status().compiles == compiles
     with pytest.raises(Exception, match="must be the image's size"):

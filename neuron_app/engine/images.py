@@ -55,6 +55,8 @@ def provenance(record: Any) -> dict[str, str]:
     }
     if record.references:  # an edit: which references (buckets and hashes) made it
         fields["references"] = json.dumps([{"bucket": r["bucket"], "sha256": r["sha256"]} for r in record.references])
+    if record.source:  # image-to-image or inpainting: which image, how much of it was redrawn
+        fields["source"] = json.dumps(record.source)
     return {key: str(value) for key, value in fields.items()}
 
 

@@ -453,6 +453,7 @@ class PipelineManager(Admitted):
             lora_scale=req.lora_scale,
             lora_switch_s=round(switch_s, 6),
             references=[r.info() for r in req.references],
+            source=None if req.source is None else {**req.source.info(), "strength": req.strength},
             eager_compiles=eager,
             safety=safety,
         )

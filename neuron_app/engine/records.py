@@ -69,6 +69,8 @@ class GenerationRecord:
     lora_switch_s: float = 0.0  # the in-place LoRA switch before this call (0 when the slot already held it)
     replica: str | None = None  # which replica served it (Ray Serve); None in-process
     references: list[dict[str, str]] = field(default_factory=list)  # an edit: {"size", "bucket", "sha256"} each
+    #: image-to-image or inpainting: the source {"size", "sha256", "masked", "edit_fraction", "strength"}; else None.
+    source: dict[str, Any] | None = None
     #: Eager device ops this request compiled on first use (its shape's warm-up included; Neuron only, else 0).
     eager_compiles: int = 0
     #: The safety checker's verdict on this image: passed, or off (not checked). Flagged images never get a record.

@@ -58,6 +58,9 @@ def cluster(tmp_path: Path) -> Iterator[str]:
     command += ["--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
     env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    started = lambda: b"Ray runtime started" in (tmp_path / "ray-start.log").read_bytes()  # noqa: E731
+    _wait(lambda: started() or proc.poll() is not None, 180, "ray start --head")  # a loaded machine is slow
+    assert proc.poll() is None, (tmp_path / "ray-start.log").read_text()
     yield f"127.0.0.1:{port}"
     os.killpg(proc.pid, signal.SIGTERM)
     try:

@@ -60,6 +60,9 @@ PROGRESS_TICK_S = 1.0
 #: With replicas = "MIN-MAX", handles and replicas report their queues to Serve's controller this often (Ray's
 #: default, 10 s, would add up to 10 s to every scaling decision). Read when ray.serve is imported.
 AUTOSCALING_PUSH_S = 1.0
+#: Shortest window the load is averaged over: Ray Serve 2.58 warns (and will refuse) one not above its deprecated
+#: `metrics_interval_s` (10 s by default).
+LOOK_BACK_MIN_S = 11.0
 
 
 class ReplicaClient(Admitted):
@@ -371,7 +374,7 @@ def deployment_scale(settings: Settings) -> dict[str, Any]:
     """A fixed `num_replicas`, or for replicas = "MIN-MAX" Ray Serve's `autoscaling_config`: it adds a replica while
     the requests per replica (running plus queued at the handles) stay above the target for the upscale delay and
     removes one while they stay below it for the downscale delay; the load is averaged over the upscale delay
-    (2..30 s)."""
+    (LOOK_BACK_MIN_S..30 s)."""
     if not settings.autoscaling:
         return {"num_replicas": settings.replicas_max}
     return {
@@ -382,7 +385,7 @@ def deployment_scale(settings: Settings) -> dict[str, Any]:
             "target_ongoing_requests": settings.autoscale_target_ongoing,
             "upscale_delay_s": settings.autoscale_upscale_delay_s,
             "downscale_delay_s": settings.autoscale_downscale_delay_s,
-            "look_back_period_s": min(30.0, max(2.0, settings.autoscale_upscale_delay_s)),
+            "look_back_period_s": min(30.0, max(LOOK_BACK_MIN_S, settings.autoscale_upscale_delay_s)),
         }
     }
 

@@ -284,6 +284,10 @@ def test_sigterm_lets_the_running_request_finish_then_exits_cleanly(run_app_py: 
     output = app.output()
     assert "SIGTERM received" in output and "server closed" in output
     assert "Traceback" not in output
+    # what it waits for, step by step, and the app's own share hint instead of Gradio's
+    assert "waiting up to 60 s for 1 running or waiting request(s)" in output
+    assert "shutdown: closing the web server" in output and "exiting with code 0" in output
+    assert "NEURON_APP_SHARE=true" in output and "share=True` in `launch()`" not in output
 
 
 def _expect_error(client: Client, errors: list[BaseException]) -> None:

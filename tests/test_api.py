@@ -64,3 +64,9 @@ def test_api_surface_is_the_public_contract(client: Any) -> None:
     names = [p["parameter_name"] for p in endpoints["/inpaint"]["parameters"]]
     assert names == ["prompt", "image", "mask", "resolution", "steps", "seed", "lora", "lora_scale", "strength"]
     assert endpoints["/status"]["parameters"] == []
+    # named outputs (not value_39), whole numbers typed int
+    assert [r["label"] for r in endpoints["/generate"]["returns"]] == ["image", "record"]
+    assert [r["label"] for r in endpoints["/status"]["returns"]] == ["status"]
+    for name in ("/generate", "/edit"):
+        types = {p["parameter_name"]: p["python_type"]["type"] for p in endpoints[name]["parameters"]}
+        assert types["steps"] == types["seed"] == "int", types

@@ -70,7 +70,7 @@ def latent_preview(packed: Any, width: int, height: int) -> Any:
     from PIL import Image
 
     rows, cols = height // 16, width // 16
-    x = packed[0].detach().to("cpu", torch.float32).numpy()  # (tokens, 4C): the one device-to-host copy
+    x = packed.detach().to("cpu")[0].to(torch.float32).numpy()  # the one device-to-host copy; the rest on the host
     channels = x.shape[-1] // 4
     x = x.reshape(rows * cols, channels, 4).transpose(0, 2, 1)  # (tokens, 2x2 sub-pixels, C), a view
     if channels == len(FLUX2_RGB):

@@ -1,4 +1,5 @@
-"""Small pieces shared by the orchestrator and the workers: statistics, the line protocol, ports."""
+"""Small pieces shared by the orchestrator, the sections and the workers: statistics, the line protocol, ports,
+CPU meters, settings as environment variables, HTTP probes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import resource
 import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 #: A worker's final answer is one stdout line with this prefix; anything else on stdout is ignored.
@@ -78,3 +81,79 @@ def since_process_start() -> float:
     import psutil
 
     return time.time() - psutil.Process(os.getpid()).create_time()
+
+
+class BenchError(RuntimeError):
+    """A measurement could not be taken; the section records the message and the run goes on."""
+
+
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot."""
+    import psutil
+
+    times = psutil.cpu_times()  # guest time is already inside user time; steal is not this machine's work
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
+
+
+class CpuMeter:
+    """Wall time, the machine's busy CPU time and this process's own CPU time since the meter was made."""
+
+    def __init__(self) -> None:
+        self.start = (time.monotonic(), _busy_cpu_s(), cpu_seconds())
+
+    def elapsed(self) -> tuple[float, float, float]:
+        now = (time.monotonic(), _busy_cpu_s(), cpu_seconds())
+        wall, busy, own = (b - a for a, b in zip(self.start, now, strict=True))
+        return wall, busy, own
+
+
+class ShareOfOthers(CpuMeter):
+    """How much of the machine other processes used during the run: busy time minus our own (waited) time."""
+
+    def share(self) -> float:
+        wall, busy, own = self.elapsed()
+        cores = os.cpu_count() or 1
+        return max(0.0, min(1.0, (busy - own) / (wall * cores))) if wall > 0 else 0.0
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None where either is missing (or the denominator is 0)."""
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def good_result(path: Any, info: Any, shape: str, seed: int) -> bool:
+    """A result counts only if it is this request's image: right shape, right seed, a real file."""
+    return (
+        isinstance(info, dict)
+        and info.get("resolution") == shape
+        and info.get("seed") == seed
+        and bool(path)
+        and Path(path).is_file()
+    )
+
+
+def settings_env(overrides: dict[str, Any]) -> dict[str, str]:
+    """Settings overrides as `NEURON_APP_*` variables (lists as JSON), for `python app.py`."""
+    env = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, list | dict):
+            text = json.dumps(value)
+        else:
+            text = str(value)
+        env[f"NEURON_APP_{key.upper()}"] = text
+    return env
+
+
+def http_ok(url: str) -> bool:
+    """Whether `url` answers 200 now (2 s at most): the probe for "the page is up"."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False

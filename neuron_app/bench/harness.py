@@ -12,10 +12,7 @@ import contextlib
 import itertools
 import json
 import os
-import platform
-import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,21 +32,22 @@ from neuron_app.bench.common import (
     PROMPT,
     READY_TAG,
     RESULT_TAG,
+    BenchError,
+    ShareOfOthers,
     free_port,
-    parse_tagged,
+    good_result,
+    http_ok,
+    ratio,
+    settings_env,
     summarize,
 )
+from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
 from neuron_app.engine.tiny import VARIANTS
-from neuron_app.environment import dist_version
 from neuron_app.settings import PROJECT_ROOT
 from neuron_app.shapes import Resolution
 
 #: Preference order for the mode that a server runs (the app's default first).
 SERVING_MODES = ("full", "regional", "eager")
-
-
-class BenchError(RuntimeError):
-    """A measurement could not be taken; the section records the message and the run goes on."""
 
 
 @dataclass
@@ -94,121 +92,6 @@ class BenchConfig:
         for key in ("out", "command", "keep_work", "models_dir"):
             data.pop(key)
         return data
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _busy_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot."""
-    import psutil
-
-    times = psutil.cpu_times()  # guest time is already inside user time; steal is not this machine's work
-    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
-
-
-def _own_cpu_s() -> float:
-    from neuron_app.bench.common import cpu_seconds
-
-    return cpu_seconds()
-
-
-class CpuMeter:
-    """Wall time, the machine's busy CPU time and this process's own CPU time since the meter was made."""
-
-    def __init__(self) -> None:
-        self.start = (time.monotonic(), _busy_cpu_s(), _own_cpu_s())
-
-    def elapsed(self) -> tuple[float, float, float]:
-        now = (time.monotonic(), _busy_cpu_s(), _own_cpu_s())
-        wall, busy, own = (b - a for a, b in zip(self.start, now, strict=True))
-        return wall, busy, own
-
-
-class ShareOfOthers(CpuMeter):
-    """How much of the machine other processes used during the run: busy time minus our own (waited) time."""
-
-    def share(self) -> float:
-        wall, busy, own = self.elapsed()
-        cores = os.cpu_count() or 1
-        return max(0.0, min(1.0, (busy - own) / (wall * cores))) if wall > 0 else 0.0
-
-
-def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on; read without importing torch."""
-    import psutil
-
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": _cpu_model(),
-        "cores_logical": os.cpu_count(),
-        "cores_physical": psutil.cpu_count(logical=False),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "load_avg_start": [round(x, 2) for x in os.getloadavg()],
-        "versions": {
-            name: dist_version(name)
-            for name in ("torch", "diffusers", "transformers", "gradio", "gradio_client", "torch-neuronx", "neuronx-cc")
-        },
-    }
-
-
-class _Lines:
-    """A subprocess's stdout read by a thread, so waiting for a line can time out."""
-
-    def __init__(self, stream: Any) -> None:
-        self.queue: queue.Queue[str | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
-        self.thread.start()
-
-    def _pump(self, stream: Any) -> None:
-        for line in stream:
-            self.queue.put(line.rstrip("\n"))
-        self.queue.put(None)
-
-    def wait_for(self, tag: str, deadline: float) -> dict[str, Any]:
-        while True:
-            try:
-                line = self.queue.get(timeout=max(0.05, deadline - time.monotonic()))
-            except queue.Empty:
-                raise BenchError(f"no {tag.strip()} line before the timeout") from None
-            if line is None:
-                raise BenchError(f"the process ended without a {tag.strip()} line")
-            found = parse_tagged(line, tag)
-            if found is not None:
-                return found
-
-
-def _stop_group(proc: subprocess.Popen[Any], exit_s: float = 0.0, grace_s: float = 10.0) -> None:
-    """End a process we started, with its children (inductor's compile workers), by its group id.
-
-    The group is signalled only while its leader is not yet reaped, so the id is still ours.
-    `exit_s` first gives a process that is finishing on its own the time to do so.
-    """
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=exit_s)
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace_s)
-
-
-def _log_tail(path: Path, lines: int = 6) -> str:
-    with contextlib.suppress(OSError):
-        tail = [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
-        return " | ".join(line.strip()[:200] for line in tail)
-    return ""
 
 
 class Harness:
@@ -293,11 +176,11 @@ class Harness:
         start = time.perf_counter()
         proc, log_path = self._popen(self.worker_args(spec), name, stdout=subprocess.PIPE)
         try:
-            result = _Lines(proc.stdout).wait_for(RESULT_TAG, time.monotonic() + self.cfg.timeout_s)
+            result = Lines(proc.stdout).wait_for(RESULT_TAG, time.monotonic() + self.cfg.timeout_s)
         except BenchError as exc:
-            raise BenchError(f"{name}: {exc}; log {log_path}: {_log_tail(log_path)}") from None
+            raise BenchError(f"{name}: {exc}; log {log_path}: {log_tail(log_path)}") from None
         finally:
-            _stop_group(proc, exit_s=10.0)
+            stop_group(proc, exit_s=10.0)
         if "error" in result:
             raise BenchError(f"{name}: {result['error']} (log: {log_path})")
         self._note_resolved(result)
@@ -345,8 +228,8 @@ class Harness:
             for shape in self.cfg.shapes:
                 full, regional = runs["full"]["shapes"][shape], runs["regional"]["shapes"][shape]
                 ratios[shape] = {
-                    "compile_regional_over_full": _ratio(regional["compile_s"], full["compile_s"]),
-                    "latency_regional_over_full": _ratio(regional["steady"]["median_s"], full["steady"]["median_s"]),
+                    "compile_regional_over_full": ratio(regional["compile_s"], full["compile_s"]),
+                    "latency_regional_over_full": ratio(regional["steady"]["median_s"], full["steady"]["median_s"]),
                 }
         return {"runs": runs, "ratios": ratios}
 
@@ -368,7 +251,7 @@ class Harness:
                     "shape": shape,
                     "cold_first_image_s": c["first_image_s"],
                     "warm_first_image_s": w["first_image_s"],
-                    "warm_over_cold": _ratio(w["first_image_s"], c["first_image_s"]),
+                    "warm_over_cold": ratio(w["first_image_s"], c["first_image_s"]),
                     "cold_cache": c["cache"],
                     "warm_cache": w["cache"],
                     "cold_compile_s": c["compile_s"],
@@ -470,8 +353,8 @@ class Harness:
         result = self.run_worker("edit", spec)
         base = result["rows"][0]
         for row in result["rows"]:
-            row["compile_over_0"] = _ratio(row["compile_s"], base["compile_s"])
-            row["latency_over_0"] = _ratio(row["steady"]["median_s"], base["steady"]["median_s"])
+            row["compile_over_0"] = ratio(row["compile_s"], base["compile_s"])
+            row["latency_over_0"] = ratio(row["steady"]["median_s"], base["steady"]["median_s"])
         return result | {"shape": shape, "steps": self.cfg.steps, "warm_shape": spec["warm_shape"]}
 
     @contextlib.contextmanager
@@ -498,7 +381,7 @@ class Harness:
         proc, log_path = self._popen(self.worker_args(spec), "serve", stdout=subprocess.PIPE, stdin=subprocess.PIPE)
         info: dict[str, Any] = {"cache_folder": cache_note}
         try:
-            lines = _Lines(proc.stdout)
+            lines = Lines(proc.stdout)
             ready = lines.wait_for(READY_TAG, time.monotonic() + self.cfg.timeout_s)
             if "error" in ready:
                 raise BenchError(f"serve: {ready['error']}")
@@ -519,9 +402,9 @@ class Harness:
                 raise BenchError(f"serve: {final['error']}")
             info["final"] = final
         except BenchError as exc:
-            raise BenchError(f"{exc}; log {log_path}: {_log_tail(log_path)}") from None
+            raise BenchError(f"{exc}; log {log_path}: {log_tail(log_path)}") from None
         finally:
-            _stop_group(proc, exit_s=10.0)
+            stop_group(proc, exit_s=10.0)
 
     def client(self, url: str) -> Any:
         from gradio_client import Client
@@ -559,7 +442,7 @@ class Harness:
             start = time.perf_counter()
             path, info = client.predict(PROMPT, shape, steps, seed, api_name="/generate")
             via_app.append(time.perf_counter() - start)
-            bad += not _good_result(path, info, shape, seed)
+            bad += not good_result(path, info, shape, seed)
             wire_floor.append(wire.call("floor", 0)[0])
             took, (_image, wire_info) = wire.call("generate", PROMPT, shape, steps, seed, "none", 1.0, download=True)
             wire_generate.append(took)
@@ -620,7 +503,7 @@ class Harness:
                 start = time.perf_counter()
                 try:
                     path, info = client.predict(PROMPT, shape, steps, seed, api_name="/generate")
-                    kind = "ok" if _good_result(path, info, shape, seed) else "bad"
+                    kind = "ok" if good_result(path, info, shape, seed) else "bad"
                 except Exception:
                     kind = "error"
                 with lock:
@@ -702,13 +585,13 @@ class Harness:
         proc, log_path = self._popen([sys.executable, "-c", code], "startup-trivial", stdout=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + self.cfg.timeout_s
-            while not _http_ok(f"http://127.0.0.1:{port}/"):
+            while not http_ok(f"http://127.0.0.1:{port}/"):
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise BenchError(f"trivial Gradio app did not answer: {_log_tail(log_path)}")
+                    raise BenchError(f"trivial Gradio app did not answer: {log_tail(log_path)}")
                 time.sleep(0.02)
             return time.perf_counter() - start
         finally:
-            _stop_group(proc)
+            stop_group(proc)
 
     def _start_app(self, label: str, load_on_start: bool, cache_dir: Path) -> dict[str, Any]:
         import psutil
@@ -737,11 +620,11 @@ class Harness:
                 with contextlib.suppress(psutil.Error):
                     peak = max(peak, handle.memory_info().rss / 2**20)
                 if proc.poll() is not None:
-                    raise BenchError(f"app.py ({label}) exited with {proc.returncode}: {_log_tail(log_path)}")
+                    raise BenchError(f"app.py ({label}) exited with {proc.returncode}: {log_tail(log_path)}")
                 if time.monotonic() > deadline:
                     raise BenchError(f"app.py ({label}) timed out")
 
-            while not _http_ok(url):
+            while not http_ok(url):
                 sample()
                 time.sleep(0.02)
             page_s = time.perf_counter() - start
@@ -764,7 +647,7 @@ class Harness:
                 raise BenchError(f"app.py ({label}) first request: {first['error']}")
             sample()
         finally:
-            _stop_group(proc)
+            stop_group(proc)
         self.log(f"startup {label}: page {page_s:.2f} s, loaded {loaded_s:.2f} s, image {first['first_image_s']:.2f} s")
         return {
             "start": label,
@@ -878,50 +761,9 @@ class Harness:
         }
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
 def _process_times(run: dict[str, Any]) -> dict[str, Any]:
     keys = ("load_s", "loaded_at_s", "first_image_at_s", "process_s", "peak_rss_mb")
     return {k: run.get(k) for k in keys}
-
-
-def _good_result(path: Any, info: Any, shape: str, seed: int) -> bool:
-    """A result counts only if it is this request's image: right shape, right seed, a real file."""
-    return (
-        isinstance(info, dict)
-        and info.get("resolution") == shape
-        and info.get("seed") == seed
-        and bool(path)
-        and Path(path).is_file()
-    )
-
-
-def settings_env(overrides: dict[str, Any]) -> dict[str, str]:
-    """Settings overrides as `NEURON_APP_*` variables (lists as JSON), for `python app.py`."""
-    env = {}
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, list | dict):
-            text = json.dumps(value)
-        else:
-            text = str(value)
-        env[f"NEURON_APP_{key.upper()}"] = text
-    return env
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def _status_http(url: str) -> dict[str, Any]:

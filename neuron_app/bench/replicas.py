@@ -16,7 +16,9 @@ import sys
 import time
 from typing import Any
 
-from neuron_app.bench.common import summarize
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import BenchError, CpuMeter, free_port, http_ok, settings_env, summarize
+from neuron_app.bench.process import log_tail
 
 PROMPT = "a lighthouse on a cliff at dawn"
 REPLICA_COUNTS = (1, 2)
@@ -33,7 +35,6 @@ def _cold_shape(ready: str, shapes: list[str]) -> str | None:
 
 
 def section_replicas(harness: Any) -> dict[str, Any]:
-    from neuron_app.bench.harness import free_port, settings_env
     from neuron_app.shapes import Resolution
 
     cfg = harness.cfg
@@ -69,9 +70,7 @@ def section_replicas(harness: Any) -> dict[str, Any]:
         try:
             rows.append(_measure(harness, proc, url, count, ready, cold, small, clients, start))
         except Exception as exc:
-            from neuron_app.bench.harness import BenchError, _log_tail
-
-            raise BenchError(f"replicas={count}: {exc}; log {log_path}: {_log_tail(log_path)}") from None
+            raise BenchError(f"replicas={count}: {exc}; log {log_path}: {log_tail(log_path)}") from None
         finally:
             _stop(proc)
         harness.log(
@@ -102,8 +101,6 @@ def section_replicas(harness: Any) -> dict[str, Any]:
 
 def _throughput(harness: Any, url: str, clients: int, shape: str) -> dict[str, Any]:
     """`clients` gradio_client clients on one ready shape, with where the machine's CPU went meanwhile."""
-    from neuron_app.bench.harness import CpuMeter
-
     meter = CpuMeter()
     per_client = harness.cfg.per_client if harness.cfg.smoke else REQUESTS_PER_CLIENT
     row = harness._run_clients(url, clients, shape, harness.cfg.steps, per_client=per_client)
@@ -148,10 +145,8 @@ def _measure(
     clients: int,
     start: float,
 ) -> dict[str, Any]:
-    from neuron_app.bench.harness import BenchError, _http_ok
-
     deadline = time.monotonic() + harness.cfg.timeout_s
-    while not _http_ok(url):
+    while not http_ok(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise BenchError(f"app.py with {count} replica(s) did not come up (exit {proc.poll()})")
         time.sleep(0.1)
@@ -198,26 +193,24 @@ def _measure(
 
 
 def replicas_md(results: dict[str, Any]) -> str:
-    from neuron_app.bench.report import _failed, _num, _s, _table
-
     sec = results["sections"].get("replicas")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
 
     def rate(row: dict[str, Any] | None) -> list[str]:
-        return [_num(row["images_per_s"], 2), f"{row['ok']}/{row['sent']}"] if row else ["-", "-"]
+        return [md.num(row["images_per_s"], 2), f"{row['ok']}/{row['sent']}"] if row else ["-", "-"]
 
     rows = []
     for r in sec["rows"]:
         load = r["throughput"]
-        cpu = [_num(load.get("server_cpu_ms_per_image"), 0), _num(load.get("client_cpu_ms_per_image"), 0)]
+        cpu = [md.num(load.get("server_cpu_ms_per_image"), 0), md.num(load.get("client_cpu_ms_per_image"), 0)]
         small_cells = rate(r.get("small_throughput")) if sec.get("small_shape") else []
         freeze = [
-            _s(r["solo"]["median_s"]),
-            _s(r["during_compile_s"]),
-            _num(r["during_vs_solo"], 1) + "x",
+            md.s(r["solo"]["median_s"]),
+            md.s(r["during_compile_s"]),
+            md.num(r["during_vs_solo"], 1) + "x",
             "yes" if r["overlapped_compile"] else "no",
-            _s(r["cold_compile_s"]),
+            md.s(r["cold_compile_s"]),
         ]
         rows.append([r["replicas"], *rate(load), *cpu, *small_cells, *freeze])
     ready, small = sec["ready_shape"], sec.get("small_shape")
@@ -231,12 +224,12 @@ def replicas_md(results: dict[str, Any]) -> str:
         f"{sec['per_client']} requests; cold shape {sec['cold_shape']}."
     )
     if ratio is not None:
-        text += f" On {ready}, 2 replicas give **{_num(ratio, 2)}x** the images/s of 1"
-        text += f"; on {small}, {_num(small_ratio, 2)}x." if small_ratio is not None else "."
+        text += f" On {ready}, 2 replicas give **{md.num(ratio, 2)}x** the images/s of 1"
+        text += f"; on {small}, {md.num(small_ratio, 2)}x." if small_ratio is not None else "."
     text += (
         " CPU per image is the machine's busy time over the run: the server side (app.py, Ray, the replicas) "
         "and the bench's own clients, all on this machine's cores. Each request costs the front end and Ray a "
         "fixed amount of CPU; where an image's compute is not well above it (the small shape), the replicas "
         "wait on that and not on each other."
     )
-    return text + "\n\n" + _table(head, rows)
+    return text + "\n\n" + md.table(head, rows)

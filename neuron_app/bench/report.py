@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from pathlib import Path
 from typing import Any
 
 from neuron_app.bench import lora
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import ratio
 
 #: Where BENCHMARKS.md keeps the JSON it is generated from, relative to its own folder.
 DATA_DIR = "benchmarks"
@@ -18,38 +19,6 @@ TRN_COMMAND = (
     "--recompile-shapes 1024x1024,1152x896 --steps 4 --modes eager,full,regional --repeats 5 "
     "--clients 1,4,8 --benchmarks BENCHMARKS.md"
 )
-
-
-def _num(value: Any, digits: int = 2, scale: float = 1.0) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value * scale:.{digits}f}"
-
-
-def _s(value: Any) -> str:
-    return _num(value, 2)
-
-
-def _ms(value: Any) -> str:
-    return _num(value, 1, 1000.0)
-
-
-def _x(value: Any) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _failed(section: dict[str, Any] | None) -> str | None:
-    if section is None:
-        return "not run"
-    if section.get("status") != "ok":
-        return f"**failed**: {section.get('error', 'unknown error')}"
-    return None
 
 
 def machine_line(results: dict[str, Any]) -> str:
@@ -81,7 +50,7 @@ def machine_line(results: dict[str, Any]) -> str:
 
 def modes_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("modes")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
     rows = []
     for mode, run in sec["runs"].items():
@@ -92,10 +61,10 @@ def modes_md(results: dict[str, Any]) -> str:
                     mode,
                     run["backend"] if mode != "eager" else "-",
                     s["graphs"],
-                    _s(s["compile_s"]),
-                    _s(s["first_image_s"]),
-                    _ms(s["steady"]["median_s"]),
-                    _ms(s["steady"]["p95_s"]),
+                    md.s(s["compile_s"]),
+                    md.s(s["first_image_s"]),
+                    md.ms(s["steady"]["median_s"]),
+                    md.ms(s["steady"]["p95_s"]),
                     s["steady"]["n"],
                     s["steady_graphs"],
                 ]
@@ -105,7 +74,7 @@ def modes_md(results: dict[str, Any]) -> str:
         "warm-up at that shape); the first shape of a process also pays the compiler's one-time start-up. "
         "Latency = `generate()` wall time after the first image.\n\n"
     )
-    text += _table(
+    text += md.table(
         [
             "shape",
             "mode",
@@ -122,23 +91,23 @@ def modes_md(results: dict[str, Any]) -> str:
     )
     if sec["ratios"]:
         ratio_rows = [
-            [shape, _x(r["compile_regional_over_full"]), _x(r["latency_regional_over_full"])]
+            [shape, md.x(r["compile_regional_over_full"]), md.x(r["latency_regional_over_full"])]
             for shape, r in sec["ratios"].items()
         ]
-        text += "\n\n" + _table(["shape", "compile regional/full", "latency regional/full"], ratio_rows)
+        text += "\n\n" + md.table(["shape", "compile regional/full", "latency regional/full"], ratio_rows)
     return text
 
 
 def restart_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("restart")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
     rows = [
         [
             r["shape"],
-            f"{_s(r['cold_first_image_s'])} ({r['cold_cache']})",
-            f"{_s(r['warm_first_image_s'])} ({r['warm_cache']})",
-            _x(r["warm_over_cold"]),
+            f"{md.s(r['cold_first_image_s'])} ({r['cold_cache']})",
+            f"{md.s(r['warm_first_image_s'])} ({r['warm_cache']})",
+            md.x(r["warm_over_cold"]),
         ]
         for r in sec["rows"]
     ]
@@ -146,21 +115,21 @@ def restart_md(results: dict[str, Any]) -> str:
     rows.append(
         [
             "process start to first image",
-            _s(cold["first_image_at_s"]),
-            _s(warm["first_image_at_s"]),
-            _x(_ratio(warm["first_image_at_s"], cold["first_image_at_s"])),
+            md.s(cold["first_image_at_s"]),
+            md.s(warm["first_image_at_s"]),
+            md.x(ratio(warm["first_image_at_s"], cold["first_image_at_s"])),
         ]
     )
     return (
         f"Mode {sec['mode']}; cold run: `{sec['cold_run']}` (empty cache folder); warm run: a new process on the "
         "same folder. First image = compile + first generation, seconds (the manager's cache result).\n\n"
-        + _table(["shape", "cold s (cache)", "warm s (cache)", "warm/cold"], rows)
+        + md.table(["shape", "cold s (cache)", "warm s (cache)", "warm/cold"], rows)
     )
 
 
 def recompile_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("recompile")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
     rows = [
         [i + 1, c["call"], c["shape"], c["steps"], c["seed"], c["prompt"], c["graphs_counted"], c["cache"]]
@@ -168,7 +137,7 @@ def recompile_md(results: dict[str, Any]) -> str:
     ]
     verdict = "OK" if sec["ok"] else "**WRONG**"
     return (
-        _table(["#", "call", "shape", "steps", "seed", "prompt", "graphs compiled", "cache"], rows)
+        md.table(["#", "call", "shape", "steps", "seed", "prompt", "graphs compiled", "cache"], rows)
         + f"\n\nMode {sec['mode']} / {sec['backend']}, cache folder {sec['cache_folder']}: "
         f"**{sec['compile_events']} compile(s) for {sec['distinct_graph_keys']} distinct graph shape(s)** "
         f"({sec['graphs_total']} graph(s) in all, {sec['compile_failures']} failure(s)): {verdict}."
@@ -177,27 +146,32 @@ def recompile_md(results: dict[str, Any]) -> str:
 
 def serving_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("serving")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
     d, a, st = sec["direct"], sec["via_app"], sec["status_rtt"]
     rows = [
-        ["manager.generate() in the server process", _ms(d["median_s"]), _ms(d["p95_s"]), d["n"]],
-        ["gradio_client `/generate` (another process)", _ms(a["median_s"]), _ms(a["p95_s"]), a["n"]],
-        ["**difference (serving overhead)**", _num(sec["overhead_median_ms"], 1), _num(sec["overhead_p95_ms"], 1), ""],
-        ["gradio_client `/status` round trip (no queue)", _ms(st["median_s"]), _ms(st["p95_s"]), st["n"]],
+        ["manager.generate() in the server process", md.ms(d["median_s"]), md.ms(d["p95_s"]), d["n"]],
+        ["gradio_client `/generate` (another process)", md.ms(a["median_s"]), md.ms(a["p95_s"]), a["n"]],
+        [
+            "**difference (serving overhead)**",
+            md.num(sec["overhead_median_ms"], 1),
+            md.num(sec["overhead_p95_ms"], 1),
+            "",
+        ],
+        ["gradio_client `/status` round trip (no queue)", md.ms(st["median_s"]), md.ms(st["p95_s"]), st["n"]],
     ]
     if "floor_rtt" in sec:  # a queued endpoint that does nothing, interleaved with the calls above
         fl = sec["floor_rtt"]
         rows.append(
             [
                 "gradio_client `/floor` round trip (queued, trivial: the floor)",
-                _ms(fl["median_s"]),
-                _ms(fl["p95_s"]),
+                md.ms(fl["median_s"]),
+                md.ms(fl["p95_s"]),
                 fl["n"],
             ]
         )
         rows.append(
-            ["overhead above the trivial floor (difference - floor)", _num(sec["overhead_above_floor_ms"], 1), "", ""]
+            ["overhead above the trivial floor (difference - floor)", md.num(sec["overhead_above_floor_ms"], 1), "", ""]
         )
     note = ""
     if "wire" in sec:  # the same calls without gradio_client's 50 ms message poll
@@ -207,9 +181,9 @@ def serving_md(results: dict[str, Any]) -> str:
             ("on the wire: `/floor` (trivial)", "floor"),
             ("on the wire: `/floor` sleeping generate's `total_s` (matched floor)", "matched_floor"),
         ):
-            rows.append([label, _ms(w[key]["median_s"]), _ms(w[key]["p95_s"]), w[key]["n"]])
+            rows.append([label, md.ms(w[key]["median_s"]), md.ms(w[key]["p95_s"]), w[key]["n"]])
         rows.append(
-            ["**on the wire: generate above the matched floor**", _num(sec["wire_above_matched_floor_ms"], 1), "", ""]
+            ["**on the wire: generate above the matched floor**", md.num(sec["wire_above_matched_floor_ms"], 1), "", ""]
         )
         note = (
             "\n\ngradio_client reads its message queue every 50 ms (`stream_sse_v1plus` in `gradio_client/utils.py`), "
@@ -221,13 +195,13 @@ def serving_md(results: dict[str, Any]) -> str:
         )
     return (
         f"Shape {sec['shape']}, {sec['steps']} steps, mode {sec['mode']} / {sec['backend']}, "
-        f"cache folder {sec['cache_folder']}.\n\n" + _table(["path", "median ms", "p95 ms", "n"], rows) + note
+        f"cache folder {sec['cache_folder']}.\n\n" + md.table(["path", "median ms", "p95 ms", "n"], rows) + note
     )
 
 
 def concurrency_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("concurrency")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
     rows = [
         [
@@ -236,46 +210,53 @@ def concurrency_md(results: dict[str, Any]) -> str:
             r["ok"],
             r["errors"],
             r["lost"],
-            _s(r["wall_s"]),
-            _num(r["images_per_s"], 2),
-            _ms(r["latency"]["median_s"]),
-            _ms(r["latency"]["p95_s"]),
+            md.s(r["wall_s"]),
+            md.num(r["images_per_s"], 2),
+            md.ms(r["latency"]["median_s"]),
+            md.ms(r["latency"]["p95_s"]),
         ]
         for r in sec["rows"]
     ]
     return (
         f"Shape {sec['shape']}, {sec['per_client']} request(s) per client, each client its own "
         "`gradio_client.Client` in its own thread; the server runs one generation at a time.\n\n"
-        + _table(["clients", "sent", "ok", "errors", "lost", "wall s", "images/s", "median ms", "p95 ms"], rows)
+        + md.table(["clients", "sent", "ok", "errors", "lost", "wall s", "images/s", "median ms", "p95 ms"], rows)
     )
 
 
 def memory_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("memory")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
-    rows = [[r["process"], r["mode"], _num(r["peak_rss_mb"], 0)] for r in sec["rows"]]
-    return _table(["process", "mode", "peak RSS MB"], rows)
+    rows = [[r["process"], r["mode"], md.num(r["peak_rss_mb"], 0)] for r in sec["rows"]]
+    return md.table(["process", "mode", "peak RSS MB"], rows)
 
 
 def startup_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("startup")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
     rows = [
-        [r["start"], _s(r["page_s"]), _s(r["loaded_s"]), _s(r["load_s"]), _s(r["first_image_s"]), r["first_cache"]]
+        [
+            r["start"],
+            md.s(r["page_s"]),
+            md.s(r["loaded_s"]),
+            md.s(r["load_s"]),
+            md.s(r["first_image_s"]),
+            r["first_cache"],
+        ]
         for r in sec["rows"]
     ]
     floor = ""
     if "trivial_page_s" in sec:  # a one-textbox Gradio app started in the same run
         floor = (
-            f"\n\nA trivial Gradio app (one textbox) answered {_s(sec['trivial_page_s'])} s after its start; "
-            f"our lazy page took {_x(sec['page_vs_trivial'])} that."
+            f"\n\nA trivial Gradio app (one textbox) answered {md.s(sec['trivial_page_s'])} s after its start; "
+            f"our lazy page took {md.x(sec['page_vs_trivial'])} that."
         )
     return (
         f"`python app.py`, mode {sec['mode']}, cache folder {sec['cache_folder']}; seconds from the process start. "
         f"The first request ({sec['shape']}) is sent as soon as the page answers (it is what loads a lazy server).\n\n"
-        + _table(["start", "page HTTP 200 s", "model loaded s", "load itself s", "first image s", "cache"], rows)
+        + md.table(["start", "page HTTP 200 s", "model loaded s", "load itself s", "first image s", "cache"], rows)
         + floor
     )
 
@@ -288,7 +269,7 @@ def _replicas_md(results: dict[str, Any]) -> str:
 
 def families_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("families")
-    failed = _failed(sec)
+    failed = md.failed(sec)
     if failed:
         return failed
     labels = {"whole-vae": "VAE compiled whole (one graph per latent shape)", "tiled-vae": "tiled VAE (vae_compile on)"}
@@ -300,11 +281,11 @@ def families_md(results: dict[str, Any]) -> str:
                 labels.get(path, path),
                 run["transformer_graphs"],
                 run["vae_graphs"],
-                _s(run["compile_s"]),
-                _ms(run["encode"]["median_s"]),
-                _ms(miss),
-                _ms(hit),
-                _x(_ratio(hit, miss)),
+                md.s(run["compile_s"]),
+                md.ms(run["encode"]["median_s"]),
+                md.ms(miss),
+                md.ms(hit),
+                md.x(ratio(hit, miss)),
             ]
         )
     verdict = "yes" if sec["ok"] else "NO"
@@ -314,7 +295,7 @@ def families_md(results: dict[str, Any]) -> str:
         f"process and an empty cache folder. Tiled path compiles one transformer graph per family and one VAE "
         f"graph: {verdict}. Then, on the last shape: the text encoder alone, a generation with a new prompt "
         "(cache miss) and with a repeated one (hit: the encoder is skipped).\n\n"
-        + _table(
+        + md.table(
             [
                 "path",
                 "transformer graphs",
@@ -332,19 +313,19 @@ def families_md(results: dict[str, Any]) -> str:
 
 def edit_md(results: dict[str, Any]) -> str:
     sec = results["sections"].get("edit")
-    if (why := _failed(sec)) is not None:
+    if (why := md.failed(sec)) is not None:
         return why
     rows = [
         [
             r["references"],
             r["image_tokens"],
             r["graphs"],
-            _s(r["compile_s"]),
-            _x(r["compile_over_0"]),
-            _s(r["first_image_s"]),
-            _ms(r["steady"]["median_s"]),
-            _ms(r["steady"]["p95_s"]),
-            _x(r["latency_over_0"]),
+            md.s(r["compile_s"]),
+            md.x(r["compile_over_0"]),
+            md.s(r["first_image_s"]),
+            md.ms(r["steady"]["median_s"]),
+            md.ms(r["steady"]["p95_s"]),
+            md.x(r["latency_over_0"]),
             r["steady"]["n"],
             r["steady_graphs"],
         ]
@@ -356,7 +337,7 @@ def edit_md(results: dict[str, Any]) -> str:
         f"empty cache folder{warm}. References are of the output's size (one bucket each), so each adds the "
         "output's image tokens to the transformer's sequence. Compile = the first call's compile; latency = "
         "`generate(..., references=...)` after it (reference preparation and VAE encoding included).\n\n"
-        + _table(
+        + md.table(
             [
                 "references",
                 "image tokens",
@@ -388,10 +369,6 @@ SECTION_TITLES = {
     "families": ("10. Token families, the tiled VAE and the prompt cache", families_md),
     "edit": ("11. Editing with reference images", edit_md),
 }
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    return None if numerator is None or not denominator else numerator / denominator
 
 
 def render_run(results: dict[str, Any], heading_level: int = 2) -> str:

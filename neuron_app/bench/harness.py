@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from neuron_app.bench import SCHEMA_VERSION, lora
+from neuron_app.bench import SCHEMA_VERSION
 from neuron_app.bench.common import (
     DIRECT_TAG,
     PROMPT,
@@ -42,6 +42,7 @@ from neuron_app.bench.common import (
     summarize,
 )
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
+from neuron_app.bench.sections import lora
 from neuron_app.engine.tiny import VARIANTS
 from neuron_app.settings import PROJECT_ROOT
 from neuron_app.shapes import Resolution
@@ -720,7 +721,7 @@ class Harness:
         if "lora" in sections:
             tasks["lora"] = lambda: self.section("lora", lambda: lora.section(self))
         if "replicas" in sections:
-            from neuron_app.bench.replicas import section_replicas
+            from neuron_app.bench.sections.replicas import section_replicas
 
             tasks["replicas"] = lambda: self.section("replicas", lambda: section_replicas(self))
         if "families" in sections:

@@ -7,9 +7,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from neuron_app.bench import lora
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import ratio
+from neuron_app.bench.sections import lora
 
 #: Where BENCHMARKS.md keeps the JSON it is generated from, relative to its own folder.
 DATA_DIR = "benchmarks"
@@ -262,7 +262,7 @@ def startup_md(results: dict[str, Any]) -> str:
 
 
 def _replicas_md(results: dict[str, Any]) -> str:
-    from neuron_app.bench.replicas import replicas_md
+    from neuron_app.bench.sections.replicas import replicas_md
 
     return replicas_md(results)
 

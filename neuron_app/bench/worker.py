@@ -13,7 +13,6 @@ import sys
 import time
 from typing import Any
 
-from neuron_app.bench import lora
 from neuron_app.bench.common import (
     DIRECT_TAG,
     OTHER_PROMPT,
@@ -26,6 +25,7 @@ from neuron_app.bench.common import (
     since_process_start,
     summarize,
 )
+from neuron_app.bench.sections import lora
 from neuron_app.shapes import Resolution
 
 

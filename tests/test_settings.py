@@ -57,7 +57,7 @@ def test_settings_file_can_be_moved(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     [
         ({"resolutions": ["1000x1000"], "default_resolution": "1000x1000"}, "resolutions", "multiple of 16"),
         ({"default_resolution": "512x512"}, "default_resolution", "not in resolutions"),
-        ({"device": "tpu"}, "device", "'auto', 'neuron', 'cuda' or 'cpu'"),
+        ({"device": "tpu"}, "device", "'auto', 'neuron', 'neuron-emulated', 'cuda' or 'cpu'"),
         ({"default_steps": 20, "max_steps": 8}, "default_steps", "above max_steps"),
     ],
 )

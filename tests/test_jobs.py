@@ -144,6 +144,28 @@ def test_a_202_job_succeeds_with_image_data_and_its_webhook_verifies(jobs_app: A
     assert record["delivered"] and record["attempts"] == 1 and record["url"] == receiver.url
 
 
+def test_a_running_job_shows_its_compile_with_the_estimate_then_succeeds(jobs_app: Any) -> None:
+    """A cold shape (128x128; 64x64 was compiled and measured above): while it compiles, the job says so with the
+    status table's estimate (scaled from the measured 64x64 compile), from the manager's progress events."""
+    client = httpx.Client(base_url=jobs_app.url, headers=auth() | ASYNC, timeout=30)
+    job_id = client.post("v1/images/generations", json={"prompt": PROMPT, "size": "128x128"}).json()["id"]
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        view = client.get(f"v1/images/jobs/{job_id}").json()
+        if view["status"] in ("succeeded", "failed"):
+            break
+        if "progress" in view:
+            seen.append(view["progress"])
+        time.sleep(0.02)
+    assert view["status"] == "succeeded", view
+    compiling = [p for p in seen if p.get("phase") == "compiling"]
+    assert compiling, seen
+    estimate = compiling[-1]["estimate"]
+    assert estimate["kind"] == "compile" and estimate["seconds"] > 0 and "64x64" in estimate["basis"], estimate
+    assert compiling[-1]["resolution"] == "128x128" and compiling[-1]["message"]
+
+
 def test_url_jobs_and_edits_take_the_same_path(jobs_app: Any) -> None:
     """An edit (multipart) is a job the same way; response_format=url keeps the synchronous API's URLs."""
     buffer = io.BytesIO()

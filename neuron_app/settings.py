@@ -502,6 +502,24 @@ class Settings(BaseSettings):
                 )
         return value
 
+    @field_validator("webhook_hosts")
+    @classmethod
+    def _check_webhook_hosts(cls, value: list[str]) -> list[str]:
+        """Host names, IP addresses or networks; a URL or a host:port would silently match nothing."""
+        import ipaddress
+
+        for entry in value:
+            text = entry.strip().lower().rstrip(".").strip("[]")
+            try:
+                ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", text):
+                    raise ValueError(
+                        f"webhook_hosts entry {entry!r} is not a host name, an IP address or a network "
+                        "(no scheme, port or path: 'hooks.example.com', '10.0.0.5', '10.0.0.0/8')"
+                    ) from None
+        return value
+
     @field_validator("cache_dir")
     @classmethod
     def _check_cache_dir(cls, value: Path) -> Path:

@@ -350,3 +350,27 @@ def test_jobs_and_their_images_are_deleted_after_the_ttl(tmp_path: Any) -> None:
     assert store.get("old") is None and not (files / "old").exists()
     assert store.get("new") and (files / "new" / "0.png").exists() and store.get("open")
     store.close()
+
+
+def test_webhook_settings_are_checked_at_start() -> None:
+    """webhook_hosts needs a well-formed secret; an entry with a scheme or port (which would match nothing) is
+    refused; replicas reads "MIN-MAX" and stays an int (its MAX) for every caller."""
+    from neuron_app.errors import SettingsError
+    from neuron_app.settings import load_settings
+
+    with pytest.raises(SettingsError, match="NEURON_APP_WEBHOOK_SECRET is not"):
+        load_settings(model="tiny", webhook_hosts=["127.0.0.1"])
+    with pytest.raises(SettingsError, match="webhook_secret must be 'whsec_'"):
+        load_settings(model="tiny", webhook_hosts=["127.0.0.1"], webhook_secret="whsec_c2hvcnQ=")
+    for bad in ("https://hooks.example.com", "hooks.example.com:443", "hooks.example.com/x"):
+        with pytest.raises(SettingsError, match="is not a host name, an IP address or a network"):
+            load_settings(model="tiny", webhook_hosts=[bad], webhook_secret=SECRET)
+    settings = load_settings(model="tiny", replicas="1-3")
+    assert (settings.replicas, settings.replicas_min, settings.replicas_max, settings.autoscaling) == (3, 1, 3, True)
+    assert settings.device_lanes == 3 and settings.uses_replicas
+    fixed = load_settings(model="tiny", replicas=2)
+    assert (fixed.replicas_min, fixed.replicas_max, fixed.autoscaling) == (2, 2, False)
+    with pytest.raises(SettingsError, match="MIN is above MAX"):
+        load_settings(model="tiny", replicas="3-2")
+    with pytest.raises(SettingsError, match="greater than or equal to 1"):
+        load_settings(model="tiny", replicas="0-2")

@@ -157,3 +157,27 @@ def http_ok(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
+
+
+def worker_settings(spec: dict[str, Any]) -> Any:
+    """A worker's measured settings, with the Neuron environment exported before anything imports torch."""
+    from neuron_app.environment import prepare_process
+    from neuron_app.settings import load_settings
+
+    settings = load_settings(**spec["settings"])
+    prepare_process(settings)
+    return settings
+
+
+def worker_manager(spec: dict[str, Any]) -> Any:
+    """A worker's `PipelineManager` on the spec's settings (not loaded yet)."""
+    from neuron_app.engine.manager import PipelineManager
+
+    return PipelineManager(worker_settings(spec))
+
+
+def timed_generate(manager: Any, shape: str, steps: int, seed: int, prompt: str = PROMPT) -> tuple[float, Any]:
+    """One `generate()` on the manager: its wall seconds and its record."""
+    start = time.perf_counter()
+    record = manager.generate(prompt, shape, steps, seed)
+    return time.perf_counter() - start, record

@@ -19,8 +19,11 @@ from typing import Any
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import BenchError, CpuMeter, free_port, http_ok, settings_env, summarize
 from neuron_app.bench.process import log_tail
+from neuron_app.bench.sections.concurrency import run_clients
 
 PROMPT = "a lighthouse on a cliff at dawn"
+#: Its heading in the run's Markdown and BENCHMARKS.md.
+TITLE = "9. Replicas (Ray Serve)"
 REPLICA_COUNTS = (1, 2)
 #: Requests each client sends per throughput run: enough that start and end effects stay small.
 REQUESTS_PER_CLIENT = 6
@@ -34,7 +37,7 @@ def _cold_shape(ready: str, shapes: list[str]) -> str | None:
     return next((s for s in shapes if Resolution.parse(s).image_tokens != tokens), None)
 
 
-def section_replicas(harness: Any) -> dict[str, Any]:
+def section(harness: Any) -> dict[str, Any]:
     from neuron_app.shapes import Resolution
 
     cfg = harness.cfg
@@ -63,10 +66,10 @@ def section_replicas(harness: Any) -> dict[str, Any]:
             resolutions=[ready, cold],
             default_resolution=ready,
         )
-        env = harness._env() | settings_env(settings)
+        env = harness.env() | settings_env(settings)
         url = f"http://127.0.0.1:{port}/"
         start = time.perf_counter()
-        proc, log_path = harness._popen([sys.executable, "app.py"], f"replicas-{count}", env=env)
+        proc, log_path = harness.popen([sys.executable, "app.py"], f"replicas-{count}", env=env)
         try:
             rows.append(_measure(harness, proc, url, count, ready, cold, small, clients, start))
         except Exception as exc:
@@ -103,7 +106,7 @@ def _throughput(harness: Any, url: str, clients: int, shape: str) -> dict[str, A
     """`clients` gradio_client clients on one ready shape, with where the machine's CPU went meanwhile."""
     meter = CpuMeter()
     per_client = harness.cfg.per_client if harness.cfg.smoke else REQUESTS_PER_CLIENT
-    row = harness._run_clients(url, clients, shape, harness.cfg.steps, per_client=per_client)
+    row = run_clients(harness, url, clients, shape, harness.cfg.steps, per_client=per_client)
     _wall, busy, own = meter.elapsed()
     images = max(1, row["ok"])
     row["server_cpu_ms_per_image"] = 1000 * max(0.0, busy - own) / images  # app.py, Ray and the replicas
@@ -192,7 +195,7 @@ def _measure(
     }
 
 
-def replicas_md(results: dict[str, Any]) -> str:
+def render(results: dict[str, Any]) -> str:
     sec = results["sections"].get("replicas")
     if (why := md.failed(sec)) is not None:
         return why

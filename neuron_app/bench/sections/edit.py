@@ -1,0 +1,134 @@
+"""Bench section `edit`: compile seconds and latency for 0, 1 and 2 reference images at one output shape."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import (
+    PROMPT,
+    peak_rss_mb,
+    ratio,
+    summarize,
+    worker_manager,
+)
+from neuron_app.shapes import Resolution
+
+#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
+KIND = "edit"
+#: Its heading in the run's Markdown and BENCHMARKS.md.
+TITLE = "11. Editing with reference images"
+
+
+def section(harness: Any) -> dict[str, Any]:
+    """Editing: compile seconds and latency for 0, 1 and 2 references at one output shape, fresh cache."""
+    shape = harness.cfg.shapes[0]
+    others = [s for s in harness.cfg.all_shapes if s != shape]
+    spec = {
+        "kind": "edit",
+        "settings": harness.settings(harness.cfg.serving_mode, harness.new_cache("edit")),
+        "shape": shape,
+        "steps": harness.cfg.steps,
+        "repeats": harness.cfg.repeats,
+        "references": [0, 1, 2],
+        "warm_shape": others[0] if others else None,
+    }
+    result = harness.run_worker("edit", spec)
+    base = result["rows"][0]
+    for row in result["rows"]:
+        row["compile_over_0"] = ratio(row["compile_s"], base["compile_s"])
+        row["latency_over_0"] = ratio(row["steady"]["median_s"], base["steady"]["median_s"])
+    return result | {"shape": shape, "steps": harness.cfg.steps, "warm_shape": spec["warm_shape"]}
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Per reference count at one output shape: the first call (compile + image), then the steady latency.
+
+    References are images of the output's own size, so each snaps to that bucket: n references add n times the
+    output's tokens to the transformer's sequence. The compiler's one-time start-up is paid beforehand on
+    another shape, so the 0-reference compile is not inflated by it."""
+    from PIL import Image
+
+    shape, steps, repeats = spec["shape"], spec["steps"], spec["repeats"]
+    res = Resolution.parse(shape)
+    manager = worker_manager(spec)
+    manager.ensure_loaded()
+    if spec.get("warm_shape"):
+        manager.compile_shape(spec["warm_shape"])
+    rows = []
+    for count in spec["references"]:
+        refs = [Image.new("RGB", (res.width, res.height), (60 * i % 256, 90, 200)) for i in range(count)] or None
+
+        def timed(seed: int, refs: Any = refs) -> tuple[float, Any]:
+            start = time.perf_counter()
+            record = manager.generate(PROMPT, shape, steps, seed, references=refs)
+            return time.perf_counter() - start, record
+
+        first_s, first = timed(0)
+        graphs_before = manager.counter.graphs
+        latencies = [timed(seed)[0] for seed in range(1, repeats + 1)]
+        rows.append(
+            {
+                "references": count,
+                "image_tokens": res.image_tokens * (count + 1),
+                "graphs": first.graphs_compiled,
+                "compile_s": first.compile_s,
+                "first_image_s": first_s,
+                "steady": summarize(latencies),
+                "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0
+            }
+        )
+    return {
+        "mode": manager.settings.compile_mode,
+        "backend": manager.compile_backend,
+        "device": manager.backend.name,
+        "dtype": manager.dtype_name,
+        "rows": rows,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("edit")
+    if (why := md.failed(sec)) is not None:
+        return why
+    rows = [
+        [
+            r["references"],
+            r["image_tokens"],
+            r["graphs"],
+            md.s(r["compile_s"]),
+            md.x(r["compile_over_0"]),
+            md.s(r["first_image_s"]),
+            md.ms(r["steady"]["median_s"]),
+            md.ms(r["steady"]["p95_s"]),
+            md.x(r["latency_over_0"]),
+            r["steady"]["n"],
+            r["steady_graphs"],
+        ]
+        for r in sec["rows"]
+    ]
+    warm = f" after the compiler's start-up was paid on {sec['warm_shape']}" if sec.get("warm_shape") else ""
+    return (
+        f"Output {sec['shape']}, {sec['steps']} steps, mode {sec['mode']} / {sec['backend']}, one process with an "
+        f"empty cache folder{warm}. References are of the output's size (one bucket each), so each adds the "
+        "output's image tokens to the transformer's sequence. Compile = the first call's compile; latency = "
+        "`generate(..., references=...)` after it (reference preparation and VAE encoding included).\n\n"
+        + md.table(
+            [
+                "references",
+                "image tokens",
+                "graphs",
+                "compile s",
+                "compile vs 0",
+                "first image s",
+                "latency median ms",
+                "latency p95 ms",
+                "latency vs 0",
+                "n",
+                "recompiles after",
+            ],
+            rows,
+        )
+    )

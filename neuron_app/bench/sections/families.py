@@ -1,0 +1,168 @@
+"""Bench section `families`: graphs compiled for the default shapes, the VAE compiled per latent shape (what a
+static-shape compiler pays today) beside the tiled VAE (one graph); and the prompt cache's saving.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import (
+    OTHER_PROMPT,
+    PROMPT,
+    ratio,
+    summarize,
+    timed_generate,
+    worker_manager,
+)
+from neuron_app.shapes import Resolution
+
+#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
+KIND = "families"
+#: Its heading in the run's Markdown and BENCHMARKS.md.
+TITLE = "10. Token families, the tiled VAE and the prompt cache"
+
+
+def family_shapes(harness: Any) -> tuple[list[str], int, int]:
+    """The seven default shapes and VAE tile, or for the tiny models all of them divided by 4 (every side
+    stays a multiple of 16 and the three token families stay families); the smoke run: three small shapes."""
+    from neuron_app.settings import Settings
+
+    defaults = Settings.model_fields
+    shapes = list(defaults["resolutions"].default)
+    tile, overlap = defaults["vae_tile"].default, defaults["vae_tile_overlap"].default
+    if harness.cfg.smoke:
+        return ["64x64", "128x64", "64x128"], 8, 2
+    if harness.cfg.is_tiny:
+        shapes = [f"{r.width // 4}x{r.height // 4}" for r in map(Resolution.parse, shapes)]
+        tile, overlap = tile // 4, overlap // 4
+    return shapes, tile, overlap
+
+
+def section(harness: Any) -> dict[str, Any]:
+    """Graphs compiled for the default shapes: the VAE compiled per latent shape (what a static-shape
+    compiler pays today) beside the tiled VAE (one graph); and the prompt cache's saving."""
+    shapes, tile, overlap = family_shapes(harness)
+    mode = "full" if "full" in harness.cfg.modes else harness.cfg.serving_mode
+    paths = {}
+    for path in ("whole-vae", "tiled-vae"):
+        extra = {"resolutions": shapes, "default_resolution": shapes[0], "vae_tile": tile}
+        extra |= {"vae_tile_overlap": overlap, "vae_compile": "on" if path == "tiled-vae" else "off"}
+        spec = {
+            "kind": "families",
+            "path": path,
+            "settings": harness.settings(mode, harness.new_cache(f"families-{path}"), **extra),
+            "shapes": shapes,
+            "steps": harness.cfg.steps,
+            "repeats": harness.cfg.repeats,
+        }
+        paths[path] = harness.run_worker(f"families-{path}", spec)
+    families = len({Resolution.parse(s).image_tokens for s in shapes})
+    tiled = paths["tiled-vae"]
+    return {
+        "shapes": shapes,
+        "tile": tile,
+        "overlap": overlap,
+        "mode": mode,
+        "families": families,
+        "paths": paths,
+        "ok": tiled["transformer_graphs"] == families and tiled["vae_graphs"] == 1,
+    }
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Compile every shape on one VAE path; count transformer and VAE graphs apart. Then, on the last shape,
+    the text encoder's share of a generation and what the prompt cache saves.
+
+    Paths: `eager-vae` (today on CPU/GPU: the VAE runs eager, no graph), `whole-vae` (the VAE decoder compiled
+    on the whole latent: what a static-shape compiler such as Neuron pays today, one graph per latent shape)
+    and `tiled-vae` (vae_compile on: one tile graph for every shape).
+    """
+    manager = worker_manager(spec)
+    pipe = manager.ensure_loaded()
+    if spec["path"] == "whole-vae":
+        pipe.vae.decoder.compile(backend=manager.vae_counter, fullgraph=True, dynamic=False)
+    rows = []
+    for shape in spec["shapes"]:
+        total, vae = manager.counter.graphs, manager.vae_counter.graphs
+        outcome = manager.compile_shape(shape)
+        timed_generate(manager, shape, 1, 0)  # the request itself: a shape that shares a graph compiles nothing
+        rows.append(
+            {
+                "shape": shape,
+                "tokens": Resolution.parse(shape).image_tokens,
+                "transformer_graphs": (manager.counter.graphs - total) - (manager.vae_counter.graphs - vae),
+                "vae_graphs": manager.vae_counter.graphs - vae,
+                "compile_s": outcome.compile_s,
+                "cache": str(outcome.cache),
+            }
+        )
+    shape, steps, repeats = spec["shapes"][-1], spec["steps"], spec["repeats"]
+    encode = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        pipe.encode_prompt(prompt=f"{PROMPT} {i}", max_sequence_length=manager.settings.max_sequence_length)
+        encode.append(time.perf_counter() - start)
+    misses = [timed_generate(manager, shape, steps, 0, f"{OTHER_PROMPT} {i}")[0] for i in range(repeats)]
+    hits = [timed_generate(manager, shape, steps, seed, OTHER_PROMPT + " 0")[0] for seed in range(1, repeats + 1)]
+    status = manager.status()
+    return {
+        "path": spec["path"],
+        "mode": status.compile_mode,
+        "backend": status.compile_backend,
+        "device": status.device,
+        "dtype": status.dtype,
+        "rows": rows,
+        "transformer_graphs": status.compiles - manager.vae_counter.graphs,
+        "vae_graphs": manager.vae_counter.graphs,
+        "compile_s": sum(r["compile_s"] for r in rows),
+        "encode": summarize(encode),
+        "generate_miss": summarize(misses),
+        "generate_hit": summarize(hits),
+        "prompt_cache": status.prompt_cache,
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("families")
+    failed = md.failed(sec)
+    if failed:
+        return failed
+    labels = {"whole-vae": "VAE compiled whole (one graph per latent shape)", "tiled-vae": "tiled VAE (vae_compile on)"}
+    rows = []
+    for path, run in sec["paths"].items():
+        miss, hit = run["generate_miss"]["median_s"], run["generate_hit"]["median_s"]
+        rows.append(
+            [
+                labels.get(path, path),
+                run["transformer_graphs"],
+                run["vae_graphs"],
+                md.s(run["compile_s"]),
+                md.ms(run["encode"]["median_s"]),
+                md.ms(miss),
+                md.ms(hit),
+                md.x(ratio(hit, miss)),
+            ]
+        )
+    verdict = "yes" if sec["ok"] else "NO"
+    return (
+        f"The {len(sec['shapes'])} shapes {', '.join(sec['shapes'])} ({sec['families']} token families), "
+        f"mode {sec['mode']}, VAE tile {sec['tile']} latent px, overlap {sec['overlap']}; each path in a fresh "
+        f"process and an empty cache folder. Tiled path compiles one transformer graph per family and one VAE "
+        f"graph: {verdict}. Then, on the last shape: the text encoder alone, a generation with a new prompt "
+        "(cache miss) and with a repeated one (hit: the encoder is skipped).\n\n"
+        + md.table(
+            [
+                "path",
+                "transformer graphs",
+                "VAE graphs",
+                "compile s (all shapes)",
+                "encode ms",
+                "generate, new prompt ms",
+                "generate, cached prompt ms",
+                "cached / new",
+            ],
+            rows,
+        )
+    )

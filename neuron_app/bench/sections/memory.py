@@ -1,0 +1,42 @@
+"""Bench section `memory`: the peak resident memory of the processes the other sections measured (run after them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import (
+    BenchError,
+)
+
+#: Its heading in the run's Markdown and BENCHMARKS.md.
+TITLE = "6. Memory"
+
+
+def section(harness: Any) -> dict[str, Any]:
+    rows = []
+    for mode, run in harness.results.get("modes", {}).get("runs", {}).items():
+        rows.append({"process": f"worker, {mode}", "mode": mode, "peak_rss_mb": run["peak_rss_mb"]})
+    serve = harness.results.get("serving", {}).get("server", {})
+    if "peak_rss_mb" in serve:
+        mode = harness.cfg.serving_mode
+        rows.append({"process": "app server (after serving)", "mode": mode, "peak_rss_mb": serve["peak_rss_mb"]})
+    for row in harness.results.get("startup", {}).get("rows", []):
+        rows.append(
+            {
+                "process": f"python app.py ({row['start']}, sampled)",
+                "mode": harness.cfg.serving_mode,
+                "peak_rss_mb": row["peak_rss_mb"],
+            }
+        )
+    if not rows:
+        raise BenchError("no process was measured: run the modes, serving or startup sections with memory")
+    return {"rows": rows}
+
+
+def render(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("memory")
+    if (why := md.failed(sec)) is not None:
+        return why
+    rows = [[r["process"], r["mode"], md.num(r["peak_rss_mb"], 0)] for r in sec["rows"]]
+    return md.table(["process", "mode", "peak RSS MB"], rows)

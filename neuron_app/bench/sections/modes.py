@@ -1,0 +1,135 @@
+"""Bench section `modes`: eager vs full vs regional compile, each mode in its own process and an empty cache folder.
+
+Per shape: the cold compile (`compile_shape`), the first image, then the steady latency of N calls.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import (
+    peak_rss_mb,
+    ratio,
+    since_process_start,
+    summarize,
+    timed_generate,
+    worker_manager,
+)
+
+#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
+KIND = "measure"
+#: Its heading in the run's Markdown and BENCHMARKS.md.
+TITLE = "1. Eager vs full vs regional compile"
+
+
+def section(harness: Any) -> dict[str, Any]:
+    """Eager vs full vs regional: a fresh process and an empty cache folder each."""
+
+    def one(mode: str) -> dict[str, Any]:
+        return harness.measure_mode(mode, harness.new_cache(f"mode-{mode}"), f"modes-{mode}")
+
+    with ThreadPoolExecutor(max_workers=harness.cfg.jobs) as pool:
+        runs = dict(zip(harness.cfg.modes, pool.map(one, harness.cfg.modes), strict=True))
+    ratios: dict[str, Any] = {}
+    if "full" in runs and "regional" in runs:
+        for shape in harness.cfg.shapes:
+            full, regional = runs["full"]["shapes"][shape], runs["regional"]["shapes"][shape]
+            ratios[shape] = {
+                "compile_regional_over_full": ratio(regional["compile_s"], full["compile_s"]),
+                "latency_regional_over_full": ratio(regional["steady"]["median_s"], full["steady"]["median_s"]),
+            }
+    return {"runs": runs, "ratios": ratios}
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Per shape: cold compile (compile_shape), the first image, then the steady latency of N calls."""
+    steps, repeats = spec["steps"], spec["repeats"]
+    manager = worker_manager(spec)
+    manager.ensure_loaded()
+    loaded_at = since_process_start()
+    shapes: dict[str, Any] = {}
+    first_image_at: float | None = None
+    for shape in spec["shapes"]:
+        outcome = manager.compile_shape(shape)
+        first_s, first = timed_generate(manager, shape, steps, 0)
+        if first_image_at is None:
+            first_image_at = since_process_start()
+        graphs_before = manager.counter.graphs
+        latencies = [timed_generate(manager, shape, steps, seed)[0] for seed in range(1, repeats + 1)]
+        shapes[shape] = {
+            "compile_s": outcome.compile_s,
+            "graphs": outcome.graphs,
+            "compiled": outcome.compiled,
+            "cache": str(outcome.cache),
+            "first_generate_s": first_s,
+            "first_image_s": outcome.compile_s + first_s,
+            "first_generate_graphs": first.graphs_compiled,
+            "steady": summarize(latencies),
+            "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0: no recompile on seed
+        }
+    status = manager.status()
+    return {
+        "mode": status.compile_mode,
+        "backend": status.compile_backend,
+        "device": status.device,
+        "dtype": status.dtype,
+        "load_s": status.load_s,
+        "loaded_at_s": loaded_at,
+        "first_image_at_s": first_image_at,
+        "graphs_total": manager.counter.graphs,
+        "compile_failures": manager.counter.failures,
+        "shapes": shapes,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("modes")
+    if (why := md.failed(sec)) is not None:
+        return why
+    rows = []
+    for mode, run in sec["runs"].items():
+        for shape, s in run["shapes"].items():
+            rows.append(
+                [
+                    shape,
+                    mode,
+                    run["backend"] if mode != "eager" else "-",
+                    s["graphs"],
+                    md.s(s["compile_s"]),
+                    md.s(s["first_image_s"]),
+                    md.ms(s["steady"]["median_s"]),
+                    md.ms(s["steady"]["p95_s"]),
+                    s["steady"]["n"],
+                    s["steady_graphs"],
+                ]
+            )
+    text = (
+        "Each mode in its own process with an empty cache folder. Cold compile = `compile_shape` (a one-step "
+        "warm-up at that shape); the first shape of a process also pays the compiler's one-time start-up. "
+        "Latency = `generate()` wall time after the first image.\n\n"
+    )
+    text += md.table(
+        [
+            "shape",
+            "mode",
+            "backend",
+            "graphs",
+            "cold compile s",
+            "first image s",
+            "latency median ms",
+            "latency p95 ms",
+            "n",
+            "recompiles after",
+        ],
+        rows,
+    )
+    if sec["ratios"]:
+        ratio_rows = [
+            [shape, md.x(r["compile_regional_over_full"]), md.x(r["latency_regional_over_full"])]
+            for shape, r in sec["ratios"].items()
+        ]
+        text += "\n\n" + md.table(["shape", "compile regional/full", "latency regional/full"], ratio_rows)
+    return text

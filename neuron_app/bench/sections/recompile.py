@@ -1,0 +1,106 @@
+"""Bench section `recompile`: a scripted request sequence in one process.
+
+Each distinct graph shape must compile exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import (
+    OTHER_PROMPT,
+    PROMPT,
+    peak_rss_mb,
+    timed_generate,
+    worker_manager,
+)
+from neuron_app.shapes import Resolution
+
+#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
+KIND = "sequence"
+#: Its heading in the run's Markdown and BENCHMARKS.md.
+TITLE = "3. Recompile discipline"
+
+
+def section(harness: Any) -> dict[str, Any]:
+    a, b = harness.cfg.recompile_shapes[0], harness.cfg.recompile_shapes[-1]
+    cache_dir, cache_note = harness.cache_for("recompile", fresh=harness.parallel)
+    spec = {
+        "kind": "sequence",
+        "settings": harness.settings(harness.cfg.serving_mode, cache_dir),
+        "shape_a": a,
+        "shape_b": b,
+        "steps": harness.cfg.steps,
+    }
+    result = harness.run_worker("recompile", spec)
+    expected = result["distinct_graph_keys"]
+    result["expected_compiles"] = expected
+    result["ok"] = result["compile_events"] == expected and result["compile_failures"] == 0
+    result["cache_folder"] = cache_note
+    return result
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """The scripted request sequence; each distinct graph shape must compile exactly once."""
+
+    a, b, steps = spec["shape_a"], spec["shape_b"], spec["steps"]
+    calls = [
+        ("A", a, steps, 0, PROMPT),
+        ("A again", a, steps, 0, PROMPT),
+        ("B", b, steps, 0, PROMPT),
+        ("A, other steps", a, steps + 1, 0, PROMPT),
+        ("A, other seed", a, steps, 1, PROMPT),
+        ("B, other prompt", b, steps, 0, OTHER_PROMPT),
+    ]
+    manager = worker_manager(spec)
+    manager.ensure_loaded()
+    rows = []
+    for label, shape, call_steps, seed, prompt in calls:
+        before = manager.counter.graphs
+        elapsed, record = timed_generate(manager, shape, call_steps, seed, prompt)
+        rows.append(
+            {
+                "call": label,
+                "shape": shape,
+                "steps": call_steps,
+                "seed": seed,
+                "prompt": "other" if prompt == OTHER_PROMPT else "same",
+                "compiled": record.compiled,
+                "graphs_compiled": record.graphs_compiled,
+                "graphs_counted": manager.counter.graphs - before,  # the backend's own count, any phase
+                "cache": str(record.cache),
+                "total_s": elapsed,
+            }
+        )
+    keys = {manager.graph_key(Resolution.parse(s)) for s in (a, b)}
+    return {
+        "mode": manager.settings.compile_mode,
+        "backend": manager.compile_backend,
+        "device": manager.backend.name,
+        "dtype": manager.dtype_name,
+        "calls": rows,
+        "distinct_shapes": len({a, b}),
+        "distinct_graph_keys": len(keys),
+        "compile_events": sum(1 for r in rows if r["compiled"]),
+        "graphs_total": manager.counter.graphs,
+        "compile_failures": manager.counter.failures,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("recompile")
+    if (why := md.failed(sec)) is not None:
+        return why
+    rows = [
+        [i + 1, c["call"], c["shape"], c["steps"], c["seed"], c["prompt"], c["graphs_counted"], c["cache"]]
+        for i, c in enumerate(sec["calls"])
+    ]
+    verdict = "OK" if sec["ok"] else "**WRONG**"
+    return (
+        md.table(["#", "call", "shape", "steps", "seed", "prompt", "graphs compiled", "cache"], rows)
+        + f"\n\nMode {sec['mode']} / {sec['backend']}, cache folder {sec['cache_folder']}: "
+        f"**{sec['compile_events']} compile(s) for {sec['distinct_graph_keys']} distinct graph shape(s)** "
+        f"({sec['graphs_total']} graph(s) in all, {sec['compile_failures']} failure(s)): {verdict}."
+    )

@@ -1,0 +1,269 @@
+"""Bench section `serving`: what the server adds to a generation, timed on the manager and through the app, interleaved.
+
+The serving worker (`serve`) runs the real app on a ready shape; the concurrency section shares it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import (
+    DIRECT_TAG,
+    PROMPT,
+    READY_TAG,
+    RESULT_TAG,
+    BenchError,
+    emit,
+    free_port,
+    good_result,
+    peak_rss_mb,
+    summarize,
+    timed_generate,
+    worker_settings,
+)
+from neuron_app.bench.process import Lines, log_tail, stop_group
+
+#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
+KIND = "serve"
+#: Its heading in the run's Markdown and BENCHMARKS.md.
+TITLE = "4. Serving overhead"
+
+
+@contextlib.contextmanager
+def server(harness: Any) -> Iterator[dict[str, Any]]:
+    """The serving worker, up and answering; yields its ready message, then its final answer."""
+    cache_dir, cache_note = harness.cache_for("serve", fresh=harness.parallel)
+    port = free_port()
+    max_clients = max(harness.cfg.clients, default=1)
+    spec = {
+        "kind": "serve",
+        "settings": harness.settings(
+            harness.cfg.serving_mode,
+            cache_dir,
+            server_port=port,
+            server_name="127.0.0.1",
+            share=False,
+            concurrency_limit=1,
+            queue_max_size=max(16, 2 * max_clients),
+        ),
+        "shape": harness.cfg.shapes[0],
+        "steps": harness.cfg.steps,
+        "repeats": harness.cfg.repeats,
+    }
+    proc, log_path = harness.popen(harness.worker_args(spec), "serve", stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+    info: dict[str, Any] = {"cache_folder": cache_note}
+    try:
+        lines = Lines(proc.stdout)
+        ready = lines.wait_for(READY_TAG, time.monotonic() + harness.cfg.timeout_s)
+        if "error" in ready:
+            raise BenchError(f"serve: {ready['error']}")
+        info.update(ready)
+        harness.note_resolved(ready)
+
+        def direct(seed: int) -> float:
+            proc.stdin.write(f"direct {seed}\n")
+            proc.stdin.flush()
+            return lines.wait_for(DIRECT_TAG, time.monotonic() + harness.cfg.timeout_s)["s"]
+
+        info["direct"] = direct
+        yield info
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        final = lines.wait_for(RESULT_TAG, time.monotonic() + 120)
+        if "error" in final:
+            raise BenchError(f"serve: {final['error']}")
+        info["final"] = final
+    except BenchError as exc:
+        raise BenchError(f"{exc}; log {log_path}: {log_tail(log_path)}") from None
+    finally:
+        stop_group(proc, exit_s=10.0)
+
+
+def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
+    """The same ready shape on the manager and through gradio_client, interleaved; then the status round trip.
+
+    The floor is `/floor`, a text endpoint on the same server. gradio_client reads its message queue every
+    50 ms, so its round trips come in steps; the same calls are also timed on the wire (`WireClient`, no
+    polling), where `/floor` also sleeps as long as the generate before it took in the manager (`total_s`):
+    generate minus that matched floor is what serving an image adds.
+    """
+    from neuron_app.bench.wire import WireClient
+
+    shape, steps = harness.cfg.shapes[0], harness.cfg.steps
+    client, wire = harness.client(server["url"]), WireClient(server["url"])
+    client.predict(PROMPT, shape, steps, 0, api_name="/generate")  # warm the connection and the queue
+    wire.call("generate", PROMPT, shape, steps, 0, "none", 1.0, download=True)
+    via_app, direct, floor, bad = [], [], [], 0
+    wire_generate, wire_floor, wire_matched = [], [], []
+    client.predict(0, api_name="/floor")
+    for seed in range(1, harness.cfg.repeats + 1):
+        start = time.perf_counter()
+        client.predict(0, api_name="/floor")
+        floor.append(time.perf_counter() - start)
+        direct.append(server["direct"](seed))
+        start = time.perf_counter()
+        path, info = client.predict(PROMPT, shape, steps, seed, api_name="/generate")
+        via_app.append(time.perf_counter() - start)
+        bad += not good_result(path, info, shape, seed)
+        wire_floor.append(wire.call("floor", 0)[0])
+        took, (_image, wire_info) = wire.call("generate", PROMPT, shape, steps, seed, "none", 1.0, download=True)
+        wire_generate.append(took)
+        bad += not (wire_info.get("seed") == seed and wire_info.get("resolution") == shape)
+        wire_matched.append(wire.call("floor", 1000 * float(wire_info["total_s"]))[0])
+    wire.close()
+    client.predict(api_name="/status")
+    status = []
+    for _ in range(max(harness.cfg.repeats, 10)):
+        start = time.perf_counter()
+        client.predict(api_name="/status")
+        status.append(time.perf_counter() - start)
+    direct, app = summarize(direct), summarize(via_app)
+    on_wire = {"generate": summarize(wire_generate), "floor": summarize(wire_floor)}
+    on_wire["matched_floor"] = summarize(wire_matched)
+    return {
+        "shape": shape,
+        "steps": steps,
+        "mode": server["mode"],
+        "backend": server["backend"],
+        "cache_folder": server["cache_folder"],
+        "server_compile": server["compile"],
+        "direct": direct,
+        "via_app": app,
+        "status_rtt": summarize(status),
+        "floor_rtt": summarize(floor),
+        "wire": on_wire,
+        # what serving an image adds to a text endpoint whose handler takes as long, with no client polling
+        "wire_above_matched_floor_ms": 1000 * (on_wire["generate"]["median_s"] - on_wire["matched_floor"]["median_s"]),
+        "overhead_above_floor_ms": 1000 * (app["median_s"] - direct["median_s"] - summarize(floor)["median_s"]),
+        "overhead_median_ms": 1000 * (app["median_s"] - direct["median_s"]),
+        "overhead_p95_ms": 1000 * (app["p95_s"] - direct["p95_s"]),
+        "bad_results": bad,
+    }
+
+
+def _add_floor_endpoint(demo: Any) -> None:
+    """`/floor`: a queued endpoint with a text answer, on the same server: what any Gradio request costs here.
+
+    It sleeps the milliseconds it is given, in Gradio's worker thread as `generate` runs. gradio_client reads its
+    message queue every 50 ms, so a round trip grows in steps with the handler's duration: a floor that does
+    nothing is one step below a generate whose handler takes 40 ms, and compares badly with it.
+    """
+    import gradio as gr
+
+    def floor(ms: float | None = 0.0) -> str:
+        time.sleep(max(0.0, float(ms or 0.0)) / 1000.0)
+        return "ok"
+
+    with demo:
+        button, out, ms = gr.Button(visible=False), gr.Textbox(visible=False), gr.Number(value=0, visible=False)
+        button.click(floor, inputs=[ms], outputs=[out], api_name="floor", concurrency_limit=None)
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """The real app on a ready shape, for outside clients; direct manager calls on request.
+
+    The orchestrator drives the app from its own process (as a real client would) and, on
+    "direct SEED" lines, has this process time one `generate()` on the manager itself, so
+    direct and served calls interleave and see the same machine. "quit" ends it; the answer
+    then carries this server process's peak memory.
+    """
+    from neuron_app.web.server import build_app, launch, prepare_environment
+
+    settings = worker_settings(spec)
+    prepare_environment(settings)  # gradio's temp folder, before gradio is imported
+    from neuron_app.engine.manager import PipelineManager
+
+    manager = PipelineManager(settings)
+    manager.ensure_loaded()
+    shape, steps = spec["shape"], spec["steps"]
+    outcome = manager.compile_shape(shape)
+    timed_generate(manager, shape, steps, 0)  # warm: the first call after a compile can be slower
+    app = build_app(settings, manager)
+    _add_floor_endpoint(app.demo)
+    launch(app, block=False, quiet=True)
+    graphs_ready = manager.counter.graphs
+    emit(
+        READY_TAG,
+        {
+            "url": f"http://127.0.0.1:{settings.server_port}/",
+            "compile": {"compile_s": outcome.compile_s, "graphs": outcome.graphs, "cache": str(outcome.cache)},
+            "mode": settings.compile_mode,
+            "backend": manager.compile_backend,
+            "device": manager.backend.name,
+            "dtype": manager.dtype_name,
+        },
+    )
+    for line in sys.stdin:
+        command = line.split()
+        if command[:1] == ["quit"]:
+            break
+        if command[:1] == ["direct"]:
+            emit(DIRECT_TAG, {"s": timed_generate(manager, shape, steps, int(command[1]))[0]})
+    status = manager.status()
+    app.demo.close()
+    return {
+        "graphs_while_serving": manager.counter.graphs - graphs_ready,  # must be 0: the shape was ready
+        "hits": status.shapes[shape].hits,
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("serving")
+    if (why := md.failed(sec)) is not None:
+        return why
+    d, a, st = sec["direct"], sec["via_app"], sec["status_rtt"]
+    rows = [
+        ["manager.generate() in the server process", md.ms(d["median_s"]), md.ms(d["p95_s"]), d["n"]],
+        ["gradio_client `/generate` (another process)", md.ms(a["median_s"]), md.ms(a["p95_s"]), a["n"]],
+        [
+            "**difference (serving overhead)**",
+            md.num(sec["overhead_median_ms"], 1),
+            md.num(sec["overhead_p95_ms"], 1),
+            "",
+        ],
+        ["gradio_client `/status` round trip (no queue)", md.ms(st["median_s"]), md.ms(st["p95_s"]), st["n"]],
+    ]
+    if "floor_rtt" in sec:  # a queued endpoint that does nothing, interleaved with the calls above
+        fl = sec["floor_rtt"]
+        rows.append(
+            [
+                "gradio_client `/floor` round trip (queued, trivial: the floor)",
+                md.ms(fl["median_s"]),
+                md.ms(fl["p95_s"]),
+                fl["n"],
+            ]
+        )
+        rows.append(
+            ["overhead above the trivial floor (difference - floor)", md.num(sec["overhead_above_floor_ms"], 1), "", ""]
+        )
+    note = ""
+    if "wire" in sec:  # the same calls without gradio_client's 50 ms message poll
+        w = sec["wire"]
+        for label, key in (
+            ("on the wire: `/generate` (image downloaded)", "generate"),
+            ("on the wire: `/floor` (trivial)", "floor"),
+            ("on the wire: `/floor` sleeping generate's `total_s` (matched floor)", "matched_floor"),
+        ):
+            rows.append([label, md.ms(w[key]["median_s"]), md.ms(w[key]["p95_s"]), w[key]["n"]])
+        rows.append(
+            ["**on the wire: generate above the matched floor**", md.num(sec["wire_above_matched_floor_ms"], 1), "", ""]
+        )
+        note = (
+            "\n\ngradio_client reads its message queue every 50 ms (`stream_sse_v1plus` in `gradio_client/utils.py`), "
+            "so its round trips grow in 50 ms steps with the handler's duration. The wire rows speak Gradio's queue "
+            "protocol directly (`neuron_app/bench/wire.py`: join, then read the event stream as it arrives); there "
+            "the matched floor is the text endpoint sleeping as long as the generate before it took in the manager, "
+            "so generate minus it is what serving an image adds (the PNG save, the image output, progress events, "
+            "the download)."
+        )
+    return (
+        f"Shape {sec['shape']}, {sec['steps']} steps, mode {sec['mode']} / {sec['backend']}, "
+        f"cache folder {sec['cache_folder']}.\n\n" + md.table(["path", "median ms", "p95 ms", "n"], rows) + note
+    )

@@ -114,6 +114,10 @@ def test_a_shape_sharing_a_graph_shows_that_graphs_manifest(make_settings: Any) 
     assert (wide.manifest, tall.manifest) == ("precompiled", "precompiled")
     assert tall.shared_with == "128x64" and tall.estimate == wide.estimate
     assert wide.estimate is not None and wide.estimate.kind == "load"
+    events: list[Any] = []  # the spinner's line says the same: a load from the cache, not a first compile
+    PipelineManager(settings).generate("x", "64x128", 1, 0, progress=events.append)
+    (loading,) = [e for e in events if e.phase == "compiling"]
+    assert loading.message.startswith("Loading 64x128's precompiled graph from the cache (about"), loading.message
 
 
 def test_replica_statuses_merge_into_the_managers_contract(module_manager: Any) -> None:

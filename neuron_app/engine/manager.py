@@ -23,7 +23,6 @@ from neuron_app.engine.cache import (
     Manifest,
     ManifestEntry,
     estimate,
-    estimate_compile_s,
     estimate_words,
     fingerprint_of,
 )
@@ -305,8 +304,13 @@ class PipelineManager(Admitted):
                 return CompileOutcome(name, CacheResult.MEMORY, False, 0.0, 0)
             graph.state, graph.error = ShapeState.COMPILING, None
         if progress:
-            estimate = estimate_words(estimate_compile_s(self.manifest.entries(), name, self.fingerprint))
-            msg = f"Compiling {name} for the first time ({estimate}) - minutes on Neuron; later requests reuse it"
+            shape = None if buckets else self.status().shapes.get(name)  # its row: a shared graph's entry counts
+            found = shape.estimate if shape is not None else estimate(self.manifest.entries(), name, self.fingerprint)
+            words = estimate_words(None if found is None else found.seconds)
+            if found is not None and found.kind == "load":  # precompiled: the graph comes from the cache folder
+                msg = f"Loading {name}'s precompiled graph from the cache ({words}); later requests reuse it"
+            else:
+                msg = f"Compiling {name} for the first time ({words}) - minutes on Neuron; later requests reuse it"
             progress(ProgressEvent("compiling", str(res), message=msg))
         log.info("compile start %s (%s)", name, key)
         self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now

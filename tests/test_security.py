@@ -245,10 +245,9 @@ def test_png_metadata_records_how_the_image_was_made(auth_client: Client, auth_a
 
 def test_image_store_keeps_the_newest(tmp_path: Path, make_settings: Callable[..., Any]) -> None:
     """Outputs stay bounded: files already in the folder (an earlier run) count, and the oldest go first."""
-    from types import SimpleNamespace
-
     from neuron_app.engine.images import ImageStore
     from neuron_app.engine.marks import Marker
+    from neuron_app.engine.records import CacheResult, GenerationRecord
 
     folder = tmp_path / "outputs"
     folder.mkdir()
@@ -257,10 +256,9 @@ def test_image_store_keeps_the_newest(tmp_path: Path, make_settings: Callable[..
         os.utime(folder / name, (1_000_000 + i, 1_000_000 + i))
     store = ImageStore(folder, keep=3, marker=Marker(make_settings()))  # its C2PA chain in the test's cache
 
-    def record(seed: int) -> SimpleNamespace:
+    def record(seed: int) -> GenerationRecord:  # a real record: every field write_png reads, now and later
         image = Image.new("RGB", (8, 8))
-        fields = {"prompt": "p", "seed": seed, "steps": 1, "resolution": "8x8", "model": "tiny"}
-        return SimpleNamespace(image=image, lora="none", lora_scale=1.0, references=[], **fields)
+        return GenerationRecord("8x8", 1, seed, "p", CacheResult.MISS, False, 0.0, 0.0, 0.0, 0, "tiny", image=image)
 
     saved = [store.save(record(seed)) for seed in range(3)]
     assert sorted(p.name for p in folder.glob("*.png")) == sorted(p.name for p in saved)  # the two old ones went

@@ -2,8 +2,9 @@
 
 For each file: the C2PA manifest (signer, validation state, created time, model, digital source type), the
 IPTC digital source type in its XMP, and the invisible watermark decoded from the pixels, then a verdict.
-Exit 0 when every file carries this server's marks (its C2PA manifest, or its watermark payload), 1 when
-one carries none, 2 when one cannot be read as an image. One line per problem, never a traceback.
+Exit 0 when every file carries this server's marks (its C2PA manifest valid for the file as it is, its IPTC
+field, or its watermark payload), 1 when one carries none, 2 when one cannot be read as an image. One line per
+problem, never a traceback. A manifest that no longer matches its file (changed after signing) is named so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from neuron_app.engine.marks import DIGITAL_SOURCE_TYPE, SOFTWARE, read_source_type, read_watermark, watermark_fits
 
 EXIT_MARKED, EXIT_UNMARKED, EXIT_UNREADABLE = 0, 1, 2
+#: c2pa's validation states of a manifest that matches the file ("Trusted": its signer chains to a trust anchor).
+VALID_STATES = ("Valid", "Trusted")
 
 
 @dataclass
@@ -25,15 +28,17 @@ class Report:
     path: str
     lines: list[str] = field(default_factory=list)
     ours: list[str] = field(default_factory=list)  # this server's marks found: c2pa, iptc, watermark
+    notes: list[str] = field(default_factory=list)  # what the verdict must add (a manifest that no longer matches)
     readable: bool = True
 
     @property
     def verdict(self) -> str:
         if not self.readable:
             return "unreadable"
+        notes = "".join(f"; {note}" for note in self.notes)
         if self.ours:
-            return f"made by {SOFTWARE}, marked as AI-generated ({', '.join(self.ours)})"
-        return f"no {SOFTWARE} marks"
+            return f"made by {SOFTWARE}, marked as AI-generated ({', '.join(self.ours)}){notes}"
+        return f"no {SOFTWARE} marks{notes}"
 
 
 def _short(source_type: str | None) -> str:
@@ -68,8 +73,8 @@ def c2pa_line(data: bytes) -> tuple[str, bool]:
         f"signed by {signer}; validation {state_text}; created {created.get('when') or signature.get('time') or '-'}"
         f"; model {model}; software {agent_name or '-'}; digital source type {_short(created.get('digitalSourceType'))}"
     )
-    ours = agent_name == SOFTWARE and created.get("digitalSourceType") == DIGITAL_SOURCE_TYPE
-    return line, ours
+    claimed = agent_name == SOFTWARE and created.get("digitalSourceType") == DIGITAL_SOURCE_TYPE
+    return line, claimed and state in VALID_STATES
 
 
 def verify_file(path: Path, payload: bytes) -> Report:
@@ -95,6 +100,8 @@ def verify_file(path: Path, payload: bytes) -> Report:
     report.lines.append(f"C2PA: {line}")
     if ours:
         report.ours.append("c2pa")
+    elif "validation Invalid" in line:
+        report.notes.append("its C2PA manifest does not match the file: changed after signing")
     source = read_source_type(image)
     creator = str(image.info.get("xmp", b"") or "") + str(image.info.get("XML:com.adobe.xmp", ""))
     report.lines.append(f"IPTC: Iptc4xmpExt:DigitalSourceType = {source or 'none'}")

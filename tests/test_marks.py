@@ -59,6 +59,21 @@ def assert_marked(data: bytes) -> None:
     assert decode_watermark(image) == PAYLOAD
 
 
+def retext(png: bytes, old: bytes, new: bytes) -> bytes:
+    """`png` with `old` replaced in its text chunks, CRCs recomputed: a valid PNG changed after signing."""
+    import struct
+    import zlib
+
+    out, pos = bytearray(png[:8]), 8
+    while pos < len(png):
+        (size,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, body = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + size]
+        body = body.replace(old, new) if kind == b"iTXt" else body
+        out += struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        pos += 12 + size
+    return bytes(out)
+
+
 def verify(capsys: pytest.CaptureFixture[str], *files: Any) -> int:
     """`python -m neuron_app verify` in this process (its argument parser and exit status)."""
     from neuron_app.__main__ import main
@@ -147,6 +162,12 @@ def test_generate_256_through_gradio_client_carries_every_mark(
     assert "C2PA: none" in out and "marked as AI-generated (watermark)" in out
     assert verify(capsys, tmp_path / "n.png") == 1
     assert "verdict: no neuron-app marks" in capsys.readouterr().out
+    tampered = tmp_path / "tampered.png"
+    tampered.write_bytes(retext(Path(path).read_bytes(), b"a marked lighthouse", b"a marked lighthousE"))
+    assert verify(capsys, tampered) == 0  # still AI-marked (IPTC, watermark), and the change is named
+    out = capsys.readouterr().out
+    assert "validation Invalid" in out and "assertion.dataHash.mismatch" in out
+    assert "(iptc, watermark); its C2PA manifest does not match the file: changed after signing" in out
     bad = run_verify(garbage, tmp_path / "missing.png", path)  # the command itself: exit status, no traceback
     assert bad.returncode == 2 and bad.stdout.count("verdict: unreadable") == 2, bad.stdout + bad.stderr
     assert "Traceback" not in bad.stdout + bad.stderr and "verdict: made by neuron-app" in bad.stdout

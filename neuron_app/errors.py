@@ -190,3 +190,15 @@ def app_error_of(exc: BaseException) -> AppError | None:
             return current
         current = current.__cause__
     return None
+
+
+def rule_of(exc: BaseException) -> NeuronRuleViolation | None:
+    """The emulator's rule violation behind `exc` (dynamo wraps errors raised while it compiles)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, NeuronRuleViolation):
+            return current
+        seen.add(id(current))
+        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
+    return None

@@ -70,7 +70,7 @@ def test_dynamic_shapes_in_a_compiled_graph_break_a_rule(emulator: Any) -> None:
     fn = emulator.graph(torch.compile(lambda x: x * 2 + 1, backend=counter, fullgraph=True, dynamic=True), "toy")
     with emulator.device_work(), pytest.raises(Exception) as info:
         fn(on_device(emulator, torch.ones(3, 5)))
-    from neuron_app.engine.manager import rule_of
+    from neuron_app.errors import rule_of
 
     rule = rule_of(info.value)
     assert rule is not None and str(rule).startswith("neuron rule: a compiled graph has dynamic shapes")

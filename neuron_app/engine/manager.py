@@ -27,7 +27,7 @@ from neuron_app.engine.cache import (
     fingerprint_of,
 )
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
-from neuron_app.engine.edits import blank_references, edit_label, edit_target, parse_label
+from neuron_app.engine.edits import blank_references, edit_label, edit_target
 from neuron_app.engine.loader import ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.lora import AdapterSet
 from neuron_app.engine.observers import Listener, Observers
@@ -42,22 +42,22 @@ from neuron_app.engine.records import (
     ProgressCallback,
     ProgressEvent,
     ShapeState,
-    ShapeStatus,
 )
 from neuron_app.engine.remote_cache import RemoteCache
 from neuron_app.engine.requests import Request
 from neuron_app.engine.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.safety import SafetyChecker
+from neuron_app.engine.status_view import build_status
 from neuron_app.engine.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
-from neuron_app.engine.warmup import Warmup
+from neuron_app.engine.warmup import Warmup, warm_shape_free_ops
 from neuron_app.environment import dist_version
 from neuron_app.errors import (
     CompileFailed,
     GenerationFailed,
     ModelLoadError,
-    NeuronRuleViolation,
     RequestError,
     one_line,
+    rule_of,
 )
 from neuron_app.settings import Settings, get_settings
 from neuron_app.shapes import GraphKey, Resolution
@@ -359,26 +359,10 @@ class PipelineManager(Admitted):
         return outcome
 
     def _warm_shape_free_ops(self) -> None:
-        """Where eager ops compile per signature (Neuron), the ops a shape's warm-up cannot meet, measured on
-        neuron-emulated: a prompt that fills max_sequence_length (no padding: the text encoder's attention takes
-        another path, one more compile), and the scheduler's timesteps for every step count a request may ask
-        (two small ops per count). None of them depend on the image shape: once per process, then cached."""
+        """Once per process where eager ops compile per signature: what no shape's warm-up meets (warmup.py)."""
         if self._shape_free_warm or not self.backend.compiles_eager_ops_per_shape:
             return
-        import copy
-
-        import numpy as np
-        import torch
-        from diffusers.pipelines.flux2.pipeline_flux2_klein import retrieve_timesteps
-
-        with self.backend.device_work(), torch.inference_mode():
-            prompt = " ".join([WARMUP_PROMPT] * self.settings.max_sequence_length)
-            self._pipe.encode_prompt(prompt=prompt, max_sequence_length=self.settings.max_sequence_length)
-            device = self._pipe._execution_device
-            for steps in range(1, self.settings.max_steps + 1):
-                sigmas = np.linspace(1.0, 1 / steps, steps)
-                retrieve_timesteps(copy.deepcopy(self._pipe.scheduler), steps, device, sigmas=sigmas, mu=1.0)
-        self.backend.synchronize()
+        warm_shape_free_ops(self._pipe, self.backend, self.settings)
         self._shape_free_warm = True
 
     @reports_failures
@@ -483,91 +467,9 @@ class PipelineManager(Admitted):
         return self.settings.max_references > 0
 
     # --- status --------------------------------------------------------------------------------
-    def _graph_status(
-        self, name: str, key: GraphKey, entries: dict[str, Any], siblings: Sequence[str] = ()
-    ) -> ShapeStatus:
-        """One shape's row. A shape whose graph another shape compiles (`siblings`: same `GraphKey`) shows that
-        shape's manifest entry and estimate: precompiling 256x128 makes 128x256 precompiled too."""
-        graph = self._graphs.get(key, GraphState())
-        fp = self.fingerprint
-        source = name
-        if self.manifest.validity(name, fp, entries) != "precompiled":
-            candidates = [s for s in (graph.compiled_as, *siblings) if s]
-            source = next((s for s in candidates if self.manifest.validity(s, fp, entries) == "precompiled"), name)
-        validity = self.manifest.validity(source, fp, entries)
-        found = estimate(entries, source, fp)
-        shared = graph.compiled_as if graph.compiled_as not in (None, name) else (None if source == name else source)
-        return ShapeStatus(
-            resolution=name,
-            state=graph.state,
-            hits=self._hits.get(name, 0),
-            compile_s=None if graph.compile_s is None else round(graph.compile_s, 3),
-            graphs=graph.graphs,
-            cache=None if graph.cache is None else str(graph.cache),
-            last_error=graph.error,
-            manifest=validity,
-            shared_with=shared,
-            offered=(not self.settings.only_precompiled)
-            or graph.state is ShapeState.READY
-            or validity == "precompiled",
-            estimate_s=None if found is None else round(found.seconds, 3),
-            estimate=found,
-            eager_compiles=graph.eager_compiles,
-            degraded=bool(graph.fallback_ops),
-            fallback_ops=list(graph.fallback_ops),
-        )
-
     def status(self) -> ManagerStatus:
-        """A snapshot for the UI and the API; never waits for the device."""
-        entries = self.manifest.entries()
-        with self._state_lock:
-            keys = {str(r): self.graph_key(r) for r in self.resolutions}
-            shapes = {
-                name: self._graph_status(name, key, entries, [n for n, k in keys.items() if k == key and n != name])
-                for name, key in keys.items()
-            }
-            edits = {n: self.graph_key(*p) for n in entries if (p := parse_label(n))} | self._edits
-            return ManagerStatus(
-                model=self.settings.model,
-                device=self.backend.name,
-                dtype=self.dtype_name,
-                compile_mode=self.settings.compile_mode,
-                compile_backend=self.compile_backend,
-                tp_degree=self.settings.tp_degree,
-                cache_dir=str(self.settings.cache_dir),
-                cache_size_bytes=self._cache_size.get(),
-                loaded=self._pipe is not None,
-                loading=self._loading,
-                load_s=None if self._load_s is None else round(self._load_s, 3),
-                load_error=self._load_error,
-                compiles=self.counter.graphs,
-                compile_failures=self.counter.failures,
-                vae_compiles=self.vae_counter.graphs,
-                prompt_cache=self.prompt_cache.snapshot(),
-                fingerprint=self.fingerprint,
-                fallback=self.backend.fallback_state(),
-                broken=None if self.lockstep is None else self.lockstep.broken,
-                warmup=self.warmup.snapshot(),
-                shapes=shapes,
-                loras=self.adapters.describe(),
-                remote=self.remote.snapshot(),
-                edits={name: self._graph_status(name, key, entries) for name, key in sorted(edits.items())},
-                eager_compiles=self.backend.eager_compile_count(self.counter.graphs),
-                neuron_rules=self.backend.rules_status(),
-                safety=self.safety.snapshot(),
-            )
-
-
-def rule_of(exc: BaseException) -> NeuronRuleViolation | None:
-    """The emulator's rule violation behind `exc` (dynamo wraps errors raised while it compiles)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, NeuronRuleViolation):
-            return current
-        seen.add(id(current))
-        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
-    return None
+        """A snapshot for the UI and the API; never waits for the device (engine/status_view.py)."""
+        return build_status(self)
 
 
 @functools.cache

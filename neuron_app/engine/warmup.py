@@ -79,3 +79,24 @@ class Warmup:
         finally:
             with self._lock:
                 self._state["running"] = False
+
+
+def warm_shape_free_ops(pipe: Any, backend: Any, settings: Any) -> None:
+    """Where eager ops compile per signature (Neuron), the ops a shape's warm-up cannot meet, measured on
+    neuron-emulated: a prompt that fills max_sequence_length (no padding: the text encoder's attention takes
+    another path, one more compile), and the scheduler's timesteps for every step count a request may ask
+    (two small ops per count). None of them depend on the image shape: once per process, then cached."""
+    import copy
+
+    import numpy as np
+    import torch
+    from diffusers.pipelines.flux2.pipeline_flux2_klein import retrieve_timesteps
+
+    with backend.device_work(), torch.inference_mode():
+        prompt = " ".join(["warm-up"] * settings.max_sequence_length)
+        pipe.encode_prompt(prompt=prompt, max_sequence_length=settings.max_sequence_length)
+        device = pipe._execution_device
+        for steps in range(1, settings.max_steps + 1):
+            sigmas = np.linspace(1.0, 1 / steps, steps)
+            retrieve_timesteps(copy.deepcopy(pipe.scheduler), steps, device, sigmas=sigmas, mu=1.0)
+    backend.synchronize()

@@ -96,6 +96,8 @@ class _DeviceModule:
     """`torch.neuron` as far as torch itself asks (torch.accelerator, dynamo's stream state): no real device, so
     nothing of torch's accelerator machinery (streams, events) is used; the emulator is the device."""
 
+    emulated = True  # not TorchNeuron's module: backends/neuron.py must not take it for an installed SDK
+
     @staticmethod
     def is_available() -> bool:
         return False

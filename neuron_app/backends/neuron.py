@@ -70,7 +70,8 @@ def _has_dynamo_backend() -> bool:
         if (Path(folder) / "neuron_dynamo_backend").is_dir() or (Path(folder) / "neuron_dynamo_backend.py").is_file():
             return True
     torch = sys.modules.get("torch")  # not imported for this: check_sdk runs before the app's environment is set
-    return torch is not None and hasattr(torch, "neuron")
+    module = getattr(torch, "neuron", None) if torch is not None else None
+    return module is not None and not getattr(module, "emulated", False)  # neuron-emulated's stand-in is not one
 
 
 def sdk_kind(found: str | None) -> SdkKind:

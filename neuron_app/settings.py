@@ -12,18 +12,9 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    WrapValidator,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,6 +23,16 @@ from pydantic_settings import (
 )
 
 from neuron_app.errors import SettingsError, ShapeError
+from neuron_app.settings_groups import (  # noqa: F401 (re-exported: callers import them from here)
+    DEFAULT_KEY_NAME,
+    MIN_KEY_CHARS,
+    ApiKey,
+    FleetSettings,
+    InterfaceSettings,
+    ReplicaRange,
+    _check_webhook_secret,
+    parse_s3_url,
+)
 from neuron_app.shapes import Resolution
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -60,88 +61,9 @@ def settings_file() -> Path:
     return Path(override).expanduser().resolve() if override else PROJECT_ROOT / "settings.toml"
 
 
-_S3_URL = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
-
-
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """`s3://bucket/some/prefix` -> ("bucket", "some/prefix") for `cache_remote`; ValueError naming the form."""
-    match = _S3_URL.match(url.strip())
-    if not match:
-        raise ValueError(f"cache_remote {url!r} is not of the form s3://bucket/prefix (bucket: 3-63 of a-z 0-9 . -)")
-    prefix = (match.group("prefix") or "").strip("/")
-    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
-        raise ValueError(f"cache_remote {url!r} has an empty, '.' or '..' path segment")
-    return match.group("bucket"), prefix
-
-
-def _check_webhook_secret(secret: SecretStr | None) -> None:
-    """A Standard Webhooks secret: 'whsec_' + base64 of 24..64 bytes (the value is never put in the message)."""
-    import base64
-    import binascii
-
-    if secret is None:
-        raise ValueError("webhook_hosts is set but NEURON_APP_WEBHOOK_SECRET is not: webhooks are always signed")
-    text = secret.get_secret_value()
-    try:
-        key = base64.b64decode(text.removeprefix("whsec_"), validate=True)
-    except (binascii.Error, ValueError):
-        key = b""
-    if not text.startswith("whsec_") or not 24 <= len(key) <= 64:
-        raise ValueError("webhook_secret must be 'whsec_' followed by the base64 of 24 to 64 random bytes")
-
-
-class ReplicaRange(int):
-    """`replicas` as an int (its maximum, what every caller sizes by: lanes, Ray CPUs) that also knows its minimum:
-    "1-4" scales between 1 and 4 replicas with the queue (Ray Serve autoscaling); a plain 2 is min = max = 2."""
-
-    min: int
-
-    def __new__(cls, maximum: int, minimum: int | None = None) -> ReplicaRange:
-        obj = super().__new__(cls, maximum)
-        obj.min = maximum if minimum is None else minimum
-        return obj
-
-    @property
-    def max(self) -> int:
-        return int(self)
-
-    def __getnewargs__(self) -> tuple[int, int]:  # pickled to the replicas with the settings
-        return (int(self), self.min)
-
-
-def _replica_range(value: Any, handler: Any) -> ReplicaRange:
-    """An int, or "MIN-MAX" (each checked by the field's bounds); MIN above MAX is refused."""
-    if isinstance(value, ReplicaRange):
-        return value
-    if isinstance(value, str) and "-" in value.strip().lstrip("-"):
-        low, _, high = value.strip().partition("-")
-        minimum, maximum = handler(low.strip()), handler(high.strip())
-        if minimum > maximum:
-            raise ValueError(f"replicas {value!r}: MIN is above MAX (write MIN-MAX, e.g. 1-4)")
-        return ReplicaRange(maximum, minimum)
-    return ReplicaRange(handler(value))
-
-
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "neuron-app"
-
-
-#: API key names become a Prometheus label and log words: short, plain.
-_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-#: The name `/metrics` gives the old single `api_key`.
-DEFAULT_KEY_NAME = "default"
-MIN_KEY_CHARS = 16
-
-
-class ApiKey(BaseModel):
-    """One named API key and its limits (images, counted by `n`; 0 = no limit)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    key: SecretStr = Field(description="The bearer token (at least 16 characters).")
-    images_per_minute: int = Field(0, ge=0, description="Images this key may ask for in any 60 seconds; 0 = no limit.")
-    images_per_day: int = Field(0, ge=0, description="Images this key may ask for in any 24 hours; 0 = no limit.")
 
 
 class _TomlWithoutSecrets(TomlConfigSettingsSource):
@@ -158,7 +80,7 @@ class _TomlWithoutSecrets(TomlConfigSettingsSource):
         return data
 
 
-class Settings(BaseSettings):
+class Settings(InterfaceSettings, FleetSettings, BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         extra="forbid",
@@ -332,126 +254,6 @@ class Settings(BaseSettings):
         "names the closest setting).",
     )
 
-    # --- other interfaces: OpenAI-compatible Images API, MCP, several images per request ----------
-    api_key: SecretStr | None = Field(
-        None,
-        description="Bearer key the OpenAI-compatible API asks for (environment only: NEURON_APP_API_KEY). "
-        "With page auth and no key the API refuses every request.",
-    )
-    max_images: int = Field(4, ge=1, le=16, description="Most images one request may ask for (n; one after another).")
-    image_url_ttl_s: float = Field(
-        3600.0, ge=600.0, description="How long images returned as `url` by the OpenAI API stay downloadable."
-    )
-    api_keys: dict[str, ApiKey] = Field(
-        {},
-        description="Named API keys with their own limits, name -> {key, images_per_minute, images_per_day} "
-        "(environment only: NEURON_APP_API_KEYS as JSON). Names appear in /metrics, keys never.",
-    )
-    page_images_per_minute: int = Field(
-        0,
-        ge=0,
-        description="Images one client address may ask for in any 60 seconds through the page, gradio_client and "
-        "MCP (and the OpenAI API when no key is configured); 0 = no limit.",
-    )
-    blocked_terms: list[str] = Field(
-        [],
-        description="Prompts containing one of these words or phrases are refused before any model work "
-        "(whole words, case-insensitive, after Unicode normalisation).",
-    )
-    blocked_terms_file: Path | None = Field(
-        None, description="A UTF-8 file of more blocked terms, one a line (# comments); re-read when it changes."
-    )
-    mcp_server: bool = Field(
-        True, description="Serve generate and status as MCP tools at /gradio_api/mcp/ (off while page auth is on)."
-    )
-    job_ttl_s: float = Field(
-        86400.0,
-        ge=60.0,
-        description="How long a finished asynchronous job of the OpenAI API (Prefer: respond-async) and its images "
-        "stay readable at /v1/images/jobs/{id}, restarts included; then both are deleted.",
-    )
-    webhook_hosts: list[str] = Field(
-        [],
-        description="Hosts an asynchronous job's webhook_url may name (host names, IP addresses or networks such as "
-        "10.0.0.0/8); empty: webhook_url is refused. Private and loopback addresses must be listed; link-local "
-        "ones (169.254.169.254) never pass.",
-    )
-    webhook_secret: SecretStr | None = Field(
-        None,
-        description="Standard Webhooks signing secret, 'whsec_' + base64 of 24-64 random bytes (environment only: "
-        "NEURON_APP_WEBHOOK_SECRET); needed when webhook_hosts is set.",
-    )
-
-    # --- sharing safely: the safety checker and AI-content marks (engine/safety.py, engine/marks.py) --------
-    safety_checker: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="Classify every generated image on the host CPU and refuse flagged ones (nothing is stored "
-        "or returned); auto = on when others can reach the app (share = true or a non-loopback server_name).",
-    )
-    safety_model: str = Field(
-        "Falconsai/nsfw_image_detection",
-        description="Image classifier of the safety checker (Apache-2.0 ViT, loaded through transformers): a Hub "
-        "id or local folder with an 'nsfw' label, or 'tiny' for the offline stand-in the tests use.",
-    )
-    safety_threshold: float = Field(
-        0.5, gt=0.0, lt=1.0, description="An image whose 'nsfw' probability reaches this is refused."
-    )
-    watermark_payload: str = Field(
-        "FLUX2K",
-        description="The 6 ASCII characters (48 bits) of the invisible watermark (invisible-watermark, dwtDct) "
-        "on every image of at least 256x256.",
-    )
-    c2pa_cert: Path | None = Field(
-        None,
-        description="PEM certificate chain (signing certificate first) for every image's C2PA manifest; unset: "
-        "a per-install local chain made under cache_dir/c2pa, which no validator trusts by default.",
-    )
-    c2pa_key: Path | None = Field(
-        None, description="PEM private key of c2pa_cert (EC P-256/P-384, Ed25519 or RSA); readable by the server only."
-    )
-    c2pa_key_passphrase: SecretStr | None = Field(
-        None, description="Passphrase of an encrypted c2pa_key (environment only: NEURON_APP_C2PA_KEY_PASSPHRASE)."
-    )
-
-    # --- replicas (Ray Serve) ---------------------------------------------------------------
-    replicas: Annotated[int, WrapValidator(_replica_range)] = Field(
-        1,
-        ge=1,
-        le=256,
-        validate_default=True,
-        description="Model replicas serving in parallel, each with its own cores, behind Ray Serve; "
-        '1 (and no ray_address) serves in this process without Ray; "MIN-MAX" (e.g. "1-4") scales between '
-        "them with the queue (Ray Serve autoscaling).",
-    )
-    autoscale_target_ongoing: float = Field(
-        1.0,
-        gt=0.0,
-        description='With replicas = "MIN-MAX": requests per replica (running plus queued at it) that Ray Serve '
-        "aims at; above it a replica is added (each replica runs one request at a time).",
-    )
-    autoscale_upscale_delay_s: float = Field(
-        30.0,
-        ge=0.0,
-        description='With replicas = "MIN-MAX": how long the load must stay high before a replica is added.',
-    )
-    autoscale_downscale_delay_s: float = Field(
-        600.0,
-        ge=0.0,
-        description='With replicas = "MIN-MAX": how long the load must stay low before a replica is removed (a new '
-        "replica loads the model and its graphs again).",
-    )
-    ray_address: str | None = Field(
-        None,
-        description="Ray cluster to join ('auto', 'host:port', 'ray://...'); unset: with replicas > 1 the app "
-        "starts a local Ray instance itself and stops it on exit.",
-    )
-    cores_per_replica: int = Field(
-        1,
-        ge=1,
-        description="Cores each replica asks Ray for: NeuronCores (the neuron_cores resource) on Neuron, "
-        "GPUs on CUDA, CPUs (and torch threads) on CPU. Keep 1 on Neuron: a replica runs on one core.",
-    )
-
     @classmethod
     def settings_customise_sources(
         cls,
@@ -532,63 +334,6 @@ class Settings(BaseSettings):
             return None
         bucket, prefix = parse_s3_url(value)
         return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
-
-    @field_validator("api_keys")
-    @classmethod
-    def _check_api_keys(cls, value: dict[str, ApiKey]) -> dict[str, ApiKey]:
-        seen: set[str] = set()
-        for name, entry in value.items():
-            if not _KEY_NAME.fullmatch(name):
-                raise ValueError(
-                    f"API key name {name!r} is not allowed (1-64 of A-Z a-z 0-9 _ . -, a letter or digit first)"
-                )
-            secret = entry.key.get_secret_value()
-            if len(secret) < MIN_KEY_CHARS or secret.strip() != secret:
-                raise ValueError(
-                    f"API key {name!r} is too short or has surrounding spaces: use at least {MIN_KEY_CHARS} "
-                    "characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-                )
-            if secret in seen:
-                raise ValueError(f"API key {name!r} has the same key as another name")
-            seen.add(secret)
-        return value
-
-    @field_validator("blocked_terms")
-    @classmethod
-    def _check_blocked_terms(cls, value: list[str]) -> list[str]:
-        for term in value:
-            if not isinstance(term, str) or not re.search(r"[^\W_]", term):
-                raise ValueError(f"blocked term {term!r} has no letter or digit: it would match nothing")
-        return [term.strip() for term in value]
-
-    @field_validator("blocked_terms_file")
-    @classmethod
-    def _check_blocked_terms_file(cls, value: Path | None) -> Path | None:
-        if value is None:
-            return None
-        path = value.expanduser().resolve()
-        try:
-            path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"blocked_terms_file {path} cannot be read as UTF-8 text: {exc}") from None
-        return path
-
-    @field_validator("watermark_payload")
-    @classmethod
-    def _check_watermark_payload(cls, value: str) -> str:
-        if len(value) != 6 or not all(" " < ch < "\x7f" for ch in value):
-            raise ValueError(f"watermark_payload {value!r} must be exactly 6 printable ASCII characters (48 bits)")
-        return value
-
-    @field_validator("c2pa_cert", "c2pa_key")
-    @classmethod
-    def _check_c2pa_files(cls, value: Path | None) -> Path | None:
-        if value is None:
-            return None
-        path = value.expanduser().resolve()
-        if not path.is_file() or not os.access(path, os.R_OK):
-            raise ValueError(f"{path} is not a readable file")
-        return path
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:

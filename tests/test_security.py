@@ -284,9 +284,9 @@ def test_app_py_keeps_secrets_out_of_its_output_and_files_at_home(
     run_app_py: Callable[..., AppProcess], tmp_path: Path
 ) -> None:
     """`python app.py` with auth and a Hub token in the environment, logging at DEBUG: from start-up through
-    a generation to a SIGTERM shutdown, its stdout/stderr never contain either secret; it writes only
-    inside cache_dir (outputs/, gradio-tmp/, the compilers' artifact folders, the manifest), nothing in its
-    TMPDIR (Gradio serves the PNG straight from cache_dir/outputs, an allowed path)."""
+    a generation to a SIGTERM shutdown, its stdout/stderr never contain either secret; it writes only inside
+    cache_dir (outputs/, gradio-tmp/, c2pa/, jobs.sqlite3, the compilers' artifact folders, the manifest), nothing
+    in its TMPDIR (Gradio serves the PNG straight from cache_dir/outputs, an allowed path)."""
     tmpdir = tmp_path / "process-tmp"
     tmpdir.mkdir()
     app = run_app_py(
@@ -313,6 +313,8 @@ def test_app_py_keeps_secrets_out_of_its_output_and_files_at_home(
     assert len(outputs) == 1
     assert (cache / "gradio-tmp").is_dir()  # GRADIO_TEMP_DIR, set by server.prepare_environment
     written = {p.name for p in cache.iterdir()}
-    expected = {"models", "outputs", "gradio-tmp", "manifest.json", "manifest.json.lock", *ARTIFACT_DIRS}
+    # c2pa/: the per-install signing chain (engine/c2pa_signing.py); jobs.sqlite3: the OpenAI API's async jobs
+    state = {"c2pa", "jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm", "jobs.sqlite3-journal"}
+    expected = {"models", "outputs", "gradio-tmp", "manifest.json", "manifest.json.lock", *ARTIFACT_DIRS, *state}
     assert written <= expected, written
     assert list(tmpdir.iterdir()) == []

@@ -92,7 +92,7 @@ def test_mixing_host_and_device_tensors_and_numpy_of_a_device_tensor_break_rules
             dev.numpy()
         assert dev.cpu().numpy().shape == (2, 3)
         graph = emulator.graph(lambda x: x + 1, "toy")
-        with pytest.raises(NeuronRuleViolation, match="host tensor .* passed to the compiled device graph"):
+        with pytest.raises(NeuronRuleViolation, match=r"host tensor .* passed to the compiled device graph"):
             graph(host)
 
 

@@ -403,9 +403,13 @@ class _PlacementMode(TorchFunctionMode):
         out = func(*args, **kwargs)
         if device is not None and isinstance(out, torch.Tensor) and not _is_neuron(device):
             em.place(out, False)  # an explicit host factory
-        elif name in ("from_numpy", "tensor", "as_tensor") and device is None and isinstance(out, torch.Tensor):
-            if not any(em.is_device(a) for a in pytree.tree_leaves(args)):
-                em.place(out, False)
+        elif (
+            name in ("from_numpy", "tensor", "as_tensor")
+            and device is None
+            and isinstance(out, torch.Tensor)
+            and not any(em.is_device(a) for a in pytree.tree_leaves(args))
+        ):
+            em.place(out, False)
         return out
 
     def _move(self, func: Any, name: str, args: tuple, kwargs: dict) -> Any:

@@ -11,6 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
+def tiny_folder(models: Path) -> Path:
+    """The tiny FLUX.2-klein's folder (the models folder also holds other tests' models, such as the safety one)."""
+    from neuron_app.engine.tiny import ensure_tiny
+
+    return ensure_tiny(models, "tiny")
+
+
 def _encoder(layers: int, tie: bool = True) -> Any:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -42,7 +49,7 @@ def test_truncated_encoder_gives_identical_embeddings_with_fewer_layers(shared_m
 
     from neuron_app.engine.text_encoder import out_layers, truncate_text_encoder
 
-    tokenizer = AutoTokenizer.from_pretrained(next(shared_models.iterdir()) / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder(shared_models) / "tokenizer")
     full = _encoder(36, tie)
     short = copy.deepcopy(full)
     read = out_layers(Flux2KleinPipeline.__new__(Flux2KleinPipeline))
@@ -68,7 +75,7 @@ def test_reading_the_last_layer_keeps_the_norm(shared_models: Path) -> None:
 
     from neuron_app.engine.text_encoder import truncate_pipeline_encoder
 
-    pipe = Flux2KleinPipeline.from_pretrained(next(shared_models.iterdir()))
+    pipe = Flux2KleinPipeline.from_pretrained(tiny_folder(shared_models))
     before = _embeds(Flux2KleinPipeline, pipe.text_encoder, pipe.tokenizer, "a fox")
     result = truncate_pipeline_encoder(pipe)
     assert result is not None and (result.layers_before, result.layers_after) == (27, 27) and result.lm_head_dropped

@@ -6,8 +6,10 @@ the real CLI and fresh processes (in-process dynamo caches would hide what the d
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -64,7 +66,10 @@ def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureR
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     client = boto3.session.Session().client("s3")
-    bucket = "fleet-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    # Unique per test and parametrization (the name alone, cut to fit S3's 63 characters, is not).
+    bucket = f"fleet-{hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]}-" + re.sub(
+        r"[^a-z0-9]+", "-", request.node.name.lower()
+    )[:30].strip("-")
     client.create_bucket(Bucket=bucket)
     client.bucket, client.env = bucket, env
     return client

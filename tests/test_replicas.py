@@ -171,6 +171,10 @@ def test_two_replicas_serve_and_routing_prefers_the_replica_with_the_graph(repli
     unsubscribe = replicas.subscribe(seen.append)
     first = replicas.generate("a fox", "64x64", 2, 0)
     assert first.compiled and first.replica and first.image.size == (64, 64)
+    # The replica reports the graph it now holds (Serve's multiplexed ids, the status board) asynchronously: a
+    # request sent in the same instant may still be routed by load alone (seen once in a full run).
+    _wait(lambda: replicas.status().shapes["64x64"].ready_replicas == 1, 30, "the graph to be reported")
+    time.sleep(1.0)
     later = [replicas.generate("a fox", "64x64", 2, seed) for seed in range(1, 5)]
     unsubscribe()
     assert {r.replica for r in later} == {first.replica}

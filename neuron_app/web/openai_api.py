@@ -19,12 +19,9 @@ import io
 import json
 import logging
 import random
-import re
-import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -38,12 +35,14 @@ from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
 from neuron_app.engine.marks import Marker
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
-from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, parse_resolution, resolve_size
-from neuron_app.errors import AppError, RateLimited, RequestError, ShuttingDown, app_error_of, one_line
+from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
+from neuron_app.errors import AppError, RequestError, ShuttingDown
 from neuron_app.settings import Settings
 from neuron_app.web.access import Access
 from neuron_app.web.batch import offered_shapes, run_many, validate_many
+from neuron_app.web.image_urls import UrlStore
 from neuron_app.web.jobs import Jobs, wants_async
+from neuron_app.web.openai_errors import ApiError, check_size, failure, refusal
 from neuron_app.web.ops import gradio_queue_length
 
 log = logging.getLogger(__name__)
@@ -62,109 +61,8 @@ MAX_EDIT_IMAGES = 16
 RESPONSE_FORMATS = ("b64_json", "url")
 #: OpenAI parameters accepted and without effect here (FLUX.2-klein has no such knobs).
 IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
-#: OpenAI's name of a request field, by the `param` an error carries (set where engine/requests.py checks it).
-PARAM_OF = {
-    "resolution": "size",
-    "steps": "num_inference_steps",
-    "references": "image",
-}
 #: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength).
 EXTENSIONS = ("lora", "lora_scale")
-_FILE_NAME = re.compile(r"[A-Za-z0-9_-]{43}\.png")
-
-
-class ApiError(Exception):
-    """An answer in OpenAI's error shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers
-
-    def body(self) -> dict[str, Any]:
-        """OpenAI's error object (also what a failed job shows)."""
-        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": self.body()}, status_code=self.status, headers=self.headers)
-
-
-def refusal(exc: AppError) -> ApiError:
-    """An app error as OpenAI reports it, from its fields: status, type, the field it is about (OpenAI's name)
-    and its code; the message is the app's own."""
-    headers, type_ = None, "invalid_request_error" if exc.kind == "refused" else "server_error"
-    if isinstance(exc, RateLimited):
-        headers, type_ = {"Retry-After": str(max(1, round(exc.retry_after_s)))}, "rate_limit_error"
-    elif exc.http_status == 503:
-        headers = {"Retry-After": "5"}
-    param = PARAM_OF.get(exc.param, exc.param) if exc.param else None
-    return ApiError(exc.http_status, str(exc), type=type_, param=param, code=exc.code, headers=headers)
-
-
-def check_size(size: Any, offered: list[str]) -> None:
-    """Every `size` refusal names `size` and lists the offered shapes: the engine refuses 1000x1000 for its width
-    (not a multiple of 16) before it would say which sizes there are."""
-    if size == AUTO_SIZE or (isinstance(size, str) and size in offered):
-        return
-    try:
-        reason = f"resolution {parse_resolution(size, 'size')} is not offered"
-    except RequestError as exc:
-        reason = str(exc)
-    raise RequestError(f"{reason}; choose one of {', '.join(offered)}", param="size")
-
-
-def failure(exc: Exception) -> ApiError:
-    """Anything raised by `generate`: an app error from its fields, else a 500 with a one-line reason."""
-    known = app_error_of(exc)
-    if known is not None:
-        return refusal(known)
-    log.exception("unexpected error in the OpenAI-compatible API")
-    return ApiError(500, one_line(exc, limit=200), type="server_error")
-
-
-class UrlStore:
-    """PNGs handed out as `url`: unguessable names, each downloadable for `ttl_s` seconds, then deleted."""
-
-    def __init__(self, folder: Path, ttl_s: float, marker: Marker | None = None) -> None:
-        self.folder = folder
-        self.ttl_s = ttl_s
-        self.marker = marker
-        self._lock = threading.Lock()
-
-    def save(self, record: GenerationRecord) -> str:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.prune()
-        name = secrets.token_urlsafe(32) + ".png"
-        write_png(record, self.folder / name, self.marker)
-        return name
-
-    def find(self, name: str) -> Path | None:
-        """The file for a name this store handed out and that has not expired; None for anything else."""
-        if not _FILE_NAME.fullmatch(name):
-            return None
-        path = self.folder / name
-        try:
-            fresh = time.time() - path.stat().st_mtime <= self.ttl_s
-        except OSError:
-            return None
-        return path if fresh else None
-
-    def prune(self) -> None:
-        cutoff = time.time() - self.ttl_s
-        with self._lock:
-            for path in self.folder.glob("*.png"):
-                with contextlib.suppress(OSError):
-                    if path.stat().st_mtime < cutoff:
-                        path.unlink()
 
 
 async def read_body(request: Request, limit: int) -> bytes:

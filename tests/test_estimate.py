@@ -122,7 +122,7 @@ def test_a_shape_sharing_a_graph_shows_that_graphs_manifest(make_settings: Any) 
 
 def test_replica_statuses_merge_into_the_managers_contract(module_manager: Any) -> None:
     """A shape is ready where one replica has it; counters are summed; each replica gets a row."""
-    from neuron_app.scale.replicas import merge_statuses
+    from neuron_app.scale.status_merge import merge_statuses
 
     module_manager.compile_shape("64x64")
     ready = module_manager.status()

@@ -294,3 +294,15 @@ def test_two_ray_replicas_serve_on_neuron_emulated(run_app_py: Any) -> None:
     assert all("eager_compiles" in info for info in infos)
     status = client.predict(api_name="/status")
     assert status["device"] == "neuron-emulated" and [r["healthy"] for r in status["replicas"]] == [True, True]
+
+
+def test_replica_statuses_merge_the_eager_compiles_and_the_rule_record(emulated: Any) -> None:
+    """Through replicas the page reads merged statuses: eager compiles and the rules' counts are summed."""
+    from neuron_app.scale.status_merge import merge_statuses
+
+    emulated.generate("merge", "64x64", 2, 1)
+    one = emulated.status()
+    merged = merge_statuses(emulated.settings, [one, one], [])
+    assert merged.eager_compiles == 2 * one.eager_compiles > 0
+    assert merged.neuron_rules["eager_compiles"] == 2 * one.neuron_rules["eager_compiles"]
+    assert merged.neuron_rules["mode"] == "enforce" and merged.shapes["64x64"].ready_replicas == 2

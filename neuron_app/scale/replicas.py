@@ -37,11 +37,11 @@ from neuron_app.engine.records import (
     ProgressEvent,
     RequestFailed,
     ShapeState,
-    ShapeStatus,
 )
 from neuron_app.engine.requests import Request
 from neuron_app.errors import GenerationFailed, ModelLoadError, SettingsError, app_error_of, one_line
 from neuron_app.scale.replica_server import ReplicaServer, StatusBoard
+from neuron_app.scale.status_merge import merge_statuses
 from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -272,78 +272,6 @@ class ReplicaClient(Admitted):
             with contextlib.suppress(Exception):
                 ray.kill(self.board)
             ray.shutdown()  # disconnects this driver; the cluster keeps running
-
-
-def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: list[dict[str, Any]]) -> ManagerStatus:
-    """A shape is ready where at least one replica has it ready; counters are summed over replicas."""
-    shapes = {}
-    base = statuses[0] if statuses else None
-    for name in settings.resolutions:
-        per = [s.shapes[name] for s in statuses if name in s.shapes]
-        states = [p.state for p in per]
-        ready = sum(1 for st in states if st is ShapeState.READY)
-        for state in (ShapeState.READY, ShapeState.COMPILING, ShapeState.FAILED, ShapeState.NOT_COMPILED):
-            if state in states:
-                break
-        else:
-            state = ShapeState.NOT_COMPILED
-        first = next((p for p in per if p.state is state), None)
-        shapes[name] = ShapeStatus(
-            resolution=name,
-            state=state,
-            hits=sum(p.hits for p in per),
-            compile_s=first.compile_s if first else None,
-            graphs=first.graphs if first else 0,
-            cache=first.cache if first else None,
-            last_error=next((p.last_error for p in per if p.last_error), None),
-            manifest=first.manifest if first else "absent",
-            shared_with=first.shared_with if first else None,
-            offered=(not settings.only_precompiled) or any(p.offered for p in per),
-            estimate_s=next((p.estimate_s for p in per if p.estimate_s is not None), None),
-            ready_replicas=ready,
-        )
-    return ManagerStatus(
-        model=settings.model,
-        device=base.device if base else settings.device,
-        dtype=base.dtype if base else settings.dtype,
-        compile_mode=settings.compile_mode,
-        compile_backend=base.compile_backend if base else (settings.compile_backend or "default"),
-        tp_degree=settings.tp_degree,
-        cache_dir=str(settings.cache_dir),
-        cache_size_bytes=max((s.cache_size_bytes for s in statuses), default=0),
-        loaded=any(s.loaded for s in statuses),
-        loading=not statuses,
-        load_s=base.load_s if base else None,
-        load_error=next((s.load_error for s in statuses if s.load_error), None),
-        compiles=sum(s.compiles for s in statuses),
-        compile_failures=sum(s.compile_failures for s in statuses),
-        fingerprint=base.fingerprint if base else "",
-        warmup=base.warmup if base else {"mode": settings.warmup, "running": False, "done": [], "pending": []},
-        shapes=shapes,
-        loras=base.loras if base else [],
-        fallback=base.fallback if base else "",
-        broken=next((s.broken for s in statuses if s.broken), None),
-        replicas=replicas,
-        vae_compiles=sum(s.vae_compiles for s in statuses),
-        prompt_cache=_summed([s.prompt_cache for s in statuses]),
-        safety=_merged_safety([getattr(s, "safety", {}) for s in statuses]),
-    )
-
-
-def _merged_safety(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The replicas' safety checkers: one setting, counts summed."""
-    if not parts or not parts[0]:
-        return {}
-    counts = _summed([{k: part.get(k, 0) for k in ("passed", "flagged")} for part in parts])
-    return {"checker": parts[0].get("checker"), "model": parts[0].get("model")} | counts
-
-
-def _summed(counters: list[dict[str, int]]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for counter in counters:
-        for key, value in counter.items():
-            total[key] = total.get(key, 0) + value
-    return total
 
 
 def _unwrap(exc: Exception) -> Exception:

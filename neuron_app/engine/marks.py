@@ -178,7 +178,7 @@ class Marker:
         agent = {"name": SOFTWARE, "version": __version__}
         parameters = {"model": record.model, "resolution": record.resolution, "steps": record.steps}
         parameters["seed"] = record.seed
-        if getattr(record, "lora", "none") != "none":
+        if record.lora != "none":
             parameters["lora"] = record.lora
         action = {
             "action": "c2pa.created",

@@ -78,7 +78,7 @@ class _StateCollector(Collector):
         prompts.add_metric(["hit"], cache.get("hits", 0))
         prompts.add_metric(["miss"], cache.get("misses", 0))
         yield prompts
-        safety = getattr(status, "safety", None) or {}
+        safety = status.safety or {}
         checked = CounterMetricFamily(
             f"{PREFIX}_safety_images",
             "Images the safety checker classified: passed (returned) or flagged (refused, never stored).",
@@ -90,7 +90,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_cache_size_bytes", "Size of the persistent cache folder.", value=status.cache_size_bytes
         )
-        remote = getattr(status, "remote", None) or {}
+        remote = status.remote or {}
         if remote:  # cache_remote (S3): what the pulls installed and what they refused
             pulled = CounterMetricFamily(
                 f"{PREFIX}_remote_objects",

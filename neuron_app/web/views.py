@@ -155,7 +155,7 @@ def neuron_markdown(status: ManagerStatus) -> str:
 
 def safety_markdown(status: ManagerStatus) -> str:
     """The safety checker's state and counts (engine/safety.py)."""
-    safety = getattr(status, "safety", None) or {}
+    safety = status.safety or {}
     if safety.get("checker") != "on":
         return "\n\n**Safety checker** off" if safety else ""
     return f"\n\n**Safety checker** on (`{safety['model']}`): {safety['passed']} passed, {safety['flagged']} refused"
@@ -205,7 +205,7 @@ def shapes_table(status: ManagerStatus) -> list[list[Any]]:
 
 def remote_markdown(status: ManagerStatus) -> str:
     """What cache_remote (S3) gave this process (engine/remote_cache.py); empty when it is off."""
-    remote = getattr(status, "remote", None) or {}
+    remote = status.remote or {}
     if not remote:
         return ""
     if remote.get("last_pull_at") is None:

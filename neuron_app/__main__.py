@@ -42,7 +42,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from neuron_app.engine import requests
-    from neuron_app.engine.edits import edit_label
+    from neuron_app.engine.edit_graphs import edit_label
     from neuron_app.errors import CompileFailed, NeuronRuleViolation, RequestError
 
     manager = _manager(args.cores)
@@ -81,7 +81,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from neuron_app.engine.cache import ARTIFACT_DIRS, clear_artifacts, folder_size
+    from neuron_app.engine.manifest import ARTIFACT_DIRS, clear_artifacts, folder_size
 
     if args.action:
         return cmd_cache_remote(args)

@@ -255,3 +255,52 @@ def test_dropdown_and_table_agree_before_and_after_a_restart(browser: Any, tmp_p
         page.close()
     finally:
         app.demo.close()
+
+
+# --- live previews: the picture forming in the image slot while the steps run ----------------------------------
+
+#: Records every image the gallery shows (its natural size), so the test sees previews however fast they pass.
+WATCH_GALLERY = """() => {
+  window.__shown = [];
+  const record = (img) => {
+    const note = () => window.__shown.push([img.naturalWidth, img.naturalHeight]);
+    if (img.complete && img.naturalWidth) note(); else img.addEventListener('load', note, {once: true});
+  };
+  new MutationObserver((changes) => {
+    for (const change of changes) {
+      if (change.type === 'attributes' && change.target.tagName === 'IMG') record(change.target);
+      for (const node of change.addedNodes || []) {
+        if (node.tagName === 'IMG') record(node);
+        if (node.querySelectorAll) node.querySelectorAll('img').forEach(record);
+      }
+    }
+  }).observe(document.querySelector('#gallery'), {subtree: true, childList: true, attributes: true,
+                                                   attributeFilter: ['src']});
+}"""
+SHOWN = "() => document.querySelector('#gallery img') && document.querySelector('#gallery img').naturalWidth"
+
+
+def test_previews_show_in_the_image_slot_mid_generation(browser: Any, launch_tiny: Any, tmp_path: Path) -> None:
+    """At 512x512 the tiny model takes a tenth of a second or more a step here, so 16 steps leave time to see (and
+    photograph) a preview: the gallery shows the quarter-size host preview while the steps run, then the image."""
+    app = launch_tiny(resolutions=["512x512"], default_resolution="512x512", max_steps=16, default_steps=16)
+    page = open_page(browser, app.url)
+    try:
+        page.evaluate(WATCH_GALLERY)
+        page.locator("#randomize input").uncheck()
+        page.locator("#prompt textarea").fill("a harbour at night")
+        page.locator("#generate").click()
+        page.wait_for_function(f"() => ({SHOWN})() === 128", timeout=TIMEOUT_MS)  # 512 / 4: a preview
+        screenshot(page, tmp_path / "preview.png")
+        # Still a preview after the screenshot was taken: the screenshot shows the picture mid-generation.
+        still = page.evaluate(f"({SHOWN})")
+        info = page.locator("#info").filter(has_text="512x512,").filter(has_text="cache: miss")
+        info.wait_for()
+        page.wait_for_function(f"() => ({SHOWN})() === 512", timeout=TIMEOUT_MS)  # the image replaced it
+        shown = page.evaluate("() => window.__shown")
+        assert still == 128, f"the final image came before the screenshot was done ({still} px wide)"
+        previews = [w for w, _h in shown if w == 128]
+        assert len(previews) >= 2, shown  # one per step, more than one seen
+        assert shown[-1] == [512, 512] and [512, 512] not in shown[: shown.index([128, 128])], shown
+    finally:
+        page.close()

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from neuron_app.engine.cache import Manifest
 from neuron_app.engine.manager import PipelineManager
+from neuron_app.engine.manifest import Manifest
 from neuron_app.engine.records import ShapeState
 from neuron_app.errors import RequestError
 from tests.support import ROOT, TEST_SHAPES, link_models

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from neuron_app.engine.cache import Manifest, ManifestEntry, fingerprint_of
+from neuron_app.engine.manifest import Manifest, ManifestEntry, fingerprint_of
 from neuron_app.engine.records import CacheResult
 from neuron_app.engine.remote_cache import STAGING_PREFIX, RemoteCache, list_remote
 from tests.conftest import ROOT, free_port, link_models

@@ -25,7 +25,7 @@ from openai import OpenAI
 from PIL import Image
 from pydantic import SecretStr
 
-from neuron_app.engine.cache import ARTIFACT_DIRS
+from neuron_app.engine.manifest import ARTIFACT_DIRS
 from neuron_app.errors import SettingsError
 from neuron_app.settings import SECRET_FIELDS, Settings, load_settings
 from neuron_app.web.server import resolve_auth

@@ -5,15 +5,21 @@
   Qwen3-4B's depth and vocabulary: the 2-core CI host cannot hold 4B parameters twice);
 - previews: the host-side latent-to-RGB preview per denoising step (`engine/previews.py`), at serving shapes.
 
-Prints one JSON object; `--json PATH` also writes it. `--skip-encoder` measures the previews only (seconds).
+Prints a Markdown section; `--json PATH` also writes it with the raw figures (benchmarks/klein-modes.json: a
+section of BENCHMARKS.md, put there by `python -m neuron_app.bench render`). `--skip-encoder` measures the previews
+only (seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import json
+import os
+import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +44,7 @@ NARROW = {
     "num_key_value_heads": 2,
 }
 READ = (9, 18, 27)
+TITLE = "klein's extra modes on the host: the truncated text encoder, live step previews"
 
 
 def _qwen3(geometry: dict[str, Any], meta: bool = False) -> Any:
@@ -132,22 +139,74 @@ def bench_previews(shapes: list[str], repeats: int) -> dict[str, Any]:
     return out
 
 
+def render(report: dict[str, Any], command: str) -> str:
+    """The section BENCHMARKS.md shows: the encoder before/after, then ms per preview step by shape."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = [
+        f"Command: `{command}` ({os.cpu_count()} logical cores, Python {platform.python_version()}, "
+        f"load average {load:.2f} at the end). Wall times, median of the repeats.",
+        "",
+    ]
+    enc = report.get("text_encoder")
+    if enc:
+        geometry = enc["timed_geometry"]
+        lines += [
+            "**Text encoder stopped at the last layer klein reads** (`text_encoder_out_layers=(9, 18, 27)`: layers "
+            "28-35, the final norm and `lm_head` dropped). Parameters and matmul work are exact at Qwen3-4B's real "
+            "geometry (built on the meta device); the time is a stand-in with Qwen3-4B's depth and vocabulary at "
+            f"{geometry['hidden_size']} wide (this host cannot hold 4B parameters twice), {enc['tokens']} tokens.",
+            "",
+            "| | before | after | ratio |",
+            "|---|---|---|---|",
+            f"| Qwen3-4B parameters | {enc['qwen3_4b_params_before'] / 1e9:.2f} B | "
+            f"{enc['qwen3_4b_params_after'] / 1e9:.2f} B | "
+            f"{enc['qwen3_4b_params_after'] / enc['qwen3_4b_params_before']:.3f} |",
+            f"| Qwen3-4B matmul GFLOP per token | {enc['qwen3_4b_matmul_gflop_per_token_before']} | "
+            f"{enc['qwen3_4b_matmul_gflop_per_token_after']} | "
+            f"{enc['qwen3_4b_matmul_gflop_per_token_after'] / enc['qwen3_4b_matmul_gflop_per_token_before']:.3f} |",
+            f"| encode, stand-in ({enc['timed_layers'][0]} -> {enc['timed_layers'][1]} layers) | "
+            f"{enc['encode_s_before'] * 1000:.0f} ms | {enc['encode_s_after'] * 1000:.0f} ms | "
+            f"{1 / enc['speedup']:.3f} |",
+            "",
+            f"Weights saved in bf16: {enc['qwen3_4b_bf16_gib_saved']} GiB (on Neuron: that much less HBM). Hidden "
+            f"states klein reads identical before and after: {enc['hidden_states_identical']}.",
+            "",
+        ]
+    lines += [
+        "**Live step previews** (`engine/previews.py`: FLUX.2's latent-to-RGB projection on the host, no VAE, no "
+        "device graph, no compile), ms per denoising step. 128 channels: FLUX.2-klein's packed latents; 4: the tiny "
+        "test model's.",
+        "",
+        "| shape | 128 channels (ms/step) | 4 channels (ms/step) |",
+        "|---|---|---|",
+    ]
+    shapes = dict.fromkeys(key.split("/")[0] for key in report["previews"])
+    for shape in shapes:
+        big, small = report["previews"][f"{shape}/128ch"], report["previews"][f"{shape}/4ch"]
+        lines.append(f"| {shape} | {big['ms_per_step']} | {small['ms_per_step']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m neuron_app.bench.klein_modes", description=__doc__)
     parser.add_argument("--tokens", type=int, default=128, help="prompt tokens encoded (klein pads to 512)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-encoder", action="store_true")
     parser.add_argument("--preview-shapes", default="1024x1024,1344x768,512x512,64x64")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the section (benchmarks/klein-modes.json)")
     args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = "python -m neuron_app.bench.klein_modes" + (" " + " ".join(argv) if argv else "")
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     report: dict[str, Any] = {}
     if not args.skip_encoder:
         report["text_encoder"] = bench_text_encoder(args.tokens, args.repeats)
     report["previews"] = bench_previews([x for x in args.preview_shapes.split(",") if x], max(5, args.repeats * 5))
-    text = json.dumps(report, indent=2)
-    print(text)
+    markdown = render(report, command)
+    print(markdown)
     if args.json:
-        args.json.write_text(text + "\n")
+        record = {"title": TITLE, "command": command, "started_at": started, "markdown": markdown, "results": report}
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

@@ -18,18 +18,12 @@ from typing import Any
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted, admitted, reports_failures
-from neuron_app.engine.cache import (
-    FolderSize,
-    Manifest,
-    ManifestEntry,
-    estimate,
-    estimate_words,
-    fingerprint_of,
-)
 from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
-from neuron_app.engine.edits import blank_references, edit_label, edit_target
+from neuron_app.engine.edit_graphs import blank_references, edit_label, edit_target
+from neuron_app.engine.estimates import estimate, estimate_words
 from neuron_app.engine.loader import ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.lora import AdapterSet
+from neuron_app.engine.manifest import FolderSize, Manifest, ManifestEntry, fingerprint_of
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.previews import PreviewEvent
 from neuron_app.engine.prompt_cache import PromptCache

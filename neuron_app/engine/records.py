@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from neuron_app.engine.cache import Estimate, Validity
+from neuron_app.engine.estimates import Estimate
+from neuron_app.engine.manifest import Validity
 from neuron_app.errors import ShuttingDown, app_error_of, one_line
 
 
@@ -128,7 +129,7 @@ class ShapeStatus:
     shared_with: str | None  # ready because this other shape compiled the same graph
     offered: bool
     estimate_s: float | None = None  # predicted seconds to make it ready (estimate.seconds); None: no history
-    estimate: Estimate | None = None  # load or compile, and what the number rests on (engine/cache.py)
+    estimate: Estimate | None = None  # load or compile, and what the number rests on (engine/estimates.py)
     ready_replicas: int | None = None  # replicas that have it ready (Ray Serve); None in-process
     eager_compiles: int = 0  # eager device ops its compile met (Neuron: each compiles once, then cached)
     #: Something ran on the CPU instead of the device (TorchNeuron's get_fallback_ops after its warm-up).

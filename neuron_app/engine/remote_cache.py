@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from neuron_app.engine.cache import ARTIFACT_DIRS, Manifest, ManifestEntry, fingerprint_of
+from neuron_app.engine.manifest import ARTIFACT_DIRS, Manifest, ManifestEntry, fingerprint_of
 from neuron_app.engine.records import CacheResult
 from neuron_app.engine.remote_store import (
     INDEX_VERSION,

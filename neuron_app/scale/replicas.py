@@ -27,7 +27,7 @@ from typing import Any
 
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted
-from neuron_app.engine.cache import estimate_words, human_seconds
+from neuron_app.engine.estimates import estimate_words, human_seconds
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.records import (
     CompileOutcome,

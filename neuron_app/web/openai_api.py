@@ -39,9 +39,9 @@ from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolv
 from neuron_app.errors import AppError, RequestError, ShuttingDown
 from neuron_app.settings import Settings
 from neuron_app.web.access import Access
-from neuron_app.web.batch import offered_shapes, run_many, validate_many
 from neuron_app.web.image_urls import UrlStore
 from neuron_app.web.jobs import Jobs, wants_async
+from neuron_app.web.multi_image import offered_shapes, run_many, validate_many
 from neuron_app.web.openai_errors import ApiError, check_size, failure, refusal
 from neuron_app.web.ops import gradio_queue_length
 

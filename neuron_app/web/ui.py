@@ -23,11 +23,11 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
-from neuron_app.web import editing
+from neuron_app.web import edit_controls
 from neuron_app.web import inpaint as painting
 from neuron_app.web.access import Access, entry_of
-from neuron_app.web.batch import generate_many
 from neuron_app.web.live import live
+from neuron_app.web.multi_image import generate_many
 from neuron_app.web.views import (
     SHAPE_COLUMNS,
     dropdown_choices,
@@ -121,7 +121,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         """The page's Generate: the output area says what runs and for how long (web/live.py), then the images."""
         if randomize:  # room for the consecutive seeds of the most images a request may ask for
             seed = random.randint(0, MAX_SEED - (settings.max_images - 1))
-        refs = editing.reference_paths(references)
+        refs = edit_controls.reference_paths(references)
         options = {"lora": lora, "lora_scale": lora_scale, "references": refs, "previews": settings.previews}
         options |= painting.editor_source(source, strength)  # an image in the brush editor: inpaint or img2img
         previews = painting.Previews(settings.previews)  # each step's preview in the gallery while it runs
@@ -144,7 +144,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         paths = [str(images.save(record)) for record in records]
         status = manager.status()
         choices = choices_for(status, buckets)
-        value = resolution if resolution == editing.AUTO else records[0].resolution
+        value = resolution if resolution == edit_controls.AUTO else records[0].resolution
         yield (
             paths,
             "\n\n".join(info_markdown(record) for record in records),
@@ -153,14 +153,14 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         )
 
     def choices_for(status: ManagerStatus, buckets: list[str] | None) -> list[tuple[str, str]]:
-        return editing.edit_choices(status, buckets) if buckets else dropdown_choices(status)
+        return edit_controls.edit_choices(status, buckets) if buckets else dropdown_choices(status)
 
     def references_changed(references: Any, current: str | None) -> tuple[Any, ...]:
         """New references: their buckets, and the dropdown labelled for them (`auto` only while there are some)."""
-        buckets = editing.reference_buckets(settings, references)
+        buckets = edit_controls.reference_buckets(settings, references)
         choices = choices_for(manager.status(), buckets)
         values = [value for _label, value in choices]
-        value = current if current in values else (editing.AUTO if buckets else (values or [None])[0])
+        value = current if current in values else (edit_controls.AUTO if buckets else (values or [None])[0])
         return buckets, gr.update(choices=choices, value=value), choices
 
     def generate(
@@ -298,7 +298,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                     max_length=settings.max_prompt_chars,
                     elem_id="prompt",
                 )
-                references = editing.reference_input(settings)
+                references = edit_controls.reference_input(settings)
                 source, strength = painting.source_input(settings)
                 with gr.Row():
                     resolution = gr.Dropdown(
@@ -424,7 +424,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             show_progress="hidden",
         )
         use_btn.click(
-            lambda refs, out: editing.add_reference(refs, out, settings.max_references),
+            lambda refs, out: edit_controls.add_reference(refs, out, settings.max_references),
             inputs=[references, gallery],
             outputs=[references],
             queue=False,

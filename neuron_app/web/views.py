@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_app.engine.cache import human_seconds
+from neuron_app.engine.estimates import human_seconds
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressEvent, ShapeState, ShapeStatus
 
 SHAPE_COLUMNS = ["shape", "state", "estimate", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
-#: The manifest's verdicts in words (engine/cache.py Validity).
+#: The manifest's verdicts in words (engine/manifest.py Validity).
 MANIFEST_WORDS = {"precompiled": "precompiled", "stale": "stale (other settings)", "absent": "not in the cache"}
 
 
@@ -32,7 +32,7 @@ def _is_load(shape: ShapeStatus) -> bool:
 
 
 def estimate_text(shape: ShapeStatus) -> str:
-    """What making the shape ready should take and how sure that is (engine/cache.py `estimate`)."""
+    """What making the shape ready should take and how sure that is (engine/estimates.py `estimate`)."""
     verb = "loads from the cache" if _is_load(shape) else "compiles"
     found = shape.estimate
     if found is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from neuron_app.engine.edits import edit_label
+from neuron_app.engine.edit_graphs import edit_label
 from neuron_app.engine.records import ManagerStatus, ShapeStatus
 from neuron_app.engine.references import check_references
 from neuron_app.errors import RequestError

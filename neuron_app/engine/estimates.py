@@ -1,0 +1,102 @@
+"""Compile-time estimates from the manifest's history: what making a shape ready should take, and how sure.
+
+Split from the manifest (engine/manifest.py) because these are predictions read by the page, the status and the
+progress lines, while the manifest is the record they are made from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from neuron_app.engine.manifest import ManifestEntry
+
+
+def _tokens(resolution: str) -> int | None:
+    width, _, height = resolution.partition("x")
+    try:
+        return (int(width) // 16) * (int(height) // 16)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What making a shape ready should take, and how the number was found (so the page can say how sure it is).
+
+    `kind` is "load" for a shape precompiled under this fingerprint (its graph comes from the cache folder) and
+    "compile" otherwise; `basis` says where the seconds come from, in words.
+    """
+
+    seconds: float
+    kind: Literal["load", "compile"]
+    basis: str
+    sure: Literal["measured", "interpolated", "scaled", "rough", "upper bound"]
+
+
+def _measured(entries: dict[str, ManifestEntry], fingerprint: str, cache: str) -> list[tuple[int, ManifestEntry]]:
+    """Entries under `fingerprint` whose time was a `cache` kind ("miss": a compile, "disk": a load), by tokens."""
+    rows = [(_tokens(e.resolution), e) for e in entries.values() if e.fingerprint == fingerprint and e.cache == cache]
+    return [(t, e) for t, e in rows if t]
+
+
+def _scaled(rows: list[tuple[int, ManifestEntry]], tokens: int) -> tuple[float, str]:
+    """Seconds at `tokens` from measured shapes: between the nearest below and above (linear in tokens),
+    or the nearest one scaled by the token ratio (clamped to 0.5x..2x: compile time grows slower than tokens)."""
+    below = max((r for r in rows if r[0] <= tokens), key=lambda r: r[0], default=None)
+    above = min((r for r in rows if r[0] >= tokens), key=lambda r: r[0], default=None)
+    if below and above and below[0] != above[0]:
+        share = (tokens - below[0]) / (above[0] - below[0])
+        seconds = below[1].compile_s + share * (above[1].compile_s - below[1].compile_s)
+        return seconds, f"interpolated between {below[1].resolution} and {above[1].resolution}"
+    nearest_tokens, nearest = below or above or min(rows, key=lambda r: abs(r[0] - tokens))
+    if nearest_tokens == tokens:
+        return nearest.compile_s, f"as {nearest.resolution} (same size)"
+    return nearest.compile_s * min(2.0, max(0.5, tokens / nearest_tokens)), f"scaled from {nearest.resolution}"
+
+
+def estimate(entries: dict[str, ManifestEntry], resolution: str, fingerprint: str) -> Estimate | None:
+    """Predict what making `resolution` ready costs, from the manifest's history (compiles measured here count
+    the moment they finish: the manager records them there).
+
+    Precompiled under this fingerprint: a load, its own measured load ("disk") time, else loads of other shapes
+    scaled by tokens, else at most its compile time. Otherwise a compile: the measured compiles from scratch
+    nearest in image tokens (`_scaled`); else the mean of compiles under other settings (rough).
+    None when there is no history at all.
+    """
+    tokens = _tokens(resolution)
+    own = entries.get(resolution)
+    if own is not None and own.fingerprint == fingerprint:
+        if own.cache == "disk":
+            return Estimate(own.compile_s, "load", "its last load, measured", "measured")
+        loads = _measured(entries, fingerprint, "disk")
+        if tokens and loads:
+            seconds, basis = _scaled(loads, tokens)
+            sure = "interpolated" if basis.startswith("interpolated") else "scaled"
+            return Estimate(min(seconds, own.compile_s), "load", f"loads {basis}", sure)
+        return Estimate(own.compile_s, "load", "at most its compile time; no load measured yet", "upper bound")
+    rows = _measured(entries, fingerprint, "miss")
+    if tokens and rows:
+        seconds, basis = _scaled(rows, tokens)
+        return Estimate(seconds, "compile", basis, "interpolated" if basis.startswith("interpolated") else "scaled")
+    others = [e.compile_s for e in entries.values() if e.cache == "miss"] or [e.compile_s for e in entries.values()]
+    if not others:
+        return None
+    return Estimate(
+        sum(others) / len(others), "compile", f"mean of {len(others)} compile(s) under other settings", "rough"
+    )
+
+
+def estimate_compile_s(entries: dict[str, ManifestEntry], resolution: str, fingerprint: str) -> float | None:
+    """`estimate`'s seconds (None without history)."""
+    found = estimate(entries, resolution, fingerprint)
+    return None if found is None else found.seconds
+
+
+def human_seconds(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def estimate_words(seconds: float | None) -> str:
+    """How a compile estimate reads everywhere (labels, status rows, progress lines); says so when there is none."""
+    return "no history for an estimate" if seconds is None else f"about {human_seconds(seconds)}"

@@ -165,7 +165,8 @@ def check_nki_sdpa(device: str, cache_dir: Path) -> Verdict:
 
 def check_tp(device: str) -> Verdict:
     if device != "neuron":
-        return Verdict("TP=2 equals TP=1", "skip", "diffusers' TP needs a neuron device; tests/test_distributed.py")
+        why = "diffusers' TP needs a neuron device; tests/scale/test_distributed.py"
+        return Verdict("TP=2 equals TP=1", "skip", why)
     return Verdict(
         "TP=2 equals TP=1",
         "skip",

@@ -26,6 +26,18 @@ for _key in [k for k in os.environ if k.startswith("NEURON_APP_")]:
     del os.environ[_key]
 sys.path.insert(0, str(ROOT))
 
+#: Modules that start a Ray cluster: under pytest-xdist one worker runs them one after the other (two clusters at
+#: once on the 2-core CI host starve each other's replicas past their timeouts).
+RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_neuron_emulated"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With `-n` (pytest-xdist, `--dist loadgroup`): a module's tests stay in one worker, so its module fixtures
+    (a launched app, a Ray cluster) start once; the Ray modules share one worker."""
+    for item in items:
+        name = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid
+        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_MODULES else name))
+
 
 #: What the app exports for the Neuron stack (neuron_app.environment): restored after every test, so a test that
 #: resolved the neuron backend in-process leaks no value that later subprocesses would take for the user's.

@@ -1,13 +1,21 @@
 """Helpers that test modules import (conftest.py keeps the fixtures): the project root, the tiny-model
-settings, free ports, `python app.py` in a subprocess, and the probe that reads the environment at the
-moment torch is first imported."""
+settings, free ports, `python app.py` and the CLI in subprocesses, the probe that reads the environment at the
+moment torch is first imported, the clients of the launched app, and the inpainting test pictures."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from PIL import Image
 
 from neuron_app import environment
 from neuron_app.bench.common import free_port as free_port  # one copy: tests import it from here
@@ -104,3 +112,144 @@ class AppProcess:
             self.proc.kill()
             self.proc.wait(timeout=30)
         self._log.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """The first truthy value of `predicate`, polled every 0.2 s; fails naming `what` after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def ray_head(folder: Path) -> Iterator[str]:
+    """`ray start --head --block` with 2 CPUs on free ports (Ray's defaults, 10001 and 52365, may be taken): an
+    already running cluster that an app joins through `ray_address`; ended through its own process group (raylet,
+    GCS and workers are in it). Yields its address."""
+    import signal
+
+    port = free_port()
+    log_path = folder / "ray-start.log"
+    command = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}"]
+    command += [f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"]
+    command += ["--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            started = lambda: b"Ray runtime started" in log_path.read_bytes()  # noqa: E731
+            wait_for(lambda: started() or proc.poll() is not None, 180, "ray start --head")  # a loaded machine is slow
+            assert proc.poll() is None, log_path.read_text()
+            yield f"127.0.0.1:{port}"
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+
+
+# --- the CLI in a subprocess (tiny settings from NEURON_APP_* variables) ---------------------------------------
+
+
+def tiny_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        NEURON_APP_MODEL="tiny",
+        NEURON_APP_DEVICE="cpu",
+        NEURON_APP_COMPILE_BACKEND="aot_eager",
+        NEURON_APP_RESOLUTIONS=json.dumps(TEST_SHAPES),
+        NEURON_APP_DEFAULT_RESOLUTION="64x64",
+        NEURON_APP_MAX_SEQUENCE_LENGTH="32",
+        NEURON_APP_CACHE_DIR=str(cache_dir),
+    )
+    env.update(extra)
+    return env
+
+
+def run_cli(env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_app", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# --- clients of a launched app --------------------------------------------------------------------------------
+
+
+def openai_client(app: Any, key: str = "unused", timeout: float = 300) -> Any:
+    """The official `openai` SDK pointed at a launched app's /v1 (no retries: a test sees the first answer)."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=app.url + "v1", api_key=key, max_retries=0, timeout=timeout)
+
+
+def page_generate(
+    app: Any, data: list[Any], timeout: float = 60.0, style: tuple[Any, Any] = ("none", 1.0)
+) -> dict[str, Any]:
+    """Send the page's own Generate event (private to the API, sent by the browser through the queue).
+    `data` is prompt, resolution, steps, seed, images, randomize; `style` the LoRA dropdown and scale slider; then
+    no reference images (and no reference buckets), no image in the brush editor, strength 1."""
+    from neuron_app.bench.wire import WireClient
+
+    fn_index = next(fid for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
+    wire = WireClient(app.url, timeout=timeout)
+    try:
+        return wire.event(fn_index, [*data, *style, None, [], None, 1.0])
+    finally:
+        wire.close()
+
+
+# --- inpainting pictures: a smooth source, OpenAI's mask (transparent = edit), the two halves ------------------
+
+
+PICTURE_SIZE = 64
+
+
+def source_image(size: int = PICTURE_SIZE) -> Image.Image:
+    """A smooth, non-flat picture: a generated image cannot equal it by chance."""
+    y, x = np.mgrid[0:size, 0:size]
+    rgb = np.stack([x * 255 // size, y * 255 // size, (x + y) * 127 // size], axis=-1).astype(np.uint8)
+    return Image.fromarray(rgb, "RGB")
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def left_half_mask(size: int = PICTURE_SIZE) -> bytes:
+    """OpenAI's rule: fully transparent = edit. Left half transparent, right half opaque."""
+    alpha = np.full((size, size), 255, np.uint8)
+    alpha[:, : size // 2] = 0
+    rgba = np.dstack([np.zeros((size, size, 3), np.uint8), alpha])
+    return png(Image.fromarray(rgba, "RGBA"))
+
+
+def halves(image: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The left half away from the feathered edge (the edit), and the right half (kept)."""
+    from neuron_app.engine.masks import FEATHER_PX
+
+    pixels = np.asarray(image.convert("RGB")).astype(np.int16)
+    return pixels[:, : PICTURE_SIZE // 2 - FEATHER_PX], pixels[:, PICTURE_SIZE // 2 :]

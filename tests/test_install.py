@@ -11,7 +11,7 @@ import importlib.metadata as md
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def pins(name: str) -> list[Requirement]:

@@ -20,27 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, TINY_OVERRIDES, AppProcess, free_port, link_models
+from tests.support import ROOT, TINY_OVERRIDES, AppProcess, link_models, pid_alive, ray_head, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_one_replica_never_imports_ray(tmp_path: Path, shared_models: Path) -> None:
@@ -83,7 +65,7 @@ def test_python_app_py_with_two_replicas_compiles_once_per_cluster_and_stops_its
     assert sorted(info["cache"] for info in infos) == ["disk", "miss"], infos
     assert infos[0]["replica"] != infos[1]["replica"]
 
-    status = _wait(
+    status = wait_for(
         lambda: (s := client.predict(api_name="/status"))["shapes"]["64x64"]["ready_replicas"] == 2 and s,
         30,
         "both replicas to report 64x64 ready",
@@ -100,7 +82,7 @@ def test_python_app_py_with_two_replicas_compiles_once_per_cluster_and_stops_its
     pids = [r["pid"] for r in status["replicas"]]
     app.proc.send_signal(signal.SIGTERM)
     assert app.proc.wait(timeout=90) == 0, app.output()[-3000:]
-    _wait(lambda: not any(_alive(pid) for pid in pids), 30, "the replica processes to exit")
+    wait_for(lambda: not any(pid_alive(pid) for pid in pids), 30, "the replica processes to exit")
     assert "Traceback" not in app.output()
 
 
@@ -118,37 +100,9 @@ def test_a_replica_that_cannot_load_the_model_fails_the_start_in_one_line(
 # --- one running cluster, joined through ray_address ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`ray start --head --block` with 2 CPUs: an already running cluster the app joins (ended by its own pid)."""
-    port = free_port()
-    temp = tmp_path_factory.mktemp("ray")
-    log = (temp / "ray-start.log").open("wb")
-    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("ray")),
-            "start",
-            "--head",
-            "--block",
-            f"--port={port}",
-            f"--ray-client-server-port={free_port()}",  # Ray's defaults (10001, 52365) may be taken
-            f"--dashboard-agent-listen-port={free_port()}",
-            "--num-cpus=2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-    yield f"127.0.0.1:{port}"
-    os.killpg(proc.pid, signal.SIGTERM)  # its own session: raylet, GCS and workers are in the group
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    log.close()
+    """An already running cluster the app joins."""
+    with ray_head(tmp_path_factory.mktemp("ray")) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +113,7 @@ def replicas(cluster: str, tmp_path_factory: pytest.TempPathFactory, shared_mode
     cache = link_models(tmp_path_factory.mktemp("replicas"), shared_models)
     settings = load_settings(**(TINY_OVERRIDES | {"cache_dir": cache, "replicas": 2, "ray_address": cluster}))
     client = start_replicas(settings)
-    _wait(lambda: len([r for r in client.status().replicas if r["healthy"]]) == 2, 60, "2 healthy replicas")
+    wait_for(lambda: len([r for r in client.status().replicas if r["healthy"]]) == 2, 60, "2 healthy replicas")
     yield client
     client.close()
 
@@ -173,14 +127,14 @@ def test_two_replicas_serve_and_routing_prefers_the_replica_with_the_graph(repli
     assert first.compiled and first.replica and first.image.size == (64, 64)
     # The replica reports the graph it now holds (Serve's multiplexed ids, the status board) asynchronously: a
     # request sent in the same instant may still be routed by load alone (seen once in a full run).
-    _wait(lambda: replicas.status().shapes["64x64"].ready_replicas == 1, 30, "the graph to be reported")
+    wait_for(lambda: replicas.status().shapes["64x64"].ready_replicas == 1, 30, "the graph to be reported")
     time.sleep(1.0)
     later = [replicas.generate("a fox", "64x64", 2, seed) for seed in range(1, 5)]
     unsubscribe()
     assert {r.replica for r in later} == {first.replica}
     assert not any(r.compiled for r in later)
     # Replicas publish their status every half second (and after each request): the merged view follows.
-    status = _wait(
+    status = wait_for(
         lambda: (st := replicas.status()).shapes["64x64"].ready_replicas == 1 and st, 30, "the status to follow"
     )
     assert status.compiles == 1 and status.shapes["64x64"].state == "ready"
@@ -203,11 +157,11 @@ def test_a_ready_shape_is_served_by_the_other_replica_during_a_cold_compile(repl
     compile ends: a cold compile no longer freezes the service. The latency ratio (ready request during a compile
     vs solo, 1 vs 2 replicas) is measured by the bench's `replicas` section: no timed assertion here."""
     replicas.generate("warm", "64x64", 2, 0)
-    _wait(lambda: replicas.status().shapes["64x64"].ready_replicas >= 1, 10, "64x64 ready")
+    wait_for(lambda: replicas.status().shapes["64x64"].ready_replicas >= 1, 10, "64x64 ready")
     cold: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: cold.setdefault("record", replicas.generate("cold", "128x128", 2, 0)))
     worker.start()
-    _wait(lambda: replicas.status().shapes["128x128"].state == "compiling", 30, "the cold compile to start")
+    wait_for(lambda: replicas.status().shapes["128x128"].state == "compiling", 30, "the cold compile to start")
     ready = replicas.generate("during", "64x64", 2, 7)
     still_compiling = worker.is_alive()
     worker.join(timeout=120)
@@ -270,7 +224,7 @@ def test_a_killed_replica_costs_at_most_its_request_and_is_replaced(replicas: An
 
     worker = threading.Thread(target=run)
     worker.start()
-    busy = _wait(
+    busy = wait_for(
         lambda: next((r for r in replicas.status().replicas if r["healthy"] and r["in_flight"]), None),
         30,
         "a replica to take the request",
@@ -281,7 +235,7 @@ def test_a_killed_replica_costs_at_most_its_request_and_is_replaced(replicas: An
     record = results.get("record")
     assert record is not None, results.get("error")
     assert record.replica != busy["id"]
-    _wait(
+    wait_for(
         lambda: (
             sum(1 for r in replicas.status().replicas if r["healthy"]) == 2
             and all(r["pid"] != busy["pid"] for r in replicas.status().replicas if r["healthy"])

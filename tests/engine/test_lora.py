@@ -20,7 +20,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from tests.support import ROOT, TINY_OVERRIDES, link_models
+from tests.support import ROOT, TINY_OVERRIDES, link_models, openai_client, page_generate
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2"}
 PROMPT, SHAPE, STEPS, SEED = "a red barn in snow", "64x64", 2, 11
@@ -227,9 +227,7 @@ def test_openai_api_takes_lora_and_lora_scale_as_extensions(lora_app: Any, lora_
 
     import openai
 
-    from tests.test_openai_api import sdk
-
-    api = sdk(lora_app)
+    api = openai_client(lora_app)
     lora_client.predict(PROMPT, SHAPE, STEPS, SEED, api_name="/generate")  # the shape is compiled
     compiles = lora_app.manager.status().compiles
     extra = {"seed": SEED, "num_inference_steps": STEPS, "lora": "red", "lora_scale": 1.5}
@@ -252,12 +250,11 @@ def test_openai_api_takes_lora_and_lora_scale_as_extensions(lora_app: Any, lora_
 def test_the_page_sends_the_style_dropdown_and_scale_slider(lora_app: Any) -> None:
     """The page's Generate event carries the style and scale to the manager (info line says so); a style the
     dropdown does not list is refused by Gradio before the app runs."""
-    from tests.test_validation import _page_generate
 
-    message = _page_generate(lora_app, [PROMPT, SHAPE, STEPS, SEED, 1, False], style=("red", 0.5))
+    message = page_generate(lora_app, [PROMPT, SHAPE, STEPS, SEED, 1, False], style=("red", 0.5))
     assert message["success"] is True, message
     assert "LoRA red x0.5" in message["output"]["data"][1]
-    refused = _page_generate(lora_app, [PROMPT, SHAPE, STEPS, SEED, 1, False], style=("sepia", 1.0))
+    refused = page_generate(lora_app, [PROMPT, SHAPE, STEPS, SEED, 1, False], style=("sepia", 1.0))
     assert refused["success"] is False and "sepia" in refused["output"]["error"]
 
 

@@ -19,8 +19,7 @@ from neuron_app.bench.__main__ import main as bench_main
 from neuron_app.bench.common import percentile, summarize
 from neuron_app.bench.harness import settings_env
 from neuron_app.bench.report import TRN_COMMAND
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 
 def test_percentile_interpolates_like_numpy() -> None:

@@ -15,6 +15,7 @@ from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.prompt_cache import PromptCache
 from neuron_app.engine.records import CacheResult, ShapeState
 from neuron_app.engine.vae import TileSpec
+from tests.support import ROOT
 
 #: Tiled vs whole decode must agree above this. 30 dB is an RMS error of 3 % of the pixel range (about
 #: 8 levels of 255), the usual bar for "visually the same" in lossy image coding (JPEG at quality 75 sits
@@ -156,6 +157,5 @@ def test_the_page_is_built_before_torch_is_imported(tmp_path: Path) -> None:
         "from neuron_app.engine.manager import PipelineManager; m = PipelineManager(s); build_app(s, m); "
         "print(m.backend.name, [n for n in ('torch', 'diffusers', 'transformers') if n in sys.modules])"
     )
-    root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[-2].endswith("[]"), out.stdout

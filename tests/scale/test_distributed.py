@@ -26,7 +26,7 @@ from PIL import Image
 from neuron_app.errors import SettingsError
 from neuron_app.scale.distributed import check_single_process, check_tp_degree, settings_for_world, transformer_heads
 from neuron_app.settings import get_settings
-from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models
+from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models, pid_alive
 
 PROMPT = "a lighthouse on a cliff"
 SHAPES = ["64x64", "128x64"]
@@ -75,14 +75,6 @@ def wait_until_serving(proc: subprocess.Popen[bytes], url: str, log_path: Path) 
 
 def rank_lines(log: str, rank: int, needle: str) -> list[str]:
     return [line for line in log.splitlines() if f"[rank {rank}/2]" in line and needle in line]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.slow

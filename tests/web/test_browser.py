@@ -6,7 +6,7 @@ for two images and sees both in the gallery. Checks that the dropdown and the st
 before and after a restart.
 
 The screenshots go to pytest's temporary folder, never into the checkout; to refresh the one the docs show:
-`SCREENSHOT_TO=docs/screenshot.png python -m pytest tests/test_browser.py` copies it there on purpose.
+`SCREENSHOT_TO=docs/screenshot.png python -m pytest tests/web/test_browser.py` copies it there on purpose.
 """
 
 from __future__ import annotations
@@ -277,30 +277,54 @@ WATCH_GALLERY = """() => {
   }).observe(document.querySelector('#gallery'), {subtree: true, childList: true, attributes: true,
                                                    attributeFilter: ['src']});
 }"""
-SHOWN = "() => document.querySelector('#gallery img') && document.querySelector('#gallery img').naturalWidth"
+SIDE = 1024
+SHAPE = f"{SIDE}x{SIDE}"
+SHOWN = "() => { const img = document.querySelector('#gallery img'); return img ? [img.src, img.naturalWidth] : null; }"
+
+
+def picture_in(shot: Path, box: dict[str, float]) -> bool:
+    """Whether the screenshot holds a picture (not an empty slot) where the gallery's image is."""
+    from PIL import Image, ImageStat
+
+    with Image.open(shot) as image:
+        crop = image.convert("L").crop((box["x"], box["y"], box["x"] + box["width"], box["y"] + box["height"]))
+        return crop.width > 8 and ImageStat.Stat(crop).stddev[0] > 8
 
 
 def test_previews_show_in_the_image_slot_mid_generation(browser: Any, launch_tiny: Any, tmp_path: Path) -> None:
-    """At 512x512 the tiny model takes a tenth of a second or more a step here, so 16 steps leave time to see (and
-    photograph) a preview: the gallery shows the quarter-size host preview while the steps run, then the image."""
-    app = launch_tiny(resolutions=["512x512"], default_resolution="512x512", max_steps=16, default_steps=16)
+    """At 1024x1024 the tiny model takes a tenth of a second or more a step on the 2-core host, so 32 steps leave
+    time to see (and photograph) a preview: the gallery shows the quarter-size host preview while the steps run, then
+    the image."""
+    app = launch_tiny(resolutions=[SHAPE], default_resolution=SHAPE, max_steps=32, default_steps=32)
     page = open_page(browser, app.url)
     try:
+        page.locator("#gallery").wait_for()  # the page has rendered
         page.evaluate(WATCH_GALLERY)
         page.locator("#randomize input").uncheck()
         page.locator("#prompt textarea").fill("a harbour at night")
         page.locator("#generate").click()
-        page.wait_for_function(f"() => ({SHOWN})() === 128", timeout=TIMEOUT_MS)  # 512 / 4: a preview
-        screenshot(page, tmp_path / "preview.png")
-        # Still a preview after the screenshot was taken: the screenshot shows the picture mid-generation.
-        still = page.evaluate(f"({SHOWN})")
-        info = page.locator("#info").filter(has_text="512x512,").filter(has_text="cache: miss")
+        # The screenshot counts when a loaded preview (a quarter of the side) is on show before and after it and
+        # the image slot in the shot holds a picture (previews change every step, faster than a full-page shot);
+        # the final image must not have come yet.
+        preview, side = SIDE // 4, SIDE
+        on_show = f"() => {{ const s = ({SHOWN})(); return s && s[1] === {preview}; }}"
+        for _attempt in range(16):
+            page.wait_for_function(on_show, timeout=TIMEOUT_MS)
+            before = page.evaluate(f"({SHOWN})()")
+            box = page.locator("#gallery img").first.bounding_box()
+            screenshot(page, tmp_path / "preview.png")
+            after = page.evaluate(f"({SHOWN})()")
+            assert after is not None and after[1] != side, "the final image came before a preview was photographed"
+            if before[1] == after[1] == preview and box and picture_in(tmp_path / "preview.png", box):
+                break
+        else:
+            raise AssertionError("no screenshot caught a preview in the image slot")
+        info = page.locator("#info").filter(has_text=f"{SHAPE},").filter(has_text="cache: miss")
         info.wait_for()
-        page.wait_for_function(f"() => ({SHOWN})() === 512", timeout=TIMEOUT_MS)  # the image replaced it
+        page.wait_for_function(f"() => ({SHOWN})()[1] === {side}", timeout=TIMEOUT_MS)  # the image replaced it
         shown = page.evaluate("() => window.__shown")
-        assert still == 128, f"the final image came before the screenshot was done ({still} px wide)"
-        previews = [w for w, _h in shown if w == 128]
+        previews = [w for w, _h in shown if w == preview]
         assert len(previews) >= 2, shown  # one per step, more than one seen
-        assert shown[-1] == [512, 512] and [512, 512] not in shown[: shown.index([128, 128])], shown
+        assert shown[-1] == [side, side] and [side, side] not in shown[: shown.index([preview, preview])], shown
     finally:
         page.close()

@@ -1,6 +1,6 @@
 """Compile time you can see coming: the estimate from the manifest's history, and how the page words it.
 
-Also the status merge across replicas (pure data; the Ray path itself is tests/test_replicas.py).
+Also the status merge across replicas (pure data; the Ray path itself is tests/scale/test_replicas.py).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from neuron_app.backends.base import FolderCacheProbe
 from neuron_app.backends.neuron import NeuronCacheProbe
 from neuron_app.errors import DeviceUnavailable
 from tests.neuron_fakes import FAKE_SDK, fake_sdk_on_path
+from tests.support import ROOT
 
 
 def test_auto_picks_cpu_here_and_points_inductor_cache_into_cache_dir(tmp_path: Path) -> None:
@@ -68,8 +69,7 @@ def test_importing_the_package_loads_no_heavy_library() -> None:
         "neuron_app.scale.distributed, neuron_app.engine.manifest, neuron_app.backends, neuron_app.__main__; "
         "print([m for m in ('torch', 'diffusers', 'transformers', 'gradio', 'torch_neuronx') if m in sys.modules])"
     )
-    root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 

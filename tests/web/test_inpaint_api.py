@@ -14,7 +14,8 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.test_inpaint import SIZE, halves, left_half_mask, png, source_image
+from tests.support import PICTURE_SIZE as SIZE
+from tests.support import halves, left_half_mask, png, source_image
 
 SHAPE = f"{SIZE}x{SIZE}"
 

@@ -24,8 +24,7 @@ import pytest
 from neuron_app.engine.manifest import Manifest, ManifestEntry, fingerprint_of
 from neuron_app.engine.records import CacheResult
 from neuron_app.engine.remote_cache import STAGING_PREFIX, RemoteCache, list_remote
-from tests.conftest import ROOT, free_port, link_models
-from tests.test_precompile import run_cli, tiny_env
+from tests.support import ROOT, free_port, link_models, run_cli, tiny_env
 
 FIELDS = {"model": "unit-test", "device": "cpu", "compile_mode": "full", "compile_backend": "inductor"}
 FP = fingerprint_of(FIELDS)

@@ -7,31 +7,17 @@ of the load to the first request served by the second replica is printed (docs/r
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import TINY_OVERRIDES, free_port, link_models
+from tests.support import TINY_OVERRIDES, link_models, ray_head, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
-
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def replica_states() -> dict[str, int]:
@@ -50,25 +36,8 @@ def running_replicas() -> int:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[str]:
-    """`ray start --head --block` with 2 CPUs on free ports (as tests/test_replicas.py), ended by its own pid."""
-    port = free_port()
-    log = (tmp_path / "ray-start.log").open("wb")
-    ports = [f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"]
-    command = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}", *ports]
-    command += ["--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
-    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    started = lambda: b"Ray runtime started" in (tmp_path / "ray-start.log").read_bytes()  # noqa: E731
-    _wait(lambda: started() or proc.poll() is not None, 180, "ray start --head")  # a loaded machine is slow
-    assert proc.poll() is None, (tmp_path / "ray-start.log").read_text()
-    yield f"127.0.0.1:{port}"
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    log.close()
+    with ray_head(tmp_path) as address:
+        yield address
 
 
 @pytest.fixture
@@ -138,10 +107,10 @@ def test_one_replica_grows_to_two_under_load_and_shrinks_back_with_no_request_lo
     trickle.start()
     try:
         t0 = time.monotonic()
-        _wait(lambda: running_replicas() == 1, 120, "Ray Serve to remove the second replica")
+        wait_for(lambda: running_replicas() == 1, 120, "Ray Serve to remove the second replica")
         shrink_s = time.monotonic() - t0
         after = len(served)
-        _wait(lambda: len(served) >= after + 3, 60, "requests after the downscale")
+        wait_for(lambda: len(served) >= after + 3, 60, "requests after the downscale")
     finally:
         stop.set()
         trickle.join(timeout=120)

@@ -18,20 +18,16 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openai import OpenAI
 
 from neuron_app.engine.blocked_terms import find_blocked, fold
 from neuron_app.errors import ContentRefused
 from neuron_app.settings import SettingsError, load_settings
+from tests.support import openai_client
 
 CI_KEY = f"sk-ci-{uuid.uuid4().hex}"
 TEAM_KEY = f"sk-team-{uuid.uuid4().hex}"
 PROMPT = "a lighthouse at dawn"
 STEPS = {"num_inference_steps": 1}
-
-
-def sdk(app: Any, key: str) -> OpenAI:
-    return OpenAI(base_url=app.url + "v1", api_key=key, max_retries=0, timeout=300)
 
 
 def metrics(app: Any) -> str:
@@ -121,7 +117,9 @@ def test_blocked_term_is_refused_by_gradio_and_openai_before_any_compile(app: An
     with pytest.raises(AppError, match="'forbiddenword', a term this server does not allow"):
         gradio.predict("A Forbiddenword, at dusk", "64x64", 1, 0, api_name="/generate")
     with pytest.raises(openai.BadRequestError) as caught:
-        sdk(app, TEAM_KEY).images.generate(prompt="ＦＯＲＢＩＤＤＥＮＷＯＲＤ at noon", size="64x64", extra_body=STEPS)
+        openai_client(app, TEAM_KEY).images.generate(
+            prompt="ＦＯＲＢＩＤＤＥＮＷＯＲＤ at noon", size="64x64", extra_body=STEPS
+        )
     assert caught.value.status_code == 400
     assert caught.value.body["code"] == "content_policy_violation" and caught.value.body["param"] == "prompt"
     assert gradio.predict(api_name="/status")["compiles"] == compiles  # nothing was compiled or run
@@ -129,7 +127,9 @@ def test_blocked_term_is_refused_by_gradio_and_openai_before_any_compile(app: An
     assert sample(text, "neuron_app_content_refused_total", entry="gradio_api", what="prompt") == 1
     assert sample(text, "neuron_app_content_refused_total", entry="openai", what="prompt") == 1
     assert sample(text, "neuron_app_api_refusals_total", key="team", reason="content_policy_violation") == 1
-    result = sdk(app, TEAM_KEY).images.generate(prompt="forbiddenwordy at noon", size="64x64", extra_body=STEPS)
+    result = openai_client(app, TEAM_KEY).images.generate(
+        prompt="forbiddenwordy at noon", size="64x64", extra_body=STEPS
+    )
     assert result.data[0].b64_json  # a longer word is not the term
 
 
@@ -140,7 +140,7 @@ def test_named_keys_limits_and_metrics(app: Any, caplog: pytest.LogCaptureFixtur
     """ci may make 2 images a minute: its third request is a 429 with Retry-After naming the limit; team still
     works; a wrong key is a 401; /metrics counts per key name and never shows a key."""
     caplog.set_level(logging.DEBUG)
-    ci, team = sdk(app, CI_KEY), sdk(app, TEAM_KEY)
+    ci, team = openai_client(app, CI_KEY), openai_client(app, TEAM_KEY)
     before = sample(metrics(app), "neuron_app_api_images_total", key="team")
     for seed in (1, 2):
         assert ci.images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS | {"seed": seed}).data
@@ -156,7 +156,7 @@ def test_named_keys_limits_and_metrics(app: Any, caplog: pytest.LogCaptureFixtur
         ci.images.generate(prompt=PROMPT, size="64x64", n=3, extra_body=STEPS)
     assert team.images.generate(prompt=PROMPT, size="64x64", n=2, extra_body=STEPS).data  # the other key works
     with pytest.raises(openai.AuthenticationError) as wrong:
-        sdk(app, CI_KEY[:-1] + "x").images.generate(prompt=PROMPT, size="64x64")
+        openai_client(app, CI_KEY[:-1] + "x").images.generate(prompt=PROMPT, size="64x64")
     assert wrong.value.status_code == 401 and wrong.value.body["code"] == "invalid_api_key"
     text = metrics(app)
     assert sample(text, "neuron_app_api_images_total", key="ci") == 2
@@ -306,9 +306,9 @@ def test_without_keys_the_api_shares_the_page_budget_of_the_address(launch_tiny:
     from gradio_client.exceptions import AppError
 
     app = launch_tiny(page_images_per_minute=1)
-    assert sdk(app, "unused").images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS).data
+    assert openai_client(app, "unused").images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS).data
     with pytest.raises(openai.RateLimitError, match=r"address 127\.0\.0\.1 is over its limit of 1 image per minute"):
-        sdk(app, "unused").images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS)
+        openai_client(app, "unused").images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS)
     with pytest.raises(AppError, match="over its limit of 1 image per minute"):
         Client(app.url, verbose=False).predict(PROMPT, "64x64", 1, 0, api_name="/generate")
     assert sample(metrics(app), "neuron_app_page_rate_limited_total") == 2

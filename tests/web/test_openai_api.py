@@ -23,6 +23,7 @@ from PIL import Image
 
 from neuron_app.engine.requests import MAX_SEED, check_images, check_seed_run, resolve_size
 from neuron_app.errors import RequestError
+from tests.support import openai_client
 
 KEY = f"sk-test-{uuid.uuid4().hex}"
 PROMPT = "a lighthouse at dawn"
@@ -35,10 +36,6 @@ def png(data: bytes) -> Image.Image:
     return image
 
 
-def sdk(app: Any, key: str = "unused") -> OpenAI:
-    return OpenAI(base_url=app.url + "v1", api_key=key, max_retries=0, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def api_app(launch_tiny: Callable[..., Any]) -> Any:
     return launch_tiny()
@@ -46,7 +43,7 @@ def api_app(launch_tiny: Callable[..., Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def client(api_app: Any) -> OpenAI:
-    return sdk(api_app)
+    return openai_client(api_app)
 
 
 def ok_requests(app: Any) -> float:
@@ -223,7 +220,7 @@ def keyed_app(launch_tiny: Callable[..., Any]) -> Any:
 def test_edits_answer_a_clear_501_when_editing_is_off(keyed_app: Any) -> None:
     """max_references = 0 switches editing off: `images.edit` gets a clear 501, never a traceback."""
     with pytest.raises(openai.APIStatusError) as caught:
-        sdk(keyed_app, KEY).images.edit(image=("ref.png", b"\x89PNG", "image/png"), prompt=PROMPT)
+        openai_client(keyed_app, KEY).images.edit(image=("ref.png", b"\x89PNG", "image/png"), prompt=PROMPT)
     assert caught.value.status_code == 501
     assert caught.value.body["message"] == "image editing is not available on this server"
 
@@ -233,12 +230,12 @@ def test_api_key_is_required_when_set(keyed_app: Any) -> None:
     app = keyed_app
     for wrong in ("unused", KEY + "x", KEY[:-1]):
         with pytest.raises(openai.AuthenticationError) as caught:
-            sdk(app, wrong).images.generate(prompt=PROMPT, size="64x64")
+            openai_client(app, wrong).images.generate(prompt=PROMPT, size="64x64")
         assert caught.value.body["code"] == "invalid_api_key"
     reply = httpx.post(app.url + "v1/images/generations", json={"prompt": PROMPT}, timeout=10)
     assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer"
     assert app.manager.status().compiles == 0 and not app.manager.loaded
-    result = sdk(app, KEY).images.generate(prompt=PROMPT, size="64x64", extra_body={"num_inference_steps": 1})
+    result = openai_client(app, KEY).images.generate(prompt=PROMPT, size="64x64", extra_body={"num_inference_steps": 1})
     assert png(base64.b64decode(result.data[0].b64_json)).size == (64, 64)
 
 
@@ -246,7 +243,7 @@ def test_page_auth_without_api_key_refuses_the_api_and_mcp(launch_tiny: Callable
     """A login on the page and no API key: the API never serves the public; MCP (no login of its own) is off."""
     app = launch_tiny(auth_username="alice", auth_password=f"pw-{uuid.uuid4().hex}")
     with pytest.raises(openai.AuthenticationError) as caught:
-        sdk(app, "anything").images.generate(prompt=PROMPT, size="64x64")
+        openai_client(app, "anything").images.generate(prompt=PROMPT, size="64x64")
     assert caught.value.body["code"] == "api_key_required" and "NEURON_APP_API_KEY" in caught.value.body["message"]
     assert httpx.get(app.url + "gradio_api/mcp/", timeout=10).status_code in (401, 404)
     assert not app.manager.loaded
@@ -256,7 +253,7 @@ def test_full_queue_is_429_and_shutdown_is_503(keyed_app: Any) -> None:
     """API requests wait on the same device as the page: with the device held and the queue full (one running,
     one waiting), the next is 429 at once; the held ones finish. While draining, 503."""
     app = keyed_app
-    client = sdk(app, KEY)
+    client = openai_client(app, KEY)
     client.images.generate(prompt=PROMPT, size="64x64", extra_body={"num_inference_steps": 1})  # load + compile
     results: list[Any] = []
 

@@ -22,13 +22,12 @@ from typing import Any
 
 import httpx
 import pytest
-from openai import OpenAI
 from PIL import Image
 from standardwebhooks import Webhook
 
 from neuron_app.errors import RequestError
 from neuron_app.web.webhooks import Allowlist, deliver, sign
-from tests.support import AppProcess, free_port
+from tests.support import AppProcess, free_port, openai_client
 
 SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 KEY = f"sk-jobs-{uuid.uuid4().hex}"
@@ -86,10 +85,6 @@ def jobs_app(launch_tiny: Callable[..., Any]) -> Any:
     return launch_tiny(api_keys=keys, webhook_hosts=["127.0.0.1"], webhook_secret=SECRET)
 
 
-def sdk(app: Any) -> OpenAI:
-    return OpenAI(base_url=app.url + "v1", api_key=KEY, max_retries=0, timeout=120)
-
-
 def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {KEY}"}
 
@@ -112,7 +107,7 @@ def png(b64: str) -> Image.Image:
 
 
 def test_a_202_job_succeeds_with_image_data_and_its_webhook_verifies(jobs_app: Any, receiver: Receiver) -> None:
-    raw = sdk(jobs_app).images.with_raw_response.generate(
+    raw = openai_client(jobs_app, KEY, timeout=120).images.with_raw_response.generate(
         prompt=PROMPT,
         size="64x64",
         extra_headers=ASYNC,
@@ -170,7 +165,7 @@ def test_url_jobs_and_edits_take_the_same_path(jobs_app: Any) -> None:
     """An edit (multipart) is a job the same way; response_format=url keeps the synchronous API's URLs."""
     buffer = io.BytesIO()
     Image.new("RGB", (64, 64), (20, 120, 200)).save(buffer, format="PNG")
-    raw = sdk(jobs_app).images.with_raw_response.edit(
+    raw = openai_client(jobs_app, KEY, timeout=120).images.with_raw_response.edit(
         image=("ref.png", buffer.getvalue(), "image/png"),
         prompt="the same, at night",
         size="64x64",

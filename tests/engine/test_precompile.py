@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.manifest import Manifest
 from neuron_app.engine.records import ShapeState
 from neuron_app.errors import RequestError
-from tests.support import ROOT, TEST_SHAPES, link_models
+from tests.support import ROOT, TEST_SHAPES, link_models, run_cli, tiny_env
 
 SECOND_PROCESS = """
 import json
@@ -28,33 +27,6 @@ for shape in ["64x64", "128x64"]:
     out["records"].append(m.generate("after restart", shape, 2, 0).info())
 print("RESULT " + json.dumps(out))
 """
-
-
-def tiny_env(cache_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        NEURON_APP_MODEL="tiny",
-        NEURON_APP_DEVICE="cpu",
-        NEURON_APP_COMPILE_BACKEND="aot_eager",
-        NEURON_APP_RESOLUTIONS=json.dumps(TEST_SHAPES),
-        NEURON_APP_DEFAULT_RESOLUTION="64x64",
-        NEURON_APP_MAX_SEQUENCE_LENGTH="32",
-        NEURON_APP_CACHE_DIR=str(cache_dir),
-    )
-    env.update(extra)
-    return env
-
-
-def run_cli(env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "neuron_app", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.mark.slow

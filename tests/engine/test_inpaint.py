@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
@@ -10,36 +9,9 @@ import pytest
 from PIL import Image
 
 from neuron_app.engine.manager import PipelineManager
-from neuron_app.engine.masks import FEATHER_PX
 from neuron_app.errors import RequestError
-
-SIZE = 64
-
-
-def source_image(size: int = SIZE) -> Image.Image:
-    """A smooth, non-flat picture: a generated image cannot equal it by chance."""
-    y, x = np.mgrid[0:size, 0:size]
-    rgb = np.stack([x * 255 // size, y * 255 // size, (x + y) * 127 // size], axis=-1).astype(np.uint8)
-    return Image.fromarray(rgb, "RGB")
-
-
-def png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def left_half_mask(size: int = SIZE) -> bytes:
-    """OpenAI's rule: fully transparent = edit. Left half transparent, right half opaque."""
-    alpha = np.full((size, size), 255, np.uint8)
-    alpha[:, : size // 2] = 0
-    rgba = np.dstack([np.zeros((size, size, 3), np.uint8), alpha])
-    return png(Image.fromarray(rgba, "RGBA"))
-
-
-def halves(image: Any) -> tuple[np.ndarray, np.ndarray]:
-    pixels = np.asarray(image.convert("RGB")).astype(np.int16)
-    return pixels[:, : SIZE // 2 - FEATHER_PX], pixels[:, SIZE // 2 :]
+from tests.support import PICTURE_SIZE as SIZE
+from tests.support import halves, left_half_mask, png, source_image
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.requests import MAX_SEED
 from neuron_app.errors import RequestError, ShapeError
 from neuron_app.shapes import MAX_SIDE, MULTIPLE, Resolution
+from tests.support import page_generate
 
 MAX_PROMPT = 2000  # settings default, kept by the tiny test settings
 MAX_STEPS = 8  # conftest's TINY_OVERRIDES
@@ -97,22 +98,6 @@ def _rest_generate(url: str, data: list[Any], timeout: float = 60.0) -> tuple[st
             data_line = line.split(":", 1)[1].strip()
     assert event in ("complete", "error"), text
     return event, json.loads(data_line or "null")
-
-
-def _page_generate(
-    app: Any, data: list[Any], timeout: float = 60.0, style: tuple[Any, Any] = ("none", 1.0)
-) -> dict[str, Any]:
-    """Send the page's own Generate event (private to the API, sent by the browser through the queue).
-    `data` is prompt, resolution, steps, seed, images, randomize; `style` the LoRA dropdown and scale slider; then
-    no reference images (and no reference buckets), no image in the brush editor, strength 1."""
-    from neuron_app.bench.wire import WireClient
-
-    fn_index = next(fid for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
-    wire = WireClient(app.url, timeout=timeout)
-    try:
-        return wire.event(fn_index, [*data, *style, None, [], None, 1.0])
-    finally:
-        wire.close()
 
 
 # --- through the API ----------------------------------------------------------------------------
@@ -226,7 +211,7 @@ def test_page_bad_input_is_refused_clearly(
 ) -> None:
     """The page's Generate event: the dropdown, slider and number refuse what they never offer (Gradio's
     message), the manager refuses the rest; nothing compiles."""
-    message = _page_generate(launched_app, data)
+    message = page_generate(launched_app, data)
     assert message["success"] is False
     assert expected in message["output"]["error"]
     assert launched_app.manager.counter.graphs == warm
@@ -235,7 +220,7 @@ def test_page_bad_input_is_refused_clearly(
 
 def test_page_fractional_seed_is_rounded(launched_app: Any, warm: int) -> None:
     """Documented normalization on the page: the seed box has precision 0, so 1.5 is rounded (to 2)."""
-    message = _page_generate(launched_app, ["x", "64x64", 4, 1.5, 1, False])
+    message = page_generate(launched_app, ["x", "64x64", 4, 1.5, 1, False])
     assert message["success"] is True
     assert message["output"]["data"][2] == 2
 

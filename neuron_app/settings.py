@@ -25,8 +25,11 @@ from pydantic_settings import (
 from neuron_app.errors import SettingsError, ShapeError
 from neuron_app.settings_groups import (  # noqa: F401 (re-exported: callers import them from here)
     DEFAULT_KEY_NAME,
+    MAX_REFERENCE_AREA,
     MIN_KEY_CHARS,
+    MIN_REFERENCE_SIDE,
     ApiKey,
+    EditingSettings,
     FleetSettings,
     InterfaceSettings,
     ReplicaRange,
@@ -51,8 +54,6 @@ SECRET_FIELDS = (
 )
 TINY = "tiny"
 #: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).
-MAX_REFERENCE_AREA = 1024 * 1024
-MIN_REFERENCE_SIDE = 64
 
 
 def settings_file() -> Path:
@@ -80,7 +81,7 @@ class _TomlWithoutSecrets(TomlConfigSettingsSource):
         return data
 
 
-class Settings(InterfaceSettings, FleetSettings, BaseSettings):
+class Settings(InterfaceSettings, FleetSettings, EditingSettings, BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         extra="forbid",
@@ -185,27 +186,6 @@ class Settings(InterfaceSettings, FleetSettings, BaseSettings):
         64, ge=1, le=1024, description="Hotswap target rank: every adapter is padded to it; higher ranks are refused."
     )
     max_lora_scale: float = Field(2.0, gt=0.0, le=100.0, description="Largest LoRA scale a request may ask for.")
-    # --- editing with reference images -------------------------------------------------------
-    max_references: int = Field(4, ge=0, le=16, description="Reference images an edit may carry; 0 turns editing off.")
-    reference_resolutions: list[str] = Field(
-        [],
-        description="Buckets every reference is resized and center-cropped to (nearest aspect ratio), as WIDTHxHEIGHT, "
-        "multiples of 16, at most 1024x1024 in area; empty = the served resolutions up to that area.",
-    )
-    max_upload_mb: float = Field(
-        20.0,
-        gt=0,
-        le=1024,
-        description="Largest uploaded file, in MB (Gradio's max_file_size; also checked per reference).",
-    )
-    max_reference_pixels: int = Field(
-        50_000_000,
-        ge=4096,
-        le=178_956_970,  # Pillow's own hard limit (2 x Image.MAX_IMAGE_PIXELS): beyond it Pillow refuses anyway
-        description="Largest reference image in pixels (width x height), checked before decoding: "
-        "decompression bombs are refused.",
-    )
-
     # --- cache and start-up ----------------------------------------------------------------
     cache_dir: Path = Field(
         default_factory=_default_cache_dir,
@@ -288,21 +268,6 @@ class Settings(InterfaceSettings, FleetSettings, BaseSettings):
 
         first, last = parse_cores(value)  # the runtime's list forms too; written back as one range
         return str(first) if first == last else f"{first}-{last}"
-
-    @field_validator("reference_resolutions")
-    @classmethod
-    def _check_reference_resolutions(cls, value: list[str]) -> list[str]:
-        for text in value:
-            try:
-                res = Resolution.parse(text)
-            except ShapeError as exc:
-                raise ValueError(str(exc)) from None
-            if res.width * res.height > MAX_REFERENCE_AREA or min(res.width, res.height) < MIN_REFERENCE_SIDE:
-                raise ValueError(
-                    f"reference resolution {res} must be at most {MAX_REFERENCE_AREA} pixels in area "
-                    f"and at least {MIN_REFERENCE_SIDE} px a side (the pipeline would resize it otherwise)"
-                )
-        return value
 
     @field_validator("webhook_hosts")
     @classmethod

@@ -1,4 +1,5 @@
-"""Groups of settings, as mixins of `Settings` (settings.py): how the app is shared and how it spreads.
+"""Groups of settings, as mixins of `Settings` (settings.py): how the app is shared, how it spreads, and what an
+edit may carry.
 
 Kept apart so settings.py stays readable; every field still comes from `settings.toml` and `NEURON_APP_*`
 like the others (pydantic-settings reads the fields of the whole class), and each is documented in
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, WrapValidator, field_validator
+
+from neuron_app.errors import ShapeError
+from neuron_app.shapes import Resolution
 
 _S3_URL = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
 
@@ -276,3 +280,48 @@ class FleetSettings(BaseModel):
         description="Cores each replica asks Ray for: NeuronCores (the neuron_cores resource) on Neuron, "
         "GPUs on CUDA, CPUs (and torch threads) on CPU. Keep 1 on Neuron: a replica runs on one core.",
     )
+
+
+#: References are resized to buckets the pipeline leaves as they are: at most 1024x1024 in area, 64 px a side.
+MAX_REFERENCE_AREA = 1024 * 1024
+MIN_REFERENCE_SIDE = 64
+
+
+class EditingSettings(BaseModel):
+    """Editing with reference images: how many, the buckets they are fitted to, and how big an upload may be."""
+
+    # --- editing with reference images -------------------------------------------------------
+    max_references: int = Field(4, ge=0, le=16, description="Reference images an edit may carry; 0 turns editing off.")
+    reference_resolutions: list[str] = Field(
+        [],
+        description="Buckets every reference is resized and center-cropped to (nearest aspect ratio), as WIDTHxHEIGHT, "
+        "multiples of 16, at most 1024x1024 in area; empty = the served resolutions up to that area.",
+    )
+    max_upload_mb: float = Field(
+        20.0,
+        gt=0,
+        le=1024,
+        description="Largest uploaded file, in MB (Gradio's max_file_size; also checked per reference).",
+    )
+    max_reference_pixels: int = Field(
+        50_000_000,
+        ge=4096,
+        le=178_956_970,  # Pillow's own hard limit (2 x Image.MAX_IMAGE_PIXELS): beyond it Pillow refuses anyway
+        description="Largest reference image in pixels (width x height), checked before decoding: "
+        "decompression bombs are refused.",
+    )
+
+    @field_validator("reference_resolutions")
+    @classmethod
+    def _check_reference_resolutions(cls, value: list[str]) -> list[str]:
+        for text in value:
+            try:
+                res = Resolution.parse(text)
+            except ShapeError as exc:
+                raise ValueError(str(exc)) from None
+            if res.width * res.height > MAX_REFERENCE_AREA or min(res.width, res.height) < MIN_REFERENCE_SIDE:
+                raise ValueError(
+                    f"reference resolution {res} must be at most {MAX_REFERENCE_AREA} pixels in area "
+                    f"and at least {MIN_REFERENCE_SIDE} px a side (the pipeline would resize it otherwise)"
+                )
+        return value

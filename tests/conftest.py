@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-# Under pytest-xdist (two workers on the 2-core CI host) each worker's torch, and every process a test starts,
+# Under pytest-xdist (`-n 2`, opt-in) each worker's torch, and every process a test starts,
 # gets one intra-op thread: two workers of two spinning OpenMP threads each spent a third more CPU for the same
 # work. Set before numpy or torch is imported (they read it once).
 if os.environ.get("PYTEST_XDIST_WORKER"):

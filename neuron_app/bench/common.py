@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import resource
 import socket
 import sys
@@ -58,7 +59,30 @@ def parse_tagged(line: str, tag: str) -> dict[str, Any] | None:
     return json.loads(line[len(tag) :]) if line.startswith(tag) else None
 
 
+#: Ray's default worker ports are 10002-19999; ports from 20000 up to the kernel's ephemeral range are left.
+_FIRST_FREE_PORT = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
+    """A port free now that nothing else is likely to take before the caller binds it: below the kernel's
+    ephemeral range (where every `bind(0)` and outgoing connection lands; Ray's processes take many) and above
+    Ray's worker ports. Port 0's answer is kept only where that band is empty."""
+    high = _ephemeral_low() - 1
+    for _ in range(50) if high > _FIRST_FREE_PORT else ():
+        port = random.randint(_FIRST_FREE_PORT, high)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

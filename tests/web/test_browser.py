@@ -65,11 +65,12 @@ def page(launched_app: Any, browser: Any) -> Iterator[Any]:
     page.close()
 
 
-def screenshot(page: Any, path: Path) -> None:
-    """A full-page screenshot at `path` (a temporary folder); copied into the checkout only with SCREENSHOT_TO."""
+def screenshot(page: Any, path: Path, publish: bool = True) -> None:
+    """A full-page screenshot at `path` (a temporary folder); copied into the checkout only with SCREENSHOT_TO (and
+    `publish`: the docs show the page with its images, not a shot mid-generation)."""
     page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 10_000
-    if SCREENSHOT_TO:
+    if SCREENSHOT_TO and publish:
         shutil.copyfile(path, ROOT / SCREENSHOT_TO)
 
 
@@ -117,7 +118,7 @@ def test_type_pick_generate_see_image_and_ready_label(page: Any, tmp_path: Path)
         compiling = page.locator("#info").filter(has_text="128x64 - compiling (first use)")
         compiling.wait_for()
         seen["text"] = compiling.inner_text()
-        screenshot(page, tmp_path / "compiling.png")
+        screenshot(page, tmp_path / "compiling.png", publish=False)
 
     first = generate(page, "a lighthouse at dawn", "128x64", expect="cache: miss", during=mid_compile)
     assert "elapsed" in seen["text"] and "compiles" in seen["text"], seen["text"]
@@ -312,7 +313,7 @@ def test_previews_show_in_the_image_slot_mid_generation(browser: Any, launch_tin
             page.wait_for_function(on_show, timeout=TIMEOUT_MS)
             before = page.evaluate(f"({SHOWN})()")
             box = page.locator("#gallery img").first.bounding_box()
-            screenshot(page, tmp_path / "preview.png")
+            screenshot(page, tmp_path / "preview.png", publish=False)
             after = page.evaluate(f"({SHOWN})()")
             assert after is not None and after[1] != side, "the final image came before a preview was photographed"
             if before[1] == after[1] == preview and box and picture_in(tmp_path / "preview.png", box):

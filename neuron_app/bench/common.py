@@ -3,6 +3,7 @@ CPU meters, settings as environment variables, HTTP probes."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -63,6 +64,7 @@ def parse_tagged(line: str, tag: str) -> dict[str, Any] | None:
 _FIRST_FREE_PORT = 20000
 
 
+@functools.cache
 def _ephemeral_low() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])

@@ -7,7 +7,7 @@ the artifact folders, a truncated object or a sha256 mismatch is logged in one l
 depends on it (a unit: the whole inductor folder, whose entries refer to each other; one NEFF folder otherwise),
 and the shape compiles locally. Downloads are staged in a temp folder beside their target and moved in only
 once every file of their unit verified. A store that does not answer in time is an error in status, never a
-crash. Layout and concurrency: `remote_store`.
+crash. Layout and concurrency: `remote_store`; the index parts: `remote_index`.
 """
 
 from __future__ import annotations
@@ -20,19 +20,25 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from neuron_app.engine.manifest import ARTIFACT_DIRS, Manifest, ManifestEntry, fingerprint_of
+from neuron_app.engine.manifest import Manifest
 from neuron_app.engine.records import CacheResult
+from neuron_app.engine.remote_index import (
+    STAGING_PREFIX,
+    RemoteFile,
+    artifact_roots,
+    merge,
+    read_parts,
+    scan,
+    unit_of,
+)
 from neuron_app.engine.remote_store import (
     INDEX_VERSION,
-    SHA256,
-    BadObject,
     RemoteError,
     Store,
     describe,
@@ -41,10 +47,6 @@ from neuron_app.engine.remote_store import (
 
 log = logging.getLogger(__name__)
 
-#: Roots whose files refer to each other (inductor's FX-graph and AOT-autograd entries name code files):
-#: one bad object there drops the whole root; elsewhere (one NEFF per folder) only its folder.
-WHOLE_ROOTS = ("inductor",)
-STAGING_PREFIX = ".remote-pull-"
 #: After the store failed, compiles do not wait for it again for this long.
 RETRY_AFTER_S = 60.0
 WORKERS = 8
@@ -52,118 +54,6 @@ WORKERS = 8
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def artifact_roots(backend: Any, cache_dir: Path) -> dict[str, Path]:
-    """Name -> folder (or file) of every compiled artifact kept: the backend's folders and the cache's own."""
-    base = cache_dir.resolve()
-    roots: dict[str, Path] = {}
-    for path in [*backend.compiled_artifacts_dirs(cache_dir), *(cache_dir / n for n in ARTIFACT_DIRS)]:
-        try:
-            name = path.resolve().relative_to(base).as_posix()
-        except ValueError:
-            name = path.name  # a NEFF folder the user placed elsewhere: named by its folder
-        roots.setdefault(name, path)
-    return roots
-
-
-def unit_of(rel: str) -> str:
-    """What a file is installed with: its whole root for inductor, its folder otherwise."""
-    parts = PurePosixPath(rel).parts
-    return parts[0] if parts[0] in WHOLE_ROOTS or len(parts) == 1 else "/".join(parts[:-1])
-
-
-def _excluded(name: str) -> bool:
-    return name.startswith(STAGING_PREFIX) or name.endswith((".lock", ".tmp")) or name == "locks"
-
-
-def scan(roots: dict[str, Path]) -> Iterator[tuple[str, Path]]:
-    """(relative name, path) of every artifact file; locks, temp and staging files and links left out."""
-    for name, root in roots.items():
-        if root.is_symlink():
-            continue
-        if root.is_file():
-            yield name, root
-            continue
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if not _excluded(d))
-            for file in sorted(filenames):
-                path = Path(dirpath) / file
-                if not _excluded(file) and not path.is_symlink() and path.is_file():
-                    yield f"{name}/{path.relative_to(root).as_posix()}" if root != path else name, path
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    path: str
-    size: int
-    sha256: str
-
-
-@dataclass
-class Part:
-    """One pusher's index part, checked: its fingerprint, its entries' fingerprints, every path and hash."""
-
-    key: str
-    instance: str
-    pushed_at: str
-    entries: dict[str, ManifestEntry]
-    files: list[RemoteFile]
-    fields: dict[str, Any]
-
-
-def parse_part(key: str, data: Any, fingerprint: str) -> Part:
-    """Refuse a part that is not for `fingerprint` or names anything unsafe; `BadObject` says why."""
-    if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
-        raise BadObject(f"index version {data.get('version') if isinstance(data, dict) else None!r} is unknown")
-    fields = data.get("fields")
-    if data.get("fingerprint") != fingerprint or not isinstance(fields, dict) or fingerprint_of(fields) != fingerprint:
-        raise BadObject(f"index is for fingerprint {data.get('fingerprint')!r}, not {fingerprint}")
-    entries = {}
-    for name, raw in (data.get("entries") or {}).items():
-        entry = ManifestEntry(**raw)
-        if entry.fingerprint != fingerprint or entry.resolution != name:
-            raise BadObject(f"manifest entry {name!r} is for fingerprint {entry.fingerprint!r}")
-        entries[name] = entry
-    files = []
-    for raw in data.get("files") or []:
-        rel, size, sha = raw.get("path"), raw.get("size"), raw.get("sha256")
-        pure = PurePosixPath(rel) if isinstance(rel, str) else None
-        if pure is None or pure.is_absolute() or "\\" in rel or any(p in ("..", ".", "") for p in rel.split("/")):
-            raise BadObject(f"unsafe path {rel!r}")
-        if not isinstance(size, int) or size < 0 or not isinstance(sha, str) or not SHA256.match(sha):
-            raise BadObject(f"bad size or sha256 for {rel!r}")
-        files.append(RemoteFile(rel, size, sha))
-    return Part(key, str(data.get("instance", "")), str(data.get("pushed_at", "")), entries, files, fields)
-
-
-@dataclass
-class Merged:
-    files: dict[str, RemoteFile] = field(default_factory=dict)
-    entries: dict[str, ManifestEntry] = field(default_factory=dict)
-    parts: int = 0
-    pushed_at: str = ""
-
-
-def merge(parts: list[Part]) -> Merged:
-    """Every reader merges the same parts the same way: older pushes first, the newest wins a path or a shape."""
-    merged = Merged(parts=len(parts))
-    for part in sorted(parts, key=lambda p: (p.pushed_at, p.instance)):
-        merged.files.update({f.path: f for f in part.files})
-        merged.entries.update(part.entries)
-        merged.pushed_at = max(merged.pushed_at, part.pushed_at)
-    return merged
-
-
-def read_parts(store: Store, fingerprint: str, problems: list[str], listing: list[Any] | None = None) -> list[Part]:
-    """The fingerprint's valid index parts; a bad part is a one-line problem, not an error."""
-    parts = []
-    for listed in store.list(fingerprint, "index") if listing is None else listing:
-        try:
-            parts.append(parse_part(listed.key, store.get_json(listed.key), fingerprint))
-        except (BadObject, ValueError, TypeError, AttributeError) as exc:
-            problems.append(f"index {listed.key} ignored: {' '.join(str(exc).split())[:200]}")
-    return parts
 
 
 @dataclass

@@ -35,15 +35,40 @@ sys.path.insert(0, str(ROOT))
 
 #: Modules that start a Ray cluster: under pytest-xdist one worker runs them one after the other (two clusters at
 #: once on the 2-core CI host starve each other's replicas past their timeouts).
-RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_neuron_emulated"})
+RAY_MODULES = frozenset({"test_replicas", "test_autoscale"})
+
+
+#: The groups that take longest (seconds in a serial run on the 2-core machine, `--durations`), heaviest first.
+#: xdist hands groups out in collection order (with `--no-loadscope-reorder`, set in pyproject.toml; its
+#: default orders them by test count), so under `-n` these start first and the short ones fill in around them.
+HEAVY_GROUPS = {
+    "test_bench": 285,
+    "ray": 200,
+    "test_remote_cache": 200,
+    "test_precompile": 190,
+    "test_neuron_emulated": 90,
+    "test_browser": 70,
+    "test_distributed": 63,
+    "test_jobs": 55,
+    "test_faults": 47,
+    "test_manager": 45,
+    "test_edit": 42,
+}
+
+
+def _group(item: pytest.Item) -> str:
+    name = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid
+    return "ray" if name in RAY_MODULES else name
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With `-n` (pytest-xdist, `--dist loadgroup`): a module's tests stay in one worker, so its module fixtures
-    (a launched app, a Ray cluster) start once; the Ray modules share one worker."""
+    (a launched app, a Ray cluster) start once; the Ray modules share one worker; the heaviest groups are
+    collected first. A serial run keeps the files' order."""
     for item in items:
-        name = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid
-        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_MODULES else name))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike (a stable sort)
+        items.sort(key=lambda item: -HEAVY_GROUPS.get(_group(item), 0))
 
 
 #: What the app exports for the Neuron stack (neuron_app.environment): restored after every test, so a test that

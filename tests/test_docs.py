@@ -21,7 +21,7 @@ def test_readme_is_a_front_door() -> None:
     text = README.read_text()
     assert len(text.splitlines()) <= 250
     assert "NEURON_APP_SETTINGS=quickstart.toml python app.py" in text
-    assert "python -m pytest\n" in text and 'python -m pytest -m "not slow and not browser"' in text
+    assert "python -m pytest -n 2\n" in text and 'python -m pytest -n 2 -m "not slow and not browser"' in text
 
 
 def test_code_map_names_every_module() -> None:

@@ -282,20 +282,6 @@ def test_python_app_py_serves_the_page_generate_edit_and_status_on_neuron_emulat
     assert "execution-error fallback off (set by the app)" in status["fallback"]
 
 
-@pytest.mark.slow
-def test_two_ray_replicas_serve_on_neuron_emulated(run_app_py: Any) -> None:
-    """Replicas run the same emulated neuron path (prepare_process in each replica, the rules inside)."""
-    from gradio_client import Client
-
-    app = run_app_py(device="neuron-emulated", replicas=2, resolutions=["64x64"])
-    app.wait_up(timeout=300)
-    client = Client(app.url, verbose=False)
-    infos = [client.predict("a fox", "64x64", 2, seed, api_name="/generate")[1] for seed in (1, 2, 3)]
-    assert all("eager_compiles" in info for info in infos)
-    status = client.predict(api_name="/status")
-    assert status["device"] == "neuron-emulated" and [r["healthy"] for r in status["replicas"]] == [True, True]
-
-
 def test_replica_statuses_merge_the_eager_compiles_and_the_rule_record(emulated: Any) -> None:
     """Through replicas the page reads merged statuses: eager compiles and the rules' counts are summed."""
     from neuron_app.scale.status_merge import merge_statuses

@@ -51,26 +51,28 @@ def test_replicas_with_tensor_parallel_are_refused_in_one_line() -> None:
 def test_python_app_py_with_two_replicas_compiles_once_per_cluster_and_stops_its_ray(
     run_app_py: Callable[..., AppProcess],
 ) -> None:
-    """`NEURON_APP_REPLICAS=2 python app.py` (inductor, whose disk cache is the point): two concurrent first
-    requests for one cold shape land on both replicas; one compiles from scratch, the other waits on the graph's
-    lock and loads it from disk. Status, /readyz and /metrics cover both replicas; SIGTERM stops them and the
-    Ray instance the app started."""
+    """`NEURON_APP_REPLICAS=2 python app.py` on neuron-emulated (the neuron path in each replica: prepare_process,
+    the rules; its NEFF-style artifacts on disk, which are the point here): two concurrent first requests for one
+    cold shape land on both replicas; one compiles from scratch, the other waits on the graph's lock and loads it
+    from disk. Status, /readyz and /metrics cover both replicas; SIGTERM stops them and the Ray instance the app
+    started."""
     from gradio_client import Client
 
-    app = run_app_py(replicas=2, compile_backend="inductor", resolutions=["64x64"], log_level="INFO")
-    app.wait_up(timeout=240)
+    app = run_app_py(replicas=2, device="neuron-emulated", resolutions=["64x64"], log_level="INFO")
+    app.wait_up(timeout=300)
     client = Client(app.url, verbose=False)
     jobs = [client.submit("a lighthouse", "64x64", 2, seed, api_name="/generate") for seed in (1, 2)]
     infos = [job.result(timeout=240)[1] for job in jobs]
     assert sorted(info["cache"] for info in infos) == ["disk", "miss"], infos
     assert infos[0]["replica"] != infos[1]["replica"]
+    assert all("eager_compiles" in info for info in infos)
 
     status = wait_for(
         lambda: (s := client.predict(api_name="/status"))["shapes"]["64x64"]["ready_replicas"] == 2 and s,
         30,
         "both replicas to report 64x64 ready",
     )
-    assert [r["healthy"] for r in status["replicas"]] == [True, True]
+    assert [r["healthy"] for r in status["replicas"]] == [True, True] and status["device"] == "neuron-emulated"
     assert status["shapes"]["64x64"]["state"] == "ready" and status["compiles"] >= 1
     with urllib.request.urlopen(app.url + "readyz", timeout=10) as resp:
         body = json.loads(resp.read())

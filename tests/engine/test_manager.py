@@ -163,7 +163,7 @@ print(json.dumps({"compiled": sum(r.compiled for r in records), "graphs": manage
 
 
 @pytest.mark.slow
-def test_more_shapes_than_a_threads_recompile_limit_compile_on_worker_threads(tmp_path: Any, shared_models: Any) -> None:
+def test_more_shapes_than_a_threads_limit_compile_on_worker_threads(tmp_path: Any, shared_models: Any) -> None:
     """torch's config overrides are thread-local: the recompile limit must be raised where the call runs.
 
     A fresh process (a clean dynamo cache) compiles four shapes from worker threads whose own recompile limit

@@ -61,6 +61,7 @@ def _group(item: pytest.Item) -> str:
     return "ray" if name in RAY_MODULES else name
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group markers into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With `-n` (pytest-xdist, `--dist loadgroup`): a module's tests stay in one worker, so its module fixtures
     (a launched app, a Ray cluster) start once; the Ray modules share one worker; the heaviest groups are

@@ -33,8 +33,9 @@ FRESH_INSTANCE = """
 import json
 from neuron_app.engine.manager import get_manager
 m = get_manager()
+manifest = {name: shape.manifest for name, shape in m.status().shapes.items()}  # before any request
 record = m.generate("from the fleet", "64x64", 2, 0).info()
-print("RESULT " + json.dumps({"record": record, "remote": m.status().remote}))
+print("RESULT " + json.dumps({"record": record, "remote": m.status().remote, "manifest": manifest}))
 """
 
 
@@ -329,12 +330,21 @@ def test_precompile_push_then_fresh_instances_serve_remote_then_miss_on_garbage(
     serves its first request "remote"; after one object in the bucket is garbage, another fresh one serves
     "miss" (compiled locally) and logs why. The garbage half runs on neuron-emulated only: with inductor it
     would be a second cold inductor compile (a minute here) to show what the unit test above shows, that
-    one bad inductor object drops the whole inductor folder."""
+    one bad inductor object drops the whole inductor folder. With inductor, the precompiled folder is first
+    served by a restarted process without the remote: the shape reads `precompiled` before any request, and
+    the first request is a `disk` hit at most half the cold compile's time (inductor's own disk cache)."""
     url = f"s3://{s3.bucket}/fleet"
     source = link_models(tmp_path / "source", shared_models)
     env = fleet_env(source, s3, url, device)
     pre = run_cli(env, "precompile")
     assert pre.returncode == 0, pre.stderr[-3000:]
+    if device is INDUCTOR:
+        cold_s = Manifest(source).entries()["64x64"].compile_s  # before the restart records its own
+        restarted, _log = fresh_instance({k: v for k, v in env.items() if k != "NEURON_APP_CACHE_REMOTE"})
+        assert restarted["manifest"] == {"64x64": "precompiled"}
+        assert restarted["record"]["cache"] == "disk" and restarted["record"]["compiled"] is True, restarted
+        print(f"restart on the precompiled folder: cold {cold_s:.2f}s, warm {restarted['record']['compile_s']:.2f}s")
+        assert restarted["record"]["compile_s"] <= 0.5 * cold_s
     start = time.perf_counter()
     push = run_cli(env, "cache", "push", timeout=300)
     push_s = time.perf_counter() - start

@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 RAY_MODULES = frozenset({"test_replicas", "test_autoscale"})
 
 
-#: The groups that take longest (seconds in a serial run on the 2-core machine, `--durations`), heaviest first.
+#: The groups that take longest, heaviest first: rough seconds from `--durations` runs on the 2-core machine;
+#: only their order matters.
 #: xdist hands groups out in collection order (with `--no-loadscope-reorder`, set in pyproject.toml; its
 #: default orders them by test count), so under `-n` these start first and the short ones fill in around them.
 HEAVY_GROUPS = {

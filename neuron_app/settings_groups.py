@@ -325,3 +325,48 @@ class EditingSettings(BaseModel):
                     f"and at least {MIN_REFERENCE_SIDE} px a side (the pipeline would resize it otherwise)"
                 )
         return value
+
+
+class LoraSettings(BaseModel):
+    """LoRA styles switched in place per request (engine/lora.py)."""
+
+    # --- LoRA styles (engine/lora.py) ------------------------------------------------------------
+    loras: dict[str, str] = Field(
+        {},
+        description="LoRA styles offered per request, name -> source: a .safetensors file, a folder "
+        "(folder:weight.safetensors), a Hub id (owner/repo:weight.safetensors), or tiny:<seed> (a random "
+        "LoRA for the tiny model). Switched in place without recompiling.",
+    )
+    max_lora_rank: int = Field(
+        64, ge=1, le=1024, description="Hotswap target rank: every adapter is padded to it; higher ranks are refused."
+    )
+    max_lora_scale: float = Field(2.0, gt=0.0, le=100.0, description="Largest LoRA scale a request may ask for.")
+
+
+class ServerSettings(BaseModel):
+    """The HTTP server: address, port, share link, queue, basic auth, shutdown, logging, strict environment."""
+
+    # --- server ------------------------------------------------------------------------------
+    server_name: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 to serve the network.")
+    server_port: int = Field(7860, ge=1, le=65535, description="HTTP port.")
+    share: bool = Field(False, description="Open a public gradio.live link.")
+    queue_max_size: int = Field(16, ge=1, description="Requests waiting beyond this get 'busy, try again'.")
+    concurrency_limit: int = Field(1, ge=1, description="Generations run at once on the device.")
+    auth_username: str | None = Field(None, description="Basic-auth user (environment only).")
+    auth_password: SecretStr | None = Field(None, description="Basic-auth password (environment only).")
+    allow_public_without_auth: bool = Field(
+        False, description="Permit share=true with no auth (a loud warning is printed)."
+    )
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3600.0,
+        description="On SIGTERM/SIGINT: new requests are refused and running ones get this long to finish "
+        "before the server closes.",
+    )
+    log_level: str = Field("INFO", description="Python logging level.")
+    strict_env: bool = Field(
+        False,
+        description="A NEURON_APP_* variable that is not a setting stops the start (default: a warning that "
+        "names the closest setting).",
+    )

@@ -13,7 +13,6 @@ import gradio as gr
 
 from neuron_app.engine.previews import PreviewEvent
 from neuron_app.engine.records import ProgressCallback, ProgressEvent
-from neuron_app.engine.requests import MAX_SEED
 from neuron_app.settings import Settings
 
 
@@ -86,29 +85,3 @@ class Previews:
         """The gallery's update: the newest preview once, else unchanged."""
         preview, self._latest = self._latest, None
         return gr.update() if preview is None else [preview]
-
-
-def inpaint_doc(settings: Settings) -> str:
-    """The `inpaint` endpoint's description (Gradio makes the MCP tool from it: one line per argument)."""
-    shapes = ", ".join(settings.resolutions)
-    return "\n".join(
-        [
-            "Inpaint with FLUX.2-klein: redraw the masked part of an image from a prompt; the rest keeps the image's"
-            " pixels. The same inputs give the same image.",
-            "",
-            "Args:",
-            "    prompt: What the masked part should show.",
-            "    image: The image file to change; it is resized and center-cropped to the resolution.",
-            "    mask: A PNG the image's size: fully transparent pixels mark what to redraw (OpenAI's rule); a mask"
-            " without transparency marks it in white.",
-            f"    resolution: WIDTHxHEIGHT, one of {shapes}, or auto: the shape nearest the image's aspect ratio.",
-            f"    steps: Denoising steps, a whole number from 1 to {settings.max_steps}.",
-            f"    seed: A whole number from 0 to {MAX_SEED}.",
-            f"    lora: The LoRA style, one of {', '.join(['none', *settings.loras])} (optional, default none).",
-            f"    lora_scale: The style's strength, from 0 to {settings.max_lora_scale:g} (optional, default 1).",
-            "    strength: How much of the masked part is redrawn, more than 0 and at most 1 (optional, default 1).",
-            "",
-            "Returns:",
-            "    The PNG image, and a JSON record as generate's.",
-        ]
-    )

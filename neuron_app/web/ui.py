@@ -23,7 +23,7 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
-from neuron_app.web import edit_controls
+from neuron_app.web import edit_controls, tool_docs
 from neuron_app.web import inpaint as painting
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.live import live
@@ -216,50 +216,8 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         return manager.status().to_dict()
 
     # The docstrings are the MCP tool descriptions (Gradio reads the description, Args, one line each, and Returns).
-    shapes = ", ".join(settings.resolutions)
-    generate.__doc__ = "\n".join(
-        [
-            "Generate one image with FLUX.2-klein from a text prompt; the same inputs give the same image.",
-            "",
-            "Args:",
-            f"    prompt: What the image shows, at most {settings.max_prompt_chars} characters.",
-            f"    resolution: WIDTHxHEIGHT, one of {shapes}. The status tool says which are offered and compiled;"
-            " another shape compiles on first use (minutes on Neuron).",
-            f"    steps: Denoising steps, a whole number from 1 to {settings.max_steps}"
-            f" ({settings.default_steps} suits the step-distilled klein).",
-            f"    seed: A whole number from 0 to {MAX_SEED}; the same seed gives the same image.",
-            f"    lora: The LoRA style, one of {', '.join(['none', *settings.loras])} (optional, default none).",
-            f"    lora_scale: The style's strength, from 0 to {settings.max_lora_scale:g} (optional, default 1).",
-            "",
-            "Returns:",
-            "    The PNG image, and a JSON record: resolution, steps, seed, cache (miss, memory or disk), seconds.",
-        ]
-    )
-    edit.__doc__ = "\n".join(
-        [
-            "Edit with FLUX.2-klein: a new image from a prompt and 1 to"
-            f" {settings.max_references} reference images; the same inputs give the same image.",
-            "",
-            "Args:",
-            "    prompt: What to change or make from the references.",
-            f"    images: The reference image files (up to {settings.max_references}); each is resized and"
-            " center-cropped to the nearest served aspect ratio.",
-            f"    resolution: WIDTHxHEIGHT, one of {shapes}, or auto: the shape nearest the first reference's"
-            " aspect ratio.",
-            f"    steps: Denoising steps, a whole number from 1 to {settings.max_steps}.",
-            f"    seed: A whole number from 0 to {MAX_SEED}.",
-            f"    lora: The LoRA style, one of {', '.join(['none', *settings.loras])} (optional, default none).",
-            f"    lora_scale: The style's strength, from 0 to {settings.max_lora_scale:g} (optional, default 1).",
-            "",
-            "Returns:",
-            "    The PNG image, and a JSON record as generate's plus references: each one's size and bucket.",
-        ]
-    )
-    inpaint.__doc__ = painting.inpaint_doc(settings)
-    status.__doc__ = (
-        "The server's state: model, device, whether the model is loaded, and per shape its state"
-        " (ready, compiling, not_compiled, failed), hits and compile seconds.\n\nReturns:\n    The status as JSON."
-    )
+    generate.__doc__, edit.__doc__ = tool_docs.generate_doc(settings), tool_docs.edit_doc(settings)
+    inpaint.__doc__, status.__doc__ = tool_docs.inpaint_doc(settings), tool_docs.STATUS_DOC
 
     def refresh(current: str | None, shown: list[Any] | None, buckets: list[str] | None = None) -> tuple[Any, ...]:
         status = manager.status()

@@ -1,0 +1,112 @@
+"""Compiling one graph: the manager's cold path, apart from loading and the request path (manager.py).
+
+A shape's graph is made ready by running the serving step count at that shape once (on Neuron that also
+compiles every eager op a real request meets); the outcome, its cache verdict (memory, disk, remote, miss)
+and its eager compiles go into the graph's state, the manifest and the observers. Called with the device
+lock held.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from neuron_app.engine.edit_graphs import blank_references, edit_label
+from neuron_app.engine.estimates import estimate, estimate_words
+from neuron_app.engine.manifest import ManifestEntry
+from neuron_app.engine.records import (
+    CacheResult,
+    CompileOutcome,
+    GraphState,
+    ProgressCallback,
+    ProgressEvent,
+    ShapeState,
+)
+from neuron_app.engine.runner import PipelineCall
+from neuron_app.engine.warmup import warm_shape_free_ops
+from neuron_app.errors import CompileFailed, one_line, rule_of
+from neuron_app.shapes import Resolution
+
+log = logging.getLogger("neuron_app.engine.manager")  # the compile lines read as the manager's, as before
+
+WARMUP_PROMPT = "warm-up"
+
+
+class ShapeCompiler:
+    """Mixed into PipelineManager, whose state (graphs, counters, backend, manifest, remote) it works on."""
+
+    _graphs: dict[Any, GraphState]
+    _shape_free_warm: bool
+
+    def _compile_locked(
+        self, res: Resolution, progress: ProgressCallback | None, buckets: tuple = ()
+    ) -> CompileOutcome:
+        key, name = self.graph_key(res, buckets), edit_label(res, buckets) if buckets else str(res)
+        with self._state_lock:
+            self._edits.update({name: key} if buckets else {})
+            graph = self._graphs.setdefault(key, GraphState())
+            if graph.state is ShapeState.READY:
+                return CompileOutcome(name, CacheResult.MEMORY, False, 0.0, 0)
+            graph.state, graph.error = ShapeState.COMPILING, None
+        if progress:
+            shape = None if buckets else self.status().shapes.get(name)  # its row: a shared graph's entry counts
+            found = shape.estimate if shape is not None else estimate(self.manifest.entries(), name, self.fingerprint)
+            words = estimate_words(None if found is None else found.seconds)
+            if found is not None and found.kind == "load":  # precompiled: the graph comes from the cache folder
+                msg = f"Loading {name}'s precompiled graph from the cache ({words}); later requests reuse it"
+            else:
+                msg = f"Compiling {name} for the first time ({words}) - minutes on Neuron; later requests reuse it"
+            progress(ProgressEvent("compiling", str(res), message=msg))
+        log.info("compile start %s (%s)", name, key)
+        self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now
+        before, graphs_before = self.probe.snapshot(), self.counter.graphs
+        start = time.perf_counter()
+        eager_before = self.backend.eager_compile_count(graphs_before)
+        needs_run = (
+            self.settings.compile_mode != "eager" or self.backend.compiles_eager_ops_per_shape or self.vae_compiled
+        )
+        try:
+            if needs_run:
+                # The serving step count at the target shape compiles the transformer and, on Neuron, every
+                # eager op a real request runs (scheduler ops included); `_execute` waits for the device.
+                steps, blank = self.settings.default_steps, blank_references(buckets)
+                with self.prompt_cache.not_a_user_prompt():  # the counters count what people asked for
+                    self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, steps, 0, references=blank))
+                self._warm_shape_free_ops()
+        except Exception as exc:
+            with self._state_lock:
+                graph.state, graph.error = ShapeState.FAILED, one_line(exc)
+            log.error("compile failed %s after %.1fs: %s", name, time.perf_counter() - start, graph.error)
+            self._emit(CompileOutcome(name, CacheResult.MISS, False, time.perf_counter() - start, 0))
+            if rule := rule_of(exc):
+                raise rule from exc  # the message starts "neuron rule:", as the emulator worded it
+            raise CompileFailed(f"compiling {name} failed: {graph.error}") from exc
+        elapsed = time.perf_counter() - start
+        graphs = self.counter.graphs - graphs_before
+        eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
+        fallen_back = self.backend.fallback_ops()  # after the warm-up: what ran on the CPU instead
+        if graphs > 0 or eager > 0 or not needs_run or self.settings.compile_mode == "eager":
+            cache = CacheResult(self.probe.judge(before, self.probe.snapshot()))
+        else:
+            cache = CacheResult.MEMORY  # nothing new was compiled: dynamo already had this graph
+        cache = self.remote.verdict(name, cache)  # a disk hit on pulled artifacts is a remote one
+        outcome = CompileOutcome(name, cache, graphs > 0 or eager > 0, elapsed, graphs, eager)
+        with self._state_lock:
+            graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
+            graph.eager_compiles, graph.fallback_ops = eager, fallen_back
+            graph.compiled_as = name
+            self._cache_size.invalidate()  # the compile wrote to the cache folder: measure it again
+        log.info("compile done %s in %.2fs: %d graph(s), %d eager op(s), cache=%s", name, elapsed, graphs, eager, cache)
+        if needs_run:
+            fields = self.fingerprint_fields
+            self.manifest.record(ManifestEntry(name, self.fingerprint, fields, round(elapsed, 3), graphs, str(cache)))
+        self._emit(outcome)
+        return outcome
+
+    def _warm_shape_free_ops(self) -> None:
+        """Once per process where eager ops compile per signature: what no shape's warm-up meets (warmup.py)."""
+        if self._shape_free_warm or not self.backend.compiles_eager_ops_per_shape:
+            return
+        warm_shape_free_ops(self._pipe, self.backend, self.settings)
+        self._shape_free_warm = True

@@ -28,7 +28,7 @@ from neuron_app.engine.warmup import warm_shape_free_ops
 from neuron_app.errors import CompileFailed, one_line, rule_of
 from neuron_app.shapes import Resolution
 
-log = logging.getLogger("neuron_app.engine.manager")  # the compile lines read as the manager's, as before
+log = logging.getLogger(__name__)
 
 WARMUP_PROMPT = "warm-up"
 

@@ -42,7 +42,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from neuron_app.engine import requests
-    from neuron_app.engine.edit_graphs import edit_label
+    from neuron_app.engine.modes.edit_graphs import edit_label
     from neuron_app.errors import CompileFailed, NeuronRuleViolation, RequestError
 
     manager = _manager(args.cores)
@@ -81,7 +81,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from neuron_app.engine.manifest import ARTIFACT_DIRS, clear_artifacts, folder_size
+    from neuron_app.engine.cache.manifest import ARTIFACT_DIRS, clear_artifacts, folder_size
 
     if args.action:
         return cmd_cache_remote(args)
@@ -131,8 +131,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def cmd_cache_remote(args: argparse.Namespace) -> int:
     """`cache push | pull | ls-remote`: the compiled artifacts of this fingerprint through cache_remote (S3)."""
-    from neuron_app.engine.remote_cache import list_remote
-    from neuron_app.engine.remote_store import RemoteError, describe
+    from neuron_app.engine.remote.cache import list_remote
+    from neuron_app.engine.remote.store import RemoteError, describe
 
     manager = _manager()
     remote = manager.remote

@@ -88,8 +88,8 @@ def check_tile_compile(manager: Any) -> Verdict:
     """Time one VAE tile graph compile on its own, then the same tile warm."""
     import torch
 
-    from neuron_app.engine.compiler import CountingBackend
-    from neuron_app.engine.vae import TiledDecoder, TileSpec, vae_backend
+    from neuron_app.engine.compile.compiler import CountingBackend
+    from neuron_app.engine.model.vae import TiledDecoder, TileSpec, vae_backend
 
     spec = TileSpec(manager.settings.vae_tile, manager.settings.vae_tile_overlap)
     counter = CountingBackend(vae_backend(manager.compile_backend), check=manager.backend.check_graph)

@@ -150,7 +150,7 @@ class InterfaceSettings(BaseModel):
         "NEURON_APP_WEBHOOK_SECRET); needed when webhook_hosts is set.",
     )
 
-    # --- sharing safely: the safety checker and AI-content marks (engine/safety.py, engine/marks.py) --------
+    # --- sharing safely: the safety checker and AI-content marks (engine/trust/safety.py, engine/trust/marks.py)
     safety_checker: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Classify every generated image on the host CPU and refuse flagged ones (nothing is stored "
@@ -328,9 +328,9 @@ class EditingSettings(BaseModel):
 
 
 class LoraSettings(BaseModel):
-    """LoRA styles switched in place per request (engine/lora.py)."""
+    """LoRA styles switched in place per request (engine/modes/lora.py)."""
 
-    # --- LoRA styles (engine/lora.py) ------------------------------------------------------------
+    # --- LoRA styles (engine/modes/lora.py) ------------------------------------------------------------
     loras: dict[str, str] = Field(
         {},
         description="LoRA styles offered per request, name -> source: a .safetensors file, a folder "

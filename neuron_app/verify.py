@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_app.engine.marks import DIGITAL_SOURCE_TYPE, SOFTWARE, read_source_type, read_watermark, watermark_fits
+from neuron_app.engine.trust.marks import (
+    DIGITAL_SOURCE_TYPE,
+    SOFTWARE,
+    read_source_type,
+    read_watermark,
+    watermark_fits,
+)
 
 EXIT_MARKED, EXIT_UNMARKED, EXIT_UNREADABLE = 0, 1, 2
 #: c2pa's validation states of a manifest that matches the file ("Trusted": its signer chains to a trust anchor).

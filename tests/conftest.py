@@ -100,7 +100,7 @@ def _room_for_many_pipelines() -> None:
     """A server holds one pipeline; this test process builds dozens. Dynamo keys its cache on the
     transformer's code object, shared by every instance, so each instance's shapes add entries there and
     the limit the manager allows one pipeline (2 x shapes + 8) is reached. Raise the headroom here."""
-    from neuron_app.engine import compiler
+    from neuron_app.engine.compile import compiler
 
     compiler.RECOMPILE_HEADROOM = 4096
 
@@ -108,7 +108,7 @@ def _room_for_many_pipelines() -> None:
 @pytest.fixture(scope="session")
 def shared_models() -> Path:
     """One tiny model build per session; each test's cache folder links to it."""
-    from neuron_app.engine.tiny import ensure_tiny
+    from neuron_app.engine.model.tiny import ensure_tiny
 
     models = _SESSION_TMP / "models"
     ensure_tiny(models, "tiny")

@@ -249,7 +249,7 @@ def left_half_mask(size: int = PICTURE_SIZE) -> bytes:
 
 def halves(image: Any) -> tuple[np.ndarray, np.ndarray]:
     """The left half away from the feathered edge (the edit), and the right half (kept)."""
-    from neuron_app.engine.masks import FEATHER_PX
+    from neuron_app.engine.modes.masks import FEATHER_PX
 
     pixels = np.asarray(image.convert("RGB")).astype(np.int16)
     return pixels[:, : PICTURE_SIZE // 2 - FEATHER_PX], pixels[:, PICTURE_SIZE // 2 :]

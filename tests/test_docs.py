@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tests.support import ROOT
 
 README = ROOT / "README.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 
-def code_map() -> str:
-    """The code block under "How it is built"."""
-    section = README.read_text().split("## How it is built", 1)[1]
+def code_map(page: Path = README, heading: str = "## How it is built") -> str:
+    """The first code block under `heading`."""
+    section = page.read_text().split(heading, 1)[1]
     return section.split("```", 2)[1]
+
+
+def map_names(page: Path = README, heading: str = "## How it is built") -> list[str]:
+    return re.findall(r"^\s*([\w.]+/?)\s", code_map(page, heading), re.MULTILINE)
 
 
 def test_readme_is_a_front_door() -> None:
@@ -25,14 +31,17 @@ def test_readme_is_a_front_door() -> None:
 
 
 def test_code_map_names_every_module() -> None:
-    """Each module of neuron_app/ has its line in the map (a folder's line stands for its __init__.py)."""
-    names = re.findall(r"^\s*([\w.]+/?)\s", code_map(), re.MULTILINE)
+    """Each module of neuron_app/ has its line in docs/architecture.md's map (a folder's line stands for its
+    __init__.py), and the README's map names every folder (the rooms), not every file."""
+    names = map_names(ARCHITECTURE, "## Every module")
     for path in (ROOT / "neuron_app").rglob("*.py"):
         name = path.parent.name + "/" if path.name == "__init__.py" else path.name
-        assert name in names, f"{path.relative_to(ROOT)} is missing from README.md's code map"
+        assert name in names, f"{path.relative_to(ROOT)} is missing from docs/architecture.md's code map"
     listed = {n for n in names if n.endswith(".py")}
     present = {p.name for p in (ROOT / "neuron_app").rglob("*.py")} | {"app.py"}
     assert listed <= present, f"the map lists modules that do not exist: {sorted(listed - present)}"
+    rooms = {p.parent.name + "/" for p in (ROOT / "neuron_app").rglob("__init__.py")} - {"sections/"}
+    assert rooms <= set(map_names()), f"README.md's map misses rooms: {sorted(rooms - set(map_names()))}"
 
 
 def test_relative_links_resolve() -> None:

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
     from neuron_app.bench.harness import BenchConfig
     from neuron_app.bench.report import quote_command
-    from neuron_app.engine.tiny import VARIANTS
+    from neuron_app.engine.model.tiny import VARIANTS
     from neuron_app.shapes import Resolution
 
     defaults = SMOKE_DEFAULTS if args.smoke else FULL_DEFAULTS

@@ -46,7 +46,7 @@ from neuron_app.bench.sections import (
     serving,
     startup,
 )
-from neuron_app.engine.tiny import VARIANTS
+from neuron_app.engine.model.tiny import VARIANTS
 from neuron_app.settings import PROJECT_ROOT
 
 #: Preference order for the mode that a server runs (the app's default first).

@@ -1,9 +1,9 @@
 """`python -m neuron_app.bench.klein_modes`: what klein's extra modes cost, measured on the host.
 
 - text encoder: parameters (exact, at Qwen3-4B's real geometry, built on the meta device) and prompt-encode time
-  before and after `engine/text_encoder.py` cuts the layers klein never reads (timed at a narrower Qwen3 with
+  before and after `engine/model/text_encoder.py` cuts the layers klein never reads (timed at a narrower Qwen3 with
   Qwen3-4B's depth and vocabulary: the 2-core CI host cannot hold 4B parameters twice);
-- previews: the host-side latent-to-RGB preview per denoising step (`engine/previews.py`), at serving shapes.
+- previews: the host-side latent-to-RGB preview per denoising step (`engine/modes/previews.py`), at serving shapes.
 
 Prints a Markdown section; `--json PATH` also writes it with the raw figures (benchmarks/klein-modes.json: a
 section of BENCHMARKS.md, put there by `python -m neuron_app.bench render`). `--skip-encoder` measures the previews
@@ -83,7 +83,7 @@ def _time_encode(encoder: Any, tokens: int, repeats: int) -> list[float]:
 def bench_text_encoder(tokens: int, repeats: int) -> dict[str, Any]:
     import torch
 
-    from neuron_app.engine.text_encoder import truncate_text_encoder
+    from neuron_app.engine.model.text_encoder import truncate_text_encoder
 
     real = _qwen3(QWEN3_4B, meta=True)
     real_before, layer = _params(real), _params(real.model.layers[0])
@@ -118,10 +118,10 @@ def bench_text_encoder(tokens: int, repeats: int) -> dict[str, Any]:
 
 
 def bench_previews(shapes: list[str], repeats: int) -> dict[str, Any]:
-    """ms per step of `engine/previews.py` on FLUX.2's 128 packed channels, and on the tiny model's 4."""
+    """ms per step of `engine/modes/previews.py` on FLUX.2's 128 packed channels, and on the tiny model's 4."""
     import torch
 
-    from neuron_app.engine.previews import latent_preview
+    from neuron_app.engine.modes.previews import latent_preview
     from neuron_app.shapes import Resolution
 
     out: dict[str, Any] = {}
@@ -173,7 +173,7 @@ def render(report: dict[str, Any], command: str) -> str:
             "",
         ]
     lines += [
-        "**Live step previews** (`engine/previews.py`: FLUX.2's latent-to-RGB projection on the host, no VAE, no "
+        "**Live step previews** (`engine/modes/previews.py`: FLUX.2's latent-to-RGB projection on the host, no VAE, no "
         "device graph, no compile), ms per denoising step. 128 channels: FLUX.2-klein's packed latents; 4: the tiny "
         "test model's.",
         "",

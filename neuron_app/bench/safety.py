@@ -81,11 +81,11 @@ def record_for(image: Any) -> Any:
 
 
 def measure(sizes: list[int], repeats: int, cache: Path) -> dict[str, Any]:
-    from neuron_app.engine.c2pa_signing import ManifestSigner, signing_key
     from neuron_app.engine.images import provenance
     from neuron_app.engine.manager import PipelineManager
-    from neuron_app.engine.marks import Marker, add_watermark, embed_watermark, read_watermark
-    from neuron_app.engine.safety import SafetyChecker
+    from neuron_app.engine.trust.c2pa_signing import ManifestSigner, signing_key
+    from neuron_app.engine.trust.marks import Marker, add_watermark, embed_watermark, read_watermark
+    from neuron_app.engine.trust.safety import SafetyChecker
     from neuron_app.settings import load_settings
 
     base = {"model": "tiny-deep", "device": "cpu", "compile_backend": "aot_eager", "cache_dir": cache}

@@ -25,7 +25,7 @@ def prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the tiny model once, so that no measured process pays for building it."""
     from pathlib import Path
 
-    from neuron_app.engine.tiny import ensure_tiny
+    from neuron_app.engine.model.tiny import ensure_tiny
 
     folder = ensure_tiny(Path(spec["models_dir"]), spec["variant"])
     return {"folder": str(folder)}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from neuron_app import __version__
-from neuron_app.engine.marks import Marker
+from neuron_app.engine.trust.marks import Marker
 
 
 class ImageStore:
@@ -61,7 +61,7 @@ def provenance(record: Any) -> dict[str, str]:
 
 
 def write_png(record: Any, target: Path | IO[bytes], marker: Marker | None = None) -> None:
-    """The record's image as PNG with its provenance, marked as AI-made (engine/marks.py: watermark, IPTC XMP,
+    """The record's image as PNG with its provenance, marked as AI-made (engine/trust/marks.py: watermark, IPTC XMP,
     signed C2PA manifest); `marker` None: the process settings' marker. `record.marks` says what it carries."""
     if marker is None:
         from neuron_app.settings import get_settings

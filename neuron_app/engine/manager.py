@@ -18,14 +18,17 @@ from typing import Any
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted, admitted, reports_failures
-from neuron_app.engine.compiler import CountingBackend, apply_compile, recompile_room
-from neuron_app.engine.edit_graphs import edit_target
-from neuron_app.engine.loader import ModelSource, load_pipeline, resolve_source
-from neuron_app.engine.lora import AdapterSet
-from neuron_app.engine.manifest import FolderSize, Manifest, fingerprint_of
+from neuron_app.engine.cache.manifest import FolderSize, Manifest, fingerprint_of
+from neuron_app.engine.cache.prompt_cache import PromptCache
+from neuron_app.engine.compile.compiler import CountingBackend, apply_compile, recompile_room
+from neuron_app.engine.compile.shape_compiler import ShapeCompiler
+from neuron_app.engine.compile.warmup import Warmup
+from neuron_app.engine.model.loader import ModelSource, load_pipeline, resolve_source
+from neuron_app.engine.model.runner import Lockstep, PipelineCall, run_call
+from neuron_app.engine.model.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
+from neuron_app.engine.modes.lora import AdapterSet
+from neuron_app.engine.modes.previews import PreviewEvent
 from neuron_app.engine.observers import Listener, Observers
-from neuron_app.engine.previews import PreviewEvent
-from neuron_app.engine.prompt_cache import PromptCache
 from neuron_app.engine.records import (
     CompileOutcome,
     GenerationRecord,
@@ -34,14 +37,10 @@ from neuron_app.engine.records import (
     ProgressCallback,
     ProgressEvent,
 )
-from neuron_app.engine.remote_cache import RemoteCache
+from neuron_app.engine.remote.cache import RemoteCache
 from neuron_app.engine.requests import Request
-from neuron_app.engine.runner import Lockstep, PipelineCall, run_call
-from neuron_app.engine.safety import SafetyChecker
-from neuron_app.engine.shape_compiler import ShapeCompiler
 from neuron_app.engine.status_view import build_status
-from neuron_app.engine.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
-from neuron_app.engine.warmup import Warmup
+from neuron_app.engine.trust.safety import SafetyChecker
 from neuron_app.environment import dist_version
 from neuron_app.errors import (
     GenerationFailed,
@@ -269,7 +268,7 @@ class PipelineManager(ShapeCompiler, Admitted):
     ) -> CompileOutcome:
         """Make `resolution` ready (compiling it if needed): what precompile and warm-up call; with reference
         buckets, or an edit label ("64x64 + 1 ref (64x64)"), the edit graph."""
-        res, buckets = edit_target(self, resolution, references)
+        res, buckets = requests.edit_target(self, resolution, references)
         self.ensure_loaded(progress)
         with self._device_lock:
             return self._compile_locked(res, progress, buckets)

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from neuron_app.engine.estimates import Estimate
-from neuron_app.engine.manifest import Validity
+from neuron_app.engine.cache.estimates import Estimate
+from neuron_app.engine.cache.manifest import Validity
 from neuron_app.errors import ShuttingDown, app_error_of, one_line
 
 
@@ -26,7 +26,7 @@ class CacheResult(StrEnum):
     MISS = "miss"  # compiled now, from scratch
     MEMORY = "memory"  # the graph was already compiled in this process
     DISK = "disk"  # compiled now, served from the persistent cache (by the compiler's evidence)
-    REMOTE = "remote"  # a persistent-cache hit on artifacts pulled from cache_remote (engine/remote_cache.py)
+    REMOTE = "remote"  # a persistent-cache hit on artifacts pulled from cache_remote (engine/remote/cache.py)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class GenerationRecord:
     eager_compiles: int = 0
     #: The safety checker's verdict on this image: passed, or off (not checked). Flagged images never get a record.
     safety: str = "off"
-    #: The AI-content marks its PNG carries (engine/marks.py), filled in when the PNG is written.
+    #: The AI-content marks its PNG carries (engine/trust/marks.py), filled in when the PNG is written.
     marks: dict[str, str] = field(default_factory=dict)
 
     def info(self) -> dict[str, Any]:
@@ -129,7 +129,7 @@ class ShapeStatus:
     shared_with: str | None  # ready because this other shape compiled the same graph
     offered: bool
     estimate_s: float | None = None  # predicted seconds to make it ready (estimate.seconds); None: no history
-    estimate: Estimate | None = None  # load or compile, and what the number rests on (engine/estimates.py)
+    estimate: Estimate | None = None  # load or compile, and what the number rests on (engine/cache/estimates.py)
     ready_replicas: int | None = None  # replicas that have it ready (Ray Serve); None in-process
     eager_compiles: int = 0  # eager device ops its compile met (Neuron: each compiles once, then cached)
     #: Something ran on the CPU instead of the device (TorchNeuron's get_fallback_ops after its warm-up).
@@ -172,7 +172,7 @@ class ManagerStatus:
     eager_compiles: int = 0  # eager device ops compiled by this process (Neuron and neuron-emulated)
     #: neuron-emulated only: {"mode", "violations", "violation_count", "eager_signatures", ...}; None elsewhere.
     neuron_rules: dict[str, Any] | None = None
-    #: The safety checker: {"checker": on|off, "model", "passed", "flagged"} (engine/safety.py).
+    #: The safety checker: {"checker": on|off, "model", "passed", "flagged"} (engine/trust/safety.py).
     safety: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

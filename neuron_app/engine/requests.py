@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_app.engine import masks
-from neuron_app.engine import references as refs
-from neuron_app.engine.blocked_terms import check_blocked
-from neuron_app.engine.img2img import kept_steps
-from neuron_app.engine.runner import PipelineCall
+from neuron_app.engine.model.runner import PipelineCall
+from neuron_app.engine.modes import masks
+from neuron_app.engine.modes import references as refs
+from neuron_app.engine.modes.edit_graphs import parse_label
+from neuron_app.engine.modes.img2img import kept_steps
+from neuron_app.engine.trust.blocked_terms import check_blocked
 from neuron_app.errors import RequestError
 from neuron_app.settings import Settings
 from neuron_app.shapes import Resolution
@@ -33,9 +34,9 @@ class Request:
     lora: str = "none"
     lora_scale: float = 1.0
     references: tuple[refs.Reference, ...] = ()  # an edit: normalized to their buckets
-    source: masks.InpaintSource | None = None  # image-to-image, or inpaint with its mask (engine/img2img.py)
+    source: masks.InpaintSource | None = None  # image-to-image, or inpaint with its mask (engine/modes/img2img.py)
     strength: float = 1.0
-    previews: bool = False  # the page's live previews (engine/previews.py)
+    previews: bool = False  # the page's live previews (engine/modes/previews.py)
 
     @property
     def buckets(self) -> tuple[Resolution, ...]:
@@ -96,10 +97,10 @@ def validate(
 ) -> Request:
     """Check a request against what the UI offers (`offered` shapes); raises `RequestError` with a clear message.
 
-    `references` None is text-to-image; a sequence is an edit (see `engine/references.py`), where `resolution`
+    `references` None is text-to-image; a sequence is an edit (see `engine/modes/references.py`), where `resolution`
     may be "auto": the offered shape nearest in aspect ratio to the first reference. `image` starts from that
     image (image-to-image at `strength`, 0 < strength <= 1, default 1); with `mask` only the masked part is
-    redrawn (engine/masks.py); "auto" then follows the image. `previews` True: a preview per step (the page)."""
+    redrawn (engine/modes/masks.py); "auto" then follows the image. `previews` True: a preview per step (the page)."""
     prompt = check_prompt(prompt, settings.max_prompt_chars)
     check_blocked(prompt, settings.blocked_terms, settings.blocked_terms_file)  # ContentRefused, before any work
     auto = resolution == "auto"
@@ -207,6 +208,14 @@ def check_bucket(settings: Settings, bucket: Any) -> Resolution:
         configured = ", ".join(map(str, allowed))
         raise RequestError(f"reference bucket {res} is not configured; configured: {configured}", param="references")
     return res
+
+
+def edit_target(manager: Any, resolution: Any, references: Sequence[Any]) -> tuple[Resolution, tuple[Resolution, ...]]:
+    """What `compile_shape` was asked for: a configured shape and checked reference buckets (an edit label names
+    both)."""
+    res, buckets = (isinstance(resolution, str) and parse_label(resolution)) or (resolution, references)
+    res = res if isinstance(res, Resolution) else manager.configured_resolution(res)
+    return res, tuple(check_bucket(manager.settings, b) for b in buckets)
 
 
 def check_int(name: str, value: Any, low: int, high: int) -> int:

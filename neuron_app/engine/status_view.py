@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from neuron_app.engine.edit_graphs import parse_label
-from neuron_app.engine.estimates import estimate
+from neuron_app.engine.cache.estimates import estimate
+from neuron_app.engine.modes.edit_graphs import parse_label
 from neuron_app.engine.records import GraphState, ManagerStatus, ShapeState, ShapeStatus
 from neuron_app.shapes import GraphKey
 

@@ -31,7 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from neuron_app.engine.runner import PipelineCall
+from neuron_app.engine.model.runner import PipelineCall
 from neuron_app.environment import launched_by_torchrun
 from neuron_app.errors import LockstepError, SettingsError, one_line
 from neuron_app.settings import Settings
@@ -108,8 +108,8 @@ def settings_for_world(world_size: int) -> Settings:
 
 def transformer_heads(settings: Settings) -> int | None:
     """The transformer's attention head count from its config (None when it cannot be read here)."""
-    from neuron_app.engine.loader import resolve_source
-    from neuron_app.engine.tiny import ensure_tiny
+    from neuron_app.engine.model.loader import resolve_source
+    from neuron_app.engine.model.tiny import ensure_tiny
 
     source = resolve_source(settings)
     try:

@@ -27,7 +27,7 @@ from typing import Any
 
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted
-from neuron_app.engine.estimates import estimate_words, human_seconds
+from neuron_app.engine.cache.estimates import estimate_words, human_seconds
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.records import (
     CompileOutcome,
@@ -338,7 +338,7 @@ def start_replicas(settings: Settings) -> ReplicaClient:
 
     A replica that cannot load the model fails the start with the manager's own one-line `ModelLoadError`.
     """
-    from neuron_app.engine.loader import resolve_source
+    from neuron_app.engine.model.loader import resolve_source
     from neuron_app.settings import PROJECT_ROOT
 
     resolve_source(settings)  # a bad model path: the same one-line error as the single-process app, before Ray

@@ -12,9 +12,9 @@ from typing import Any
 
 import gradio as gr
 
-from neuron_app.engine.edit_graphs import edit_label
+from neuron_app.engine.modes.edit_graphs import edit_label
+from neuron_app.engine.modes.references import check_references
 from neuron_app.engine.records import ManagerStatus, ShapeStatus
-from neuron_app.engine.references import check_references
 from neuron_app.errors import RequestError
 from neuron_app.settings import Settings
 from neuron_app.shapes import Resolution

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from neuron_app.engine.images import write_png
-from neuron_app.engine.marks import Marker
 from neuron_app.engine.records import GenerationRecord
+from neuron_app.engine.trust.marks import Marker
 
 _FILE_NAME = re.compile(r"[A-Za-z0-9_-]{43}\.png")
 

@@ -1,7 +1,7 @@
 """The page's inpainting controls and the `inpaint` endpoint's description; live previews in the output area.
 
 Small functions that `ui.py` wires in. The brush editor's strokes are the mask (painted = edit); an image
-without strokes is image-to-image at the strength slider's value. What runs is engine/img2img.py: the
+without strokes is image-to-image at the strength slider's value. What runs is engine/modes/img2img.py: the
 text-to-image graph of the chosen shape, so a shape ready for text-to-image is ready for this too.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 
-from neuron_app.engine.previews import PreviewEvent
+from neuron_app.engine.modes.previews import PreviewEvent
 from neuron_app.engine.records import ProgressCallback, ProgressEvent
 from neuron_app.settings import Settings
 

@@ -39,7 +39,7 @@ from neuron_app.settings import Settings
 from neuron_app.web.webhooks import Allowlist, deliver
 
 if TYPE_CHECKING:
-    from neuron_app.engine.marks import Marker
+    from neuron_app.engine.trust.marks import Marker
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from starlette.routing import Route
 
 from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
-from neuron_app.engine.marks import Marker
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
 from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
+from neuron_app.engine.trust.marks import Marker
 from neuron_app.errors import AppError, RequestError, ShuttingDown
 from neuron_app.settings import Settings
 from neuron_app.web.access import Access
@@ -102,7 +102,7 @@ class OpenAIImages:
         self.manager = manager
         self.demo = demo
         self.access = access or Access(settings)  # keys, limits and their counts (web/access.py)
-        self.marker = Marker.for_settings(settings)  # watermark, IPTC, C2PA (engine/marks.py)
+        self.marker = Marker.for_settings(settings)  # watermark, IPTC, C2PA (engine/trust/marks.py)
         self.urls = UrlStore(settings.outputs_dir / "api", settings.image_url_ttl_s, self.marker)
         self._lock = threading.Lock()
         self._in_flight = 0

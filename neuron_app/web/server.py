@@ -66,7 +66,7 @@ def build_app(settings: Settings, manager: Manager) -> App:
     import gradio as gr
 
     from neuron_app.engine.images import ImageStore
-    from neuron_app.engine.marks import Marker
+    from neuron_app.engine.trust.marks import Marker
     from neuron_app.web.access import Access
     from neuron_app.web.openai_api import OpenAIImages
     from neuron_app.web.ops import Ops

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_app.engine.estimates import human_seconds
+from neuron_app.engine.cache.estimates import human_seconds
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressEvent, ShapeState, ShapeStatus
 
 SHAPE_COLUMNS = ["shape", "state", "estimate", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
-#: The manifest's verdicts in words (engine/manifest.py Validity).
+#: The manifest's verdicts in words (engine/cache/manifest.py Validity).
 MANIFEST_WORDS = {"precompiled": "precompiled", "stale": "stale (other settings)", "absent": "not in the cache"}
 
 
@@ -32,7 +32,7 @@ def _is_load(shape: ShapeStatus) -> bool:
 
 
 def estimate_text(shape: ShapeStatus) -> str:
-    """What making the shape ready should take and how sure that is (engine/estimates.py `estimate`)."""
+    """What making the shape ready should take and how sure that is (engine/cache/estimates.py `estimate`)."""
     verb = "loads from the cache" if _is_load(shape) else "compiles"
     found = shape.estimate
     if found is None:
@@ -154,7 +154,7 @@ def neuron_markdown(status: ManagerStatus) -> str:
 
 
 def safety_markdown(status: ManagerStatus) -> str:
-    """The safety checker's state and counts (engine/safety.py)."""
+    """The safety checker's state and counts (engine/trust/safety.py)."""
     safety = status.safety or {}
     if safety.get("checker") != "on":
         return "\n\n**Safety checker** off" if safety else ""
@@ -162,7 +162,7 @@ def safety_markdown(status: ManagerStatus) -> str:
 
 
 def compile_less_markdown(status: ManagerStatus) -> str:
-    """How many of the graphs are the VAE's, and what the prompt cache saved (engine/vae.py, prompt_cache.py)."""
+    """How many of the graphs are the VAE's, and what the prompt cache saved (engine/model/vae.py, prompt_cache.py)."""
     vae, cache = status.vae_compiles, status.prompt_cache
     text = f" (VAE: {vae})" if vae else ""
     if cache.get("size"):
@@ -204,7 +204,7 @@ def shapes_table(status: ManagerStatus) -> list[list[Any]]:
 
 
 def remote_markdown(status: ManagerStatus) -> str:
-    """What cache_remote (S3) gave this process (engine/remote_cache.py); empty when it is off."""
+    """What cache_remote (S3) gave this process (engine/remote/cache.py); empty when it is off."""
     remote = status.remote or {}
     if not remote:
         return ""

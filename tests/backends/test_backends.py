@@ -66,7 +66,7 @@ def test_importing_the_package_loads_no_heavy_library() -> None:
 
     code = (
         "import sys, neuron_app, neuron_app.settings, neuron_app.engine.manager, neuron_app.web.server, "
-        "neuron_app.scale.distributed, neuron_app.engine.manifest, neuron_app.backends, neuron_app.__main__; "
+        "neuron_app.scale.distributed, neuron_app.engine.cache.manifest, neuron_app.backends, neuron_app.__main__; "
         "print([m for m in ('torch', 'diffusers', 'transformers', 'gradio', 'torch_neuronx') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -64,7 +64,7 @@ def test_random_numbers_on_the_device_break_a_rule(emulator: Any) -> None:
 def test_dynamic_shapes_in_a_compiled_graph_break_a_rule(emulator: Any) -> None:
     import torch
 
-    from neuron_app.engine.compiler import CountingBackend
+    from neuron_app.engine.compile.compiler import CountingBackend
 
     counter = CountingBackend("aot_eager", check=emulator.check_graph)
     fn = emulator.graph(torch.compile(lambda x: x * 2 + 1, backend=counter, fullgraph=True, dynamic=True), "toy")

@@ -29,8 +29,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from neuron_app.engine.manager import PipelineManager
+from neuron_app.engine.model.tiny import VARIANTS
 from neuron_app.engine.records import ProgressEvent
-from neuron_app.engine.tiny import VARIANTS
 from neuron_app.errors import GenerationFailed, ModelLoadError, ShuttingDown
 from neuron_app.settings import load_settings
 from tests.support import ROOT, TINY_OVERRIDES, AppProcess

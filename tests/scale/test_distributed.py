@@ -165,7 +165,7 @@ import torch.distributed as dist
 from neuron_app.backends import get_backend
 from neuron_app.scale.distributed import Lockstep, RankInfo, init_group
 from neuron_app.errors import LockstepError
-from neuron_app.engine.runner import PipelineCall
+from neuron_app.engine.model.runner import PipelineCall
 
 mode, info = sys.argv[1], RankInfo.from_env()
 if mode in ("crash", "error"):

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from neuron_app.engine.blocked_terms import find_blocked, fold
+from neuron_app.engine.trust.blocked_terms import find_blocked, fold
 from neuron_app.errors import ContentRefused
 from neuron_app.settings import SettingsError, load_settings
 from tests.support import openai_client

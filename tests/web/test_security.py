@@ -25,7 +25,7 @@ from openai import OpenAI
 from PIL import Image
 from pydantic import SecretStr
 
-from neuron_app.engine.manifest import ARTIFACT_DIRS
+from neuron_app.engine.cache.manifest import ARTIFACT_DIRS
 from neuron_app.errors import SettingsError
 from neuron_app.settings import SECRET_FIELDS, Settings, load_settings
 from neuron_app.web.server import resolve_auth
@@ -246,8 +246,8 @@ def test_png_metadata_records_how_the_image_was_made(auth_client: Client, auth_a
 def test_image_store_keeps_the_newest(tmp_path: Path, make_settings: Callable[..., Any]) -> None:
     """Outputs stay bounded: files already in the folder (an earlier run) count, and the oldest go first."""
     from neuron_app.engine.images import ImageStore
-    from neuron_app.engine.marks import Marker
     from neuron_app.engine.records import CacheResult, GenerationRecord
+    from neuron_app.engine.trust.marks import Marker
 
     folder = tmp_path / "outputs"
     folder.mkdir()
@@ -313,7 +313,7 @@ def test_app_py_keeps_secrets_out_of_its_output_and_files_at_home(
     assert len(outputs) == 1
     assert (cache / "gradio-tmp").is_dir()  # GRADIO_TEMP_DIR, set by server.prepare_environment
     written = {p.name for p in cache.iterdir()}
-    # c2pa/: the per-install signing chain (engine/c2pa_signing.py); jobs.sqlite3: the OpenAI API's async jobs
+    # c2pa/: the per-install signing chain (engine/trust/c2pa_signing.py); jobs.sqlite3: the OpenAI API's async jobs
     state = {"c2pa", "jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm", "jobs.sqlite3-journal"}
     expected = {"models", "outputs", "gradio-tmp", "manifest.json", "manifest.json.lock", *ARTIFACT_DIRS, *state}
     assert written <= expected, written

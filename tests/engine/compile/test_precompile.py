@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from neuron_app.engine.cache.manifest import Manifest
 from neuron_app.engine.manager import PipelineManager
-from neuron_app.engine.manifest import Manifest
 from neuron_app.engine.records import ShapeState
 from neuron_app.errors import RequestError
 from tests.support import ROOT, TEST_SHAPES, link_models, run_cli, tiny_env
 
-# A restarted process serving precompiled shapes from inductor's disk cache: tests/engine/test_remote_cache.py
+# A restarted process serving precompiled shapes from inductor's disk cache: tests/engine/remote/test_remote_cache.py
 # (its inductor case restarts on the precompiled folder before pushing it), and on neuron-emulated
 # tests/backends/test_neuron_emulated.py.
 

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from neuron_app.engine.cache.prompt_cache import PromptCache
 from neuron_app.engine.manager import PipelineManager
-from neuron_app.engine.prompt_cache import PromptCache
+from neuron_app.engine.model.vae import TileSpec
 from neuron_app.engine.records import CacheResult, ShapeState
-from neuron_app.engine.vae import TileSpec
 from tests.support import ROOT
 
 #: Tiled vs whole decode must agree above this. 30 dB is an RMS error of 3 % of the pixel range (about
@@ -47,7 +47,7 @@ def test_tile_origins_are_fixed_size_and_cover_the_latent() -> None:
 
 def test_tiled_decode_matches_the_whole_decode(make_settings: Any, shared_models: Path) -> None:
     """tiny-deep at 256x128 (a 32x16 latent in three 16x16 tiles): tiled and compiled vs the pipeline's decode."""
-    from neuron_app.engine.tiny import ensure_tiny
+    from neuron_app.engine.model.tiny import ensure_tiny
 
     ensure_tiny(shared_models, "tiny-deep")
     common = {"model": "tiny-deep", "compile_mode": "eager", "resolutions": ["256x128"]}
@@ -88,7 +88,7 @@ def test_a_token_family_shares_every_graph_with_the_tiled_vae(make_settings: Any
 
 def test_vae_compile_auto_is_on_for_neuron_only() -> None:
     from neuron_app.backends import get_backend
-    from neuron_app.engine.vae import vae_compiled
+    from neuron_app.engine.model.vae import vae_compiled
 
     tiled = {name: vae_compiled("auto", get_backend(name).tiles_vae_by_default) for name in ("neuron", "cpu", "cuda")}
     assert tiled == {"neuron": True, "cpu": False, "cuda": False}

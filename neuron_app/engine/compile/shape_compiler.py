@@ -12,9 +12,11 @@ import logging
 import time
 from typing import Any
 
-from neuron_app.engine.edit_graphs import blank_references, edit_label
-from neuron_app.engine.estimates import estimate, estimate_words
-from neuron_app.engine.manifest import ManifestEntry
+from neuron_app.engine.cache.estimates import estimate, estimate_words
+from neuron_app.engine.cache.manifest import ManifestEntry
+from neuron_app.engine.compile.warmup import warm_shape_free_ops
+from neuron_app.engine.model.runner import PipelineCall
+from neuron_app.engine.modes.edit_graphs import blank_references, edit_label
 from neuron_app.engine.records import (
     CacheResult,
     CompileOutcome,
@@ -23,8 +25,6 @@ from neuron_app.engine.records import (
     ProgressEvent,
     ShapeState,
 )
-from neuron_app.engine.runner import PipelineCall
-from neuron_app.engine.warmup import warm_shape_free_ops
 from neuron_app.errors import CompileFailed, one_line, rule_of
 from neuron_app.shapes import Resolution
 

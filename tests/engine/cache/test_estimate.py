@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from neuron_app.engine.estimates import Estimate, estimate, estimate_compile_s
-from neuron_app.engine.manifest import ManifestEntry
+from neuron_app.engine.cache.estimates import Estimate, estimate, estimate_compile_s
+from neuron_app.engine.cache.manifest import ManifestEntry
 from neuron_app.engine.records import ShapeState
 
 

@@ -1,6 +1,6 @@
 """Compile-time estimates from the manifest's history: what making a shape ready should take, and how sure.
 
-Split from the manifest (engine/manifest.py) because these are predictions read by the page, the status and the
+Split from the manifest (engine/cache/manifest.py) because these are predictions read by the page, the status and the
 progress lines, while the manifest is the record they are made from.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from neuron_app.engine.manifest import ManifestEntry
+from neuron_app.engine.cache.manifest import ManifestEntry
 
 
 def _tokens(resolution: str) -> int | None:

@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from neuron_app.engine.manifest import Manifest
+from neuron_app.engine.cache.manifest import Manifest
 from neuron_app.engine.records import CacheResult
-from neuron_app.engine.remote_index import (
+from neuron_app.engine.remote.index import (
     STAGING_PREFIX,
     RemoteFile,
     artifact_roots,
@@ -37,7 +37,7 @@ from neuron_app.engine.remote_index import (
     scan,
     unit_of,
 )
-from neuron_app.engine.remote_store import (
+from neuron_app.engine.remote.store import (
     INDEX_VERSION,
     RemoteError,
     Store,

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 def tiny_folder(models: Path) -> Path:
     """The tiny FLUX.2-klein's folder (the models folder also holds other tests' models, such as the safety one)."""
-    from neuron_app.engine.tiny import ensure_tiny
+    from neuron_app.engine.model.tiny import ensure_tiny
 
     return ensure_tiny(models, "tiny")
 
@@ -47,7 +47,7 @@ def test_truncated_encoder_gives_identical_embeddings_with_fewer_layers(shared_m
     from diffusers import Flux2KleinInpaintPipeline, Flux2KleinPipeline
     from transformers import AutoTokenizer
 
-    from neuron_app.engine.text_encoder import out_layers, truncate_text_encoder
+    from neuron_app.engine.model.text_encoder import out_layers, truncate_text_encoder
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_folder(shared_models) / "tokenizer")
     full = _encoder(36, tie)
@@ -73,7 +73,7 @@ def test_reading_the_last_layer_keeps_the_norm(shared_models: Path) -> None:
     logits, and the pipeline's embeddings are unchanged."""
     from diffusers import Flux2KleinPipeline
 
-    from neuron_app.engine.text_encoder import truncate_pipeline_encoder
+    from neuron_app.engine.model.text_encoder import truncate_pipeline_encoder
 
     pipe = Flux2KleinPipeline.from_pretrained(tiny_folder(shared_models))
     before = _embeds(Flux2KleinPipeline, pipe.text_encoder, pipe.tokenizer, "a fox")
@@ -84,7 +84,7 @@ def test_reading_the_last_layer_keeps_the_norm(shared_models: Path) -> None:
 
 
 def test_an_index_past_the_last_layer_is_refused() -> None:
-    from neuron_app.engine.text_encoder import truncate_text_encoder
+    from neuron_app.engine.model.text_encoder import truncate_text_encoder
 
     with pytest.raises(ValueError, match="reads hidden state 27 but the text encoder has 20 layers"):
         truncate_text_encoder(_encoder(20), (9, 18, 27))

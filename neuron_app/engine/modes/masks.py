@@ -1,6 +1,6 @@
 """The source image and mask of an inpaint or image-to-image request: safe uploads, fitted to the output shape.
 
-The source is opened like a reference (`engine/references.py`: size limit, pixel limit from the header before
+The source is opened like a reference (`engine/modes/references.py`: size limit, pixel limit from the header before
 decoding, EXIF orientation, RGB, at least 64 px a side, aspect <= 8:1), then resized to cover the requested
 output shape and center-cropped: the denoised latents are the output's, so the graph is text-to-image's.
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_app.engine import references as refs
+from neuron_app.engine.modes import references as refs
 from neuron_app.errors import RequestError
 from neuron_app.settings import MIN_REFERENCE_SIDE, Settings
 from neuron_app.shapes import Resolution

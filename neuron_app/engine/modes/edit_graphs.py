@@ -37,16 +37,6 @@ def parse_label(label: str) -> tuple[Resolution, tuple[Resolution, ...]] | None:
     return (res, buckets) if len(buckets) == int(match.group(2)) else None
 
 
-def edit_target(manager: Any, resolution: Any, references: Sequence[Any]) -> tuple[Resolution, tuple[Resolution, ...]]:
-    """What `compile_shape` was asked for: a configured shape and checked reference buckets (an edit label names
-    both)."""
-    from neuron_app.engine.requests import check_bucket
-
-    res, buckets = (isinstance(resolution, str) and parse_label(resolution)) or (resolution, references)
-    res = res if isinstance(res, Resolution) else manager.configured_resolution(res)
-    return res, tuple(check_bucket(manager.settings, b) for b in buckets)
-
-
 def blank_references(buckets: Sequence[Resolution]) -> tuple[Any, ...]:
     """Gray images at the bucket sizes, for the call that compiles an edit graph (precompile, warm-up)."""
     if not buckets:

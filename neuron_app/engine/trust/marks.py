@@ -121,7 +121,7 @@ class Marker:
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, settings: Any) -> None:
-        from neuron_app.engine.c2pa_signing import ManifestSigner, signing_key
+        from neuron_app.engine.trust.c2pa_signing import ManifestSigner, signing_key
 
         self.payload = settings.watermark_payload.encode("ascii")
         passphrase = settings.c2pa_key_passphrase.get_secret_value() if settings.c2pa_key_passphrase else None

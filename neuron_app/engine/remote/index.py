@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from neuron_app.engine.manifest import ARTIFACT_DIRS, ManifestEntry, fingerprint_of
-from neuron_app.engine.remote_store import INDEX_VERSION, SHA256, BadObject, Store
+from neuron_app.engine.cache.manifest import ARTIFACT_DIRS, ManifestEntry, fingerprint_of
+from neuron_app.engine.remote.store import INDEX_VERSION, SHA256, BadObject, Store
 
 #: Roots whose files refer to each other (inductor's FX-graph and AOT-autograd entries name code files):
 #: one bad object there drops the whole root; elsewhere (one NEFF per folder) only its folder.

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_app.engine.text_encoder import truncate_pipeline_encoder
-from neuron_app.engine.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
+from neuron_app.engine.model.text_encoder import truncate_pipeline_encoder
+from neuron_app.engine.model.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
 from neuron_app.errors import ModelLoadError, one_line
 from neuron_app.settings import Settings
 

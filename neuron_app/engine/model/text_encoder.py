@@ -6,7 +6,8 @@ so a quarter of its layers and its 151k-word `lm_head` (the cost of about four l
 nothing on every prompt, and on Neuron their weights sat in device memory. After loading, the layers after the
 last one read are dropped, the final norm becomes an identity (hidden_states[k] for k < number of layers is a
 layer's raw output: the norm only ever touched the last entry, which klein did not read) and `lm_head` an
-identity. The hidden states klein reads are bit-for-bit those of the full encoder (tests/engine/test_text_encoder.py).
+identity. The hidden states klein reads are bit-for-bit those of the full encoder
+(tests/engine/model/test_text_encoder.py).
 """
 
 from __future__ import annotations

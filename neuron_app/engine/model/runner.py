@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from neuron_app.engine import img2img
-from neuron_app.engine.masks import composite
-from neuron_app.engine.previews import latent_preview
+from neuron_app.engine.modes import img2img
+from neuron_app.engine.modes.masks import composite
+from neuron_app.engine.modes.previews import latent_preview
 
 StepCallback = Callable[[int, int, Any], None]  # step, total, preview image (None unless `previews`)
 
@@ -21,13 +21,13 @@ class PipelineCall:
     steps: int
     seed: int
     output_type: str = "pil"
-    lora: str = "none"  # the LoRA style in the adapter slot for this call (engine/lora.py)
+    lora: str = "none"  # the LoRA style in the adapter slot for this call (engine/modes/lora.py)
     lora_scale: float = 1.0
     references: tuple[Any, ...] = ()  # RGB PIL images already at their bucket size (an edit)
-    init_image: Any = None  # image-to-image / inpaint: the RGB source at width x height (engine/img2img.py)
+    init_image: Any = None  # image-to-image / inpaint: the RGB source at width x height (engine/modes/img2img.py)
     mask: Any = None  # inpaint: "L" at width x height, 255 = edit; the answer is composited over the source
     strength: float = 1.0  # image-to-image: the share of the schedule run from the noised source
-    previews: bool = False  # a host-side preview of the latents after each step (engine/previews.py)
+    previews: bool = False  # a host-side preview of the latents after each step (engine/modes/previews.py)
 
 
 def run_call(
@@ -42,7 +42,7 @@ def run_call(
     """Run the pipeline once; returns the first image (or latents).
 
     The generator lives on the CPU so that a seed gives the same image on every device. With a
-    `prompt_cache` (engine/prompt_cache.py) a prompt seen before skips the text encoder.
+    `prompt_cache` (engine/cache/prompt_cache.py) a prompt seen before skips the text encoder.
     """
     import torch
 

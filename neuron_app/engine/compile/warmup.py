@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import Any
 
-from neuron_app.engine.edit_graphs import parse_label
+from neuron_app.engine.modes.edit_graphs import parse_label
 from neuron_app.errors import CompileFailed, RequestError, ShuttingDown
 
 log = logging.getLogger(__name__)

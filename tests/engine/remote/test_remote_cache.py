@@ -1,4 +1,4 @@
-"""Compiled artifacts through S3 (engine/remote_cache.py) against a real S3 API on loopback: moto's server.
+"""Compiled artifacts through S3 (engine/remote/cache.py) against a real S3 API on loopback: moto's server.
 
 No stubs of boto3: every call goes over HTTP to `ThreadedMotoServer` on a free port. The end-to-end tests run
 the real CLI and fresh processes (in-process dynamo caches would hide what the disk holds).
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from neuron_app.engine.manifest import Manifest, ManifestEntry, fingerprint_of
+from neuron_app.engine.cache.manifest import Manifest, ManifestEntry, fingerprint_of
 from neuron_app.engine.records import CacheResult
-from neuron_app.engine.remote_cache import STAGING_PREFIX, RemoteCache, list_remote
+from neuron_app.engine.remote.cache import STAGING_PREFIX, RemoteCache, list_remote
 from tests.support import ROOT, free_port, link_models, run_cli, tiny_env
 
 FIELDS = {"model": "unit-test", "device": "cpu", "compile_mode": "full", "compile_backend": "inductor"}

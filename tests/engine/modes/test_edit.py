@@ -17,7 +17,7 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from neuron_app.engine.manager import PipelineManager
-from neuron_app.engine.references import load_reference
+from neuron_app.engine.modes.references import load_reference
 from neuron_app.errors import RequestError
 from neuron_app.web.edit_controls import edit_choices
 from tests.support import TINY_OVERRIDES
@@ -84,7 +84,7 @@ def test_n_edits_decode_their_references_once(
 ) -> None:
     """Several images of one edit are validated once: the upload is read, decoded and fitted once for all of them
     (was 1 + n times), and every image reports the same reference."""
-    from neuron_app.engine import references
+    from neuron_app.engine.modes import references
     from neuron_app.web.multi_image import generate_many
 
     path = tmp_path / "ref.png"

@@ -82,7 +82,7 @@ def test_image_to_image_low_strength_stays_close_to_the_input(module_manager: Pi
 def test_previews_per_step_without_compiling(manager: PipelineManager) -> None:
     from dataclasses import replace
 
-    from neuron_app.engine.previews import PreviewEvent, preview_size
+    from neuron_app.engine.modes.previews import PreviewEvent, preview_size
 
     before = manager.status().compiles
     events: list[Any] = []
@@ -151,7 +151,7 @@ def test_preview_projects_the_unpacked_latents() -> None:
     import torch
     from diffusers import Flux2KleinPipeline
 
-    from neuron_app.engine.previews import FLUX2_RGB, FLUX2_RGB_BIAS, latent_preview
+    from neuron_app.engine.modes.previews import FLUX2_RGB, FLUX2_RGB_BIAS, latent_preview
 
     rows, cols = 4, 6
     latents = torch.randn(1, 32, rows * 2, cols * 2, generator=torch.Generator().manual_seed(0))

@@ -1,4 +1,4 @@
-"""The safety checker (engine/safety.py): auto/on/off, the real classifier path on its offline stand-in, and
+"""The safety checker (engine/trust/safety.py): auto/on/off, the real classifier path on its offline stand-in, and
 every entry's answer when an image passes (`"safety": "passed"`) or is flagged (refused, no file left).
 
 The stand-in is a one-layer ViT saved with `save_pretrained` and loaded through transformers'
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neuron_app.engine.safety import TINY_FLAGGED_COLOUR, SafetyChecker
+from neuron_app.engine.trust.safety import TINY_FLAGGED_COLOUR, SafetyChecker
 from neuron_app.errors import ContentRefused
 
 SAFE = {"safety_checker": "on", "safety_model": "tiny"}
@@ -120,7 +120,7 @@ def test_no_step_preview_leaves_before_the_check(make_settings: Callable[..., An
     from dataclasses import replace
 
     from neuron_app.engine.manager import PipelineManager
-    from neuron_app.engine.previews import PreviewEvent
+    from neuron_app.engine.modes.previews import PreviewEvent
 
     manager = PipelineManager(make_settings(**SAFE))
     events: list[Any] = []

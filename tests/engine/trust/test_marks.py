@@ -1,4 +1,4 @@
-"""AI-content marks on every image (engine/marks.py) and `python -m neuron_app verify`.
+"""AI-content marks on every image (engine/trust/marks.py) and `python -m neuron_app verify`.
 
 Real libraries end to end: a 256x256 image of the launched tiny app from gradio_client's `/generate` and from
 the OpenAI SDK (`b64_json` and `url`) carries a C2PA manifest that c2pa.Reader reads and validates, the IPTC
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from neuron_app.engine.marks import DIGITAL_SOURCE_TYPE, XMP_KEY, add_watermark, embed_watermark, read_watermark
+from neuron_app.engine.trust.marks import DIGITAL_SOURCE_TYPE, XMP_KEY, add_watermark, embed_watermark, read_watermark
 from tests.support import ROOT
 
 SHAPES = ["64x64", "256x256"]
@@ -114,8 +114,8 @@ def test_watermark_survives_on_noise_and_says_when_too_small() -> None:
 def test_a_flat_image_says_it_holds_no_watermark(make_settings: Callable[..., Any]) -> None:
     """dwtDct cannot hold bits in a solid colour (measured): the record and the PNG say none, C2PA and IPTC
     are still there."""
-    from neuron_app.engine.marks import Marker
     from neuron_app.engine.records import CacheResult, GenerationRecord
+    from neuron_app.engine.trust.marks import Marker
 
     flat = Image.new("RGB", (256, 256), (90, 140, 200))
     assert embed_watermark(flat, PAYLOAD) is None  # the library's limit, as it is today
@@ -195,9 +195,9 @@ def test_operator_certificate_signs_and_a_wrong_key_stops_the_start(
     the manifest; a key that is not the certificate's, or one half of the pair, is a settings error."""
     from cryptography.hazmat.primitives import serialization
 
-    from neuron_app.engine import c2pa_signing
-    from neuron_app.engine.marks import Marker
     from neuron_app.engine.records import CacheResult, GenerationRecord
+    from neuron_app.engine.trust import c2pa_signing
+    from neuron_app.engine.trust.marks import Marker
     from neuron_app.errors import SettingsError
 
     chain, key = c2pa_signing._make_local_chain()

@@ -1,0 +1,1 @@
+"""Compiling: the compile modes and counting backend, one graph's compile and warm-up."""

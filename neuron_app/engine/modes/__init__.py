@@ -1,0 +1,1 @@
+"""klein's extra modes: reference images, masks, image-to-image, previews, LoRA styles."""

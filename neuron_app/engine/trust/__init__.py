@@ -1,0 +1,1 @@
+"""Trust: blocked terms, the safety checker, AI-content marks and C2PA signing."""

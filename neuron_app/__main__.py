@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -205,6 +207,19 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return selftest(args.rest)
 
 
+def cmd_train_tiny(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from neuron_app.engine.model.training.run import Plan, train
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    init = Path(args.init) if args.init else None
+    train(Plan(minutes=args.minutes, seed=args.seed, out=Path(args.out), init=init), progress=print)
+    return EXIT_OK
+
+
 def cmd_serve(_args: argparse.Namespace) -> int:
     import app
 
@@ -244,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--clear-all", action="store_true", help="remove compiled artifacts and the manifest")
     cache.add_argument("--json", action="store_true", help="machine-readable listing")
     cache.set_defaults(func=cmd_cache)
+    train_tiny = sub.add_parser("train-tiny", help="train tiny-shapes (the shapes world) on this machine's CPU")
+    train_tiny.add_argument("--minutes", type=float, default=20.0, help="time budget of all stages (default 20)")
+    train_tiny.add_argument("--seed", type=int, default=0)
+    train_tiny.add_argument("--out", default="neuron_app/models/tiny-shapes", help="folder the pipeline is saved to")
+    train_tiny.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    train_tiny.add_argument("--init", help="continue from this saved tiny-shapes folder (its VAE kept; logs appended)")
+    train_tiny.set_defaults(func=cmd_train_tiny)
     serve = sub.add_parser("serve", help="start the web app (same as python app.py)")
     serve.set_defaults(func=cmd_serve)
     doctor = sub.add_parser("doctor", help="check this machine's Neuron stack; exit 0 only when serving would work")

@@ -55,6 +55,28 @@ SECRET_FIELDS = (
     "webhook_secret",
 )
 TINY = "tiny"
+#: Models trained here that ship in the repository (neuron_app/models/NAME, docs/tiny-shapes.md).
+SHIPPED_MODELS = Path(__file__).resolve().parent / "models"
+
+
+def shipped_model(name: str) -> Path:
+    return SHIPPED_MODELS / name
+
+
+#: What a shipped model serves when the settings leave these at their defaults (the 4B's).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny-shapes": {
+        "resolutions": ["128x128", "256x256", "256x128", "128x256"],
+        "default_resolution": "128x128",
+        "max_sequence_length": 32,
+        "example_prompts": [
+            "a purple circle on a yellow background",
+            "a red square on a blue background on the left",
+            "a large green triangle on a white background",
+            "a small yellow circle on a black background at the top",
+        ],
+    }
+}
 #: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).
 
 
@@ -93,7 +115,8 @@ class Settings(InterfaceSettings, FleetSettings, EditingSettings, LoraSettings, 
     # --- model -------------------------------------------------------------------------
     model: str = Field(
         "black-forest-labs/FLUX.2-klein-4B",
-        description="Hub id or local folder of a Flux2KleinPipeline, or 'tiny' for the offline random test model.",
+        description="Hub id or local folder of a Flux2KleinPipeline; 'tiny-shapes' for the small model trained on "
+        "coloured shapes that ships here (docs/tiny-shapes.md); 'tiny' for the offline random test model.",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) of `model`.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
@@ -176,6 +199,14 @@ class Settings(InterfaceSettings, FleetSettings, EditingSettings, LoraSettings, 
         1.0, ge=0.0, le=30.0, description="Guidance scale; ignored by the distilled klein models."
     )
     max_prompt_chars: int = Field(2000, ge=1, description="Longer prompts are refused before any model work.")
+    example_prompts: list[str] = Field(
+        [
+            "A lighthouse on a cliff at dawn, volumetric light, 35mm photo",
+            "A watercolor fox reading a book under a cherry tree",
+            "Isometric cutaway of a tiny robot workshop, soft pastel colors",
+        ],
+        description="Prompts the page offers as examples (tiny-shapes offers prompts of its grammar).",
+    )
 
     # --- cache and start-up ----------------------------------------------------------------
     cache_dir: Path = Field(
@@ -268,6 +299,7 @@ class Settings(InterfaceSettings, FleetSettings, EditingSettings, LoraSettings, 
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Settings:
+        self._apply_model_defaults()
         if (self.c2pa_cert is None) != (self.c2pa_key is None):
             raise ValueError("c2pa_cert and c2pa_key go together: set both (or neither, for the local chain)")
         if self.default_resolution not in self.resolutions:
@@ -365,6 +397,13 @@ class Settings(InterfaceSettings, FleetSettings, EditingSettings, LoraSettings, 
     def safety_on(self) -> bool:
         """The safety checker in force: on, off, or auto = on when others can reach the app."""
         return self.safety_checker == "on" or (self.safety_checker == "auto" and self.reachable_by_others)
+
+    def _apply_model_defaults(self) -> None:
+        """A small shipped model serves its own shapes and prompt length where the settings keep the 4B's stock
+        values (1024 px shapes and 512 tokens would be slow and far outside what it learned); set values stay."""
+        for name, value in MODEL_DEFAULTS.get(self.model, {}).items():
+            if getattr(self, name) == type(self).model_fields[name].default:
+                setattr(self, name, value)
 
     @property
     def is_tiny(self) -> bool:

@@ -34,6 +34,15 @@ TINY_OVERRIDES: dict[str, Any] = {
     "max_steps": 8,
 }
 
+#: tiny-shapes, the small model trained on coloured shapes that ships in neuron_app/models (its images can be judged).
+SHAPES_SIZES = ["64x64", "128x128", "256x128", "128x256"]
+SHAPES_OVERRIDES: dict[str, Any] = TINY_OVERRIDES | {
+    "model": "tiny-shapes",
+    "resolutions": SHAPES_SIZES,
+    "default_resolution": "128x128",
+    "loras": {"outline": "tiny-shapes:outline"},
+}
+
 #: The Neuron variables the app exports before torch loads (what the probe below reports).
 FALLBACKS = list(environment.FALLBACK_VARS)
 WATCHED = [environment.NEFF_CACHE_VAR, *FALLBACKS, environment.VISIBLE_CORES_VAR]

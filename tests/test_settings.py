@@ -153,3 +153,17 @@ def test_app_py_names_an_unknown_variable_at_start(tmp_path: Path, strict: bool)
         assert done.stderr.startswith(f"error: {line}") and len(done.stderr.splitlines()) == 1, done.stderr
     else:
         assert done.stderr.startswith(line) and "error: share=true opens a public link" in done.stderr
+
+
+def test_tiny_shapes_serves_its_own_shapes_unless_told_otherwise() -> None:
+    """With the 4B's stock shapes and prompt length, tiny-shapes serves what it was trained at; set values stay."""
+    from neuron_app.settings import MODEL_DEFAULTS, load_settings
+
+    stock = load_settings(model="tiny-shapes")
+    assert stock.resolutions == MODEL_DEFAULTS["tiny-shapes"]["resolutions"] and stock.default_resolution == "128x128"
+    assert stock.max_sequence_length == 32 and all("background" in p for p in stock.example_prompts)
+    chosen = load_settings(
+        model="tiny-shapes", resolutions=["64x64"], default_resolution="64x64", max_sequence_length=64
+    )
+    assert (chosen.resolutions, chosen.max_sequence_length) == (["64x64"], 64)
+    assert load_settings().resolutions[0] == "1024x1024"  # the 4B keeps its own

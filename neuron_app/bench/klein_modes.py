@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from neuron_app.bench.markdown import standalone, write_section
 
 #: Qwen3-4B (FLUX.2-klein-4B's text encoder), from its config.json.
 QWEN3_4B = {
@@ -195,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preview-shapes", default="1024x1024,1344x768,512x512,64x64")
     parser.add_argument("--json", type=Path, help="also write the section (benchmarks/klein-modes.json)")
     args = parser.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    command = "python -m neuron_app.bench.klein_modes" + (" " + " ".join(argv) if argv else "")
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    command, started = standalone("neuron_app.bench.klein_modes", argv)
     report: dict[str, Any] = {}
     if not args.skip_encoder:
         report["text_encoder"] = bench_text_encoder(args.tokens, args.repeats)
@@ -205,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render(report, command)
     print(markdown)
     if args.json:
-        record = {"title": TITLE, "command": command, "started_at": started, "markdown": markdown, "results": report}
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        write_section(args.json, TITLE, command, started, markdown, report)
     return 0
 
 

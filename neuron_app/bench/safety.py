@@ -16,12 +16,9 @@ All on the host CPU, where these steps run in the server.
 from __future__ import annotations
 
 import argparse
-import datetime
 import io
-import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_app.bench.common import PROMPT, percentile
+from neuron_app.bench.markdown import standalone, write_section
 
 TITLE = "Safety checker and AI-content marks, per image (host CPU)"
 #: tiny-deep generations are timed up to this side: larger ones take minutes of a shared 2-core CPU.
@@ -178,15 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         "--json", type=Path, help="also write the tables here (benchmarks/safety.json: a section of BENCHMARKS.md)"
     )
     args = parser.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    command = "python -m neuron_app.bench.safety" + (" " + " ".join(argv) if argv else "")
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    command, started = standalone("neuron_app.bench.safety", argv)
     with tempfile.TemporaryDirectory(prefix="bench-safety-") as tmp:
         markdown = render(measure(args.sizes, args.repeats, Path(tmp)), command)
     print(markdown)
     if args.json:  # what `python -m neuron_app.bench render` puts into BENCHMARKS.md as its own section
-        record = {"title": TITLE, "command": command, "started_at": started, "markdown": markdown}
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        write_section(args.json, TITLE, command, started, markdown)
     return 0
 
 

@@ -44,11 +44,6 @@ DEVICE_QUEUE = "device"
 STATUS_REFRESH_S = 2.0
 #: Gradio's temporary files older than this are deleted, checked as often (seconds).
 TEMP_FILE_MAX_AGE_S = 3600
-EXAMPLES = [
-    "A lighthouse on a cliff at dawn, volumetric light, 35mm photo",
-    "A watercolor fox reading a book under a cherry tree",
-    "Isometric cutaway of a tiny robot workshop, soft pastel colors",
-]
 
 
 def whole_number(label: str) -> gr.Number:
@@ -298,7 +293,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                     )
                     randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
                 generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
-                gr.Examples(examples=[[e] for e in EXAMPLES], inputs=[prompt])
+                gr.Examples(examples=[[e] for e in settings.example_prompts], inputs=[prompt])
             with gr.Column(scale=3):
                 gallery = gr.Gallery(label="Images", format="png", columns=2, interactive=False, elem_id="gallery")
                 info = gr.Markdown(elem_id="info")

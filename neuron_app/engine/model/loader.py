@@ -12,7 +12,7 @@ from typing import Any
 from neuron_app.engine.model.text_encoder import truncate_pipeline_encoder
 from neuron_app.engine.model.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
 from neuron_app.errors import ModelLoadError, one_line
-from neuron_app.settings import Settings
+from neuron_app.settings import MODEL_DEFAULTS, Settings, shipped_model
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,14 @@ def resolve_source(settings: Settings) -> ModelSource:
     if settings.model in VARIANTS:
         folder = settings.cache_dir / "models" / VARIANTS[settings.model].folder_name
         return ModelSource(str(folder), None, f"{settings.model}:v{RECIPE_VERSION}", tiny=settings.model)
+    if settings.model in MODEL_DEFAULTS:
+        folder = shipped_model(settings.model)
+        if not (folder / "model_index.json").is_file():
+            raise ModelLoadError(
+                f"{settings.model} is not in this checkout (neuron_app/models/{settings.model}): "
+                "train it with python -m neuron_app train-tiny"
+            )
+        return ModelSource(str(folder), None, f"{settings.model}:{_config_hash(folder)}")
     path = Path(settings.model).expanduser()
     looks_local = path.is_absolute() or settings.model.startswith(".") or path.exists()
     if looks_local:

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,11 @@ class TinyRecipe:
     text_layers: int = 27  # the pipeline reads hidden states (9, 18, 27)
     vae_channels: int = 4
     seed: int = 0
+    #: tiny-shapes (trained): a wider VAE with more latent channels, and whole words as tokens.
+    latent_channels: int = 1
+    vae_widths: tuple[int, ...] = ()  # per level; empty: vae_channels at each of 4 levels
+    vae_groups: int = 1
+    word_tokens: bool = False
 
     @property
     def folder_name(self) -> str:
@@ -54,6 +60,20 @@ VARIANTS: dict[str, TinyRecipe] = {
     # The real 4B's block structure at tiny width: makes compile-time comparisons meaningful.
     "tiny-deep": TinyRecipe(double_blocks=5, single_blocks=20),
 }
+
+#: What `python -m neuron_app train-tiny` starts from: the real classes at a width that learns the shapes world on
+#: a CPU in minutes (the trained weights ship in neuron_app/models/tiny-shapes).
+SHAPES_RECIPE = TinyRecipe(
+    double_blocks=2,
+    single_blocks=2,
+    heads=4,
+    head_dim=32,
+    text_hidden=32,
+    latent_channels=4,
+    vae_widths=(16, 32, 64, 64),
+    vae_groups=4,
+    word_tokens=True,
+)
 
 
 def _byte_vocab() -> dict[str, int]:
@@ -69,8 +89,34 @@ def _byte_vocab() -> dict[str, int]:
     return {symbols[b]: b for b in range(256)}
 
 
-def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
-    """Build and save the pipeline into `folder` (written to a temp folder, then renamed)."""
+def build_tokenizer(word_tokens: bool = False) -> Any:
+    """The byte-level BPE tokenizer with Qwen's special tokens; with `word_tokens`, merges that keep each word of
+    the shapes world one token (a prompt of the grammar is about 20 tokens with the chat template, not 80)."""
+    from transformers import Qwen2Tokenizer
+
+    vocab = _byte_vocab()
+    merges: list[tuple[str, str]] = []
+    if word_tokens:
+        from neuron_app.engine.model.shapes_world import WORDS
+
+        seen: set[tuple[str, str]] = set()
+        # Words after a space first (their merges start with the space symbol), then at the start of the text.
+        for word in [f"\u0120{w}" for w in WORDS] + list(WORDS) + ["\u010a\u010a"]:
+            current = word[0]
+            for symbol in word[1:]:
+                if (current, symbol) not in seen:
+                    seen.add((current, symbol))
+                    merges.append((current, symbol))
+                current += symbol
+                vocab.setdefault(current, len(vocab))
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_pipeline(recipe: TinyRecipe) -> Any:
+    """The untrained pipeline of a recipe, in memory."""
     import torch
     from diffusers import (
         AutoencoderKLFlux2,
@@ -78,12 +124,10 @@ def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
         Flux2KleinPipeline,
         Flux2Transformer2DModel,
     )
-    from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(recipe.seed)
-    tokenizer = Qwen2Tokenizer(vocab=_byte_vocab(), merges=[])
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = build_tokenizer(recipe.word_tokens)
 
     text_encoder = Qwen3ForCausalLM(
         Qwen3Config(
@@ -98,11 +142,11 @@ def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
             tie_word_embeddings=True,
         )
     )
-    latent_channels = 1
+    latent_channels = recipe.latent_channels
     vae = AutoencoderKLFlux2(
-        block_out_channels=(recipe.vae_channels,) * 4,  # 4 levels: scale factor 8, like the real VAE
+        block_out_channels=recipe.vae_widths or (recipe.vae_channels,) * 4,  # 4 levels: scale factor 8, like the real
         latent_channels=latent_channels,
-        norm_num_groups=1,
+        norm_num_groups=recipe.vae_groups,
         layers_per_block=1,
         sample_size=64,
     )
@@ -127,7 +171,7 @@ def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
         base_image_seq_len=256,
         max_image_seq_len=4096,
     )
-    pipe = Flux2KleinPipeline(
+    return Flux2KleinPipeline(
         scheduler=scheduler,
         vae=vae,
         text_encoder=text_encoder,
@@ -135,6 +179,11 @@ def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
         transformer=transformer,
         is_distilled=True,
     )
+
+
+def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
+    """Build and save the pipeline into `folder` (written to a temp folder, then renamed)."""
+    pipe = build_pipeline(recipe)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=folder.parent))
     try:

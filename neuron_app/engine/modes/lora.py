@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_app.errors import LoraError, one_line
-from neuron_app.settings import Settings
+from neuron_app.settings import MODEL_DEFAULTS, Settings, shipped_model
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,15 @@ class AdapterSpec:
 
     @classmethod
     def parse(cls, name: str, source: str) -> AdapterSpec:
-        """`tiny:<seed>`; a `.safetensors` file; a folder (optionally `folder:weight.safetensors`); a Hub
-        `owner/repo` (optionally `owner/repo:weight.safetensors`)."""
+        """`tiny:<seed>`; a shipped model's style (`tiny-shapes:outline`); a `.safetensors` file; a folder
+        (optionally `folder:weight.safetensors`); a Hub `owner/repo` (optionally `owner/repo:weight.safetensors`)."""
         text = source.strip()
+        model, _, style = text.partition(":")
+        if model in MODEL_DEFAULTS and style:
+            path = shipped_model(model) / "lora" / f"{style}.safetensors"
+            if not path.is_file():
+                raise LoraError(f"LoRA {name!r}: {model} ships no style {style!r}")
+            return cls(name, source, "file", str(path))
         if text.startswith("tiny:"):
             seed = text.removeprefix("tiny:")
             if not seed.isdigit():

@@ -275,3 +275,15 @@ def test_fingerprint_follows_rank_and_targets_not_weights(make_settings: Callabl
     k = _write_lora(tmp_path / "k.safetensors", "transformer_blocks.0.attn.to_k")
     assert fingerprint(loras={"a": str(q)}) == fingerprint(loras={"b": str(q_again)})
     assert fingerprint(loras={"a": str(q)}) != fingerprint(loras={"a": str(k)})
+
+
+def test_a_shipped_models_style_is_a_lora_source() -> None:
+    """`tiny-shapes:outline` is the shipped style's file; a style it does not ship is refused by name."""
+    from neuron_app.engine.modes.lora import AdapterSpec
+    from neuron_app.errors import LoraError
+    from neuron_app.settings import shipped_model
+
+    spec = AdapterSpec.parse("outline", "tiny-shapes:outline")
+    assert spec.kind == "file" and spec.location == str(shipped_model("tiny-shapes") / "lora" / "outline.safetensors")
+    with pytest.raises(LoraError, match="ships no style 'glow'"):
+        AdapterSpec.parse("glow", "tiny-shapes:glow")

@@ -1,0 +1,33 @@
+"""python -m neuron_app train-tiny: a two-minute run of the real training code, whose losses fall."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.support import run_cli, tiny_env
+
+
+def _losses(log: list[dict], stage: str) -> list[float]:
+    return [row["loss"] for row in log if row.get("stage") == stage and "loss" in row]
+
+
+@pytest.mark.slow
+def test_train_tiny_two_minutes_the_losses_fall(tmp_path: Path) -> None:
+    out = tmp_path / "tiny-shapes"
+    done = run_cli(
+        tiny_env(tmp_path / "cache"), "train-tiny", "--minutes", "2", "--threads", "1", "--out", str(out), timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = [json.loads(line) for line in (out / "train-log.jsonl").read_text().splitlines()]
+    for stage in ("vae", "transformer", "lora"):
+        losses = _losses(log, stage)
+        assert len(losses) >= 10, stage
+        head, tail = losses[: max(3, len(losses) // 5)], losses[-max(3, len(losses) // 5) :]
+        assert statistics.mean(tail) < statistics.mean(head), (stage, head, tail)
+    assert (out / "model_index.json").is_file() and (out / "lora" / "outline.safetensors").is_file()
+    summary = json.loads((out / "tiny_recipe.json").read_text())
+    assert summary["plan"]["minutes"] == 2.0 and set(summary["eval_128x128_4_steps"]) >= {"colour", "shape"}

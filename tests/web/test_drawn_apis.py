@@ -1,0 +1,80 @@
+"""tiny-shapes through every way in: the Gradio API (gradio_client), the OpenAI API (the `openai` SDK) and MCP
+(the MCP SDK) draw what the prompt says, judged from the answered pixels."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from neuron_app.engine.model.shapes_world import EVAL_SCENES, Scene, judge
+from tests.support import SHAPES_OVERRIDES, openai_client
+
+
+@pytest.fixture(scope="module")
+def drawn_app(launch_tiny: Callable[..., Any]) -> Any:
+    return launch_tiny(**SHAPES_OVERRIDES)
+
+
+def _right(image: Image.Image, scene: Scene) -> bool:
+    verdict = judge(image).matches(scene)
+    return verdict["colour"] and verdict["background"] and verdict["shape"]
+
+
+def test_gradio_api_draws_the_prompt_at_every_served_shape(drawn_app: Any) -> None:
+    from gradio_client import Client
+
+    client = Client(drawn_app.url, verbose=False)
+    cases = [(scene, "128x128") for scene in EVAL_SCENES[:6]]
+    cases += [
+        (Scene("red", "circle", "white", "right"), "256x128"),
+        (Scene("blue", "square", "black", "top"), "128x256"),
+    ]
+    cases += [(Scene("yellow", "circle", "purple"), "64x64"), (Scene("white", "square", "green"), "64x64")]
+    right = 0
+    for i, (scene, shape) in enumerate(cases):
+        path, _info = client.predict(scene.prompt, shape, 4, 20 + i, api_name="/generate")
+        with Image.open(path) as image:
+            assert image.size == tuple(int(v) for v in shape.split("x"))
+            right += _right(image, scene)
+    assert right >= len(cases) - 2, f"{right} of {len(cases)} drawn right"
+
+
+def test_openai_sdk_draws_the_prompt(drawn_app: Any) -> None:
+    client = openai_client(drawn_app)
+    right = 0
+    for i, scene in enumerate(EVAL_SCENES[6:10]):
+        result = client.images.generate(prompt=scene.prompt, size="128x128", extra_body={"seed": 40 + i})
+        right += _right(Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))), scene)
+    assert right >= 3, f"{right} of 4 drawn right"
+
+
+def test_mcp_generate_draws_the_prompt(drawn_app: Any) -> None:
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    scenes = EVAL_SCENES[10:12]
+
+    async def work() -> list[Any]:
+        async with (
+            streamablehttp_client(drawn_app.url + "gradio_api/mcp/") as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            args = [
+                {"prompt": s.prompt, "resolution": "128x128", "steps": 4, "seed": 60 + i} for i, s in enumerate(scenes)
+            ]
+            return [await session.call_tool("generate", a) for a in args]
+
+    results = asyncio.run(work())
+    right = 0
+    for scene, result in zip(scenes, results, strict=True):
+        assert not result.isError, result.content
+        (image,) = [c for c in result.content if c.type == "image"]
+        right += _right(Image.open(io.BytesIO(base64.b64decode(image.data))), scene)
+    assert right >= 1, f"{right} of 2 drawn right"

@@ -1,0 +1,38 @@
+"""Settings of stored state and what it may trust, a mixin of `Settings` (settings.py): the job store's caps.
+
+Apart from settings_groups.py so each group stays readable; the fields are read from `settings.toml` and
+`NEURON_APP_*` like every other, and documented in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class StoredStateSettings(BaseModel):
+    """How much the job store holds (web/job_store.py)."""
+
+    jobs_per_key: int = Field(
+        16,
+        ge=0,
+        description="Asynchronous jobs one key (or, with no keys, all callers together) may have queued or "
+        "running at once; more are a 429 jobs_full. 0 = no cap.",
+    )
+    jobs_stored_per_key: int = Field(
+        1000,
+        ge=0,
+        description="Asynchronous jobs one key may hold in the job store, ended ones included until job_ttl_s "
+        "deletes them; more are a 429 jobs_full. 0 = no cap.",
+    )
+    job_images_max: int = Field(
+        2000,
+        ge=0,
+        description="Most b64_json job images kept on disk; above it the oldest ended jobs are deleted early "
+        "(in the background), before job_ttl_s. 0 = no cap.",
+    )
+    job_images_max_bytes: int = Field(
+        2 * 1024**3,
+        ge=0,
+        description="Most bytes of b64_json job images kept on disk; above it the oldest ended jobs are deleted "
+        "early (in the background). 0 = no cap.",
+    )

@@ -1,4 +1,5 @@
-"""Settings of stored state and what it may trust, a mixin of `Settings` (settings.py): the job store's caps.
+"""Settings of stored state and what it may trust, a mixin of `Settings` (settings.py): the job store's caps and
+the webhook deliveries.
 
 Apart from settings_groups.py so each group stays readable; the fields are read from `settings.toml` and
 `NEURON_APP_*` like every other, and documented in docs/configuration.md.
@@ -10,7 +11,7 @@ from pydantic import BaseModel, Field
 
 
 class StoredStateSettings(BaseModel):
-    """How much the job store holds (web/job_store.py)."""
+    """How much the job store holds (web/job_store.py); how webhooks are delivered (web/webhook_pool.py)."""
 
     jobs_per_key: int = Field(
         16,
@@ -35,4 +36,18 @@ class StoredStateSettings(BaseModel):
         ge=0,
         description="Most bytes of b64_json job images kept on disk; above it the oldest ended jobs are deleted "
         "early (in the background). 0 = no cap.",
+    )
+    webhook_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=120.0,
+        description="Deadline of one webhook attempt, from connect to the answer's last byte (a receiver that "
+        "drips its answer is cut off then); a cut attempt is retried like a failed one.",
+    )
+    webhook_workers: int = Field(4, ge=1, le=64, description="Threads that deliver webhooks (a fixed pool).")
+    webhook_queue: int = Field(
+        1000,
+        ge=1,
+        description="Webhook deliveries that may wait or run at once; one more is not attempted and its job "
+        "records the delivery as failed.",
     )

@@ -35,7 +35,8 @@ from neuron_app.engine.records import GenerationRecord, ProgressCallback, Progre
 from neuron_app.errors import Conflict, NotFound, RequestError
 from neuron_app.settings import Settings
 from neuron_app.web.job_store import Caps, JobStore
-from neuron_app.web.webhooks import Allowlist, deliver
+from neuron_app.web.webhook_pool import QUEUE_FULL, Deliveries
+from neuron_app.web.webhooks import Allowlist
 
 if TYPE_CHECKING:
     from neuron_app.engine.trust.marks import Marker
@@ -79,6 +80,12 @@ class Jobs:
         self.settings, self.manager, self.marker = settings, manager, marker
         self.save_url, self.error_of = save_url, error_of
         self.allow = Allowlist(settings.webhook_hosts)
+        self.deliveries = Deliveries(
+            self.allow,
+            workers=settings.webhook_workers,
+            max_pending=settings.webhook_queue,
+            deadline_s=settings.webhook_timeout_s,
+        )
         self.files = settings.outputs_dir / "jobs"
         caps = Caps(
             settings.jobs_per_key, settings.jobs_stored_per_key, settings.job_images_max, settings.job_images_max_bytes
@@ -302,7 +309,8 @@ class Jobs:
 
     # --- webhooks ---------------------------------------------------------------------------------------------
     def _announce(self, job_id: str) -> None:
-        """Send the job's end to its webhook (if it has one), on a thread of its own: retries never hold a lane."""
+        """Queue the job's end for its webhook (if it has one) in the bounded delivery pool: retries never hold
+        a lane, and a slow receiver holds a worker for one attempt's deadline at most."""
         row = self.store.get(job_id)
         if row is None or not row["webhook_url"] or self.settings.webhook_secret is None:
             return
@@ -313,13 +321,14 @@ class Jobs:
         ).encode()
         secret = self.settings.webhook_secret.get_secret_value()
 
-        def send() -> None:
-            record = deliver(self.allow, row["webhook_url"], secret, f"msg_{job_id}", body)
+        def done(record: dict[str, Any]) -> None:
             self.store.update(job_id, webhook=json.dumps(record))
 
-        threading.Thread(target=send, name=f"webhook-{job_id}", daemon=True).start()
+        if not self.deliveries.submit(row["webhook_url"], secret, f"msg_{job_id}", body, done):
+            done({"delivered": False, "attempts": 0, "status": None, "last_error": QUEUE_FULL})
 
     def close(self) -> None:
+        self.deliveries.close()
         self.store.close()
 
 

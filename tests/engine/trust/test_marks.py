@@ -74,16 +74,25 @@ def retext(png: bytes, old: bytes, new: bytes) -> bytes:
     return bytes(out)
 
 
-def verify(capsys: pytest.CaptureFixture[str], *files: Any) -> int:
-    """`python -m neuron_app verify` in this process (its argument parser and exit status)."""
+def verify(capsys: pytest.CaptureFixture[str], cache_dir: Path, *files: Any) -> int:
+    """`python -m neuron_app verify` in this process (its argument parser and exit status), with the settings of
+    the server whose chain it checks against (its cache folder holds the local chain)."""
     from neuron_app.__main__ import main
+    from neuron_app.settings import get_settings
 
     capsys.readouterr()
-    return main(["verify", *map(str, files)])
+    os.environ["NEURON_APP_CACHE_DIR"] = str(cache_dir)
+    get_settings.cache_clear()
+    try:
+        return main(["verify", *map(str, files)])
+    finally:
+        del os.environ["NEURON_APP_CACHE_DIR"]
+        get_settings.cache_clear()
 
 
-def run_verify(*files: Any) -> subprocess.CompletedProcess[str]:
+def run_verify(cache_dir: Path, *files: Any) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+    env["NEURON_APP_CACHE_DIR"] = str(cache_dir)
     return subprocess.run(
         [sys.executable, "-m", "neuron_app", "verify", *map(str, files)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
@@ -150,25 +159,26 @@ def test_generate_256_through_gradio_client_carries_every_mark(
     Image.open(path).convert("RGB").save(plain)  # the same pixels without metadata: only the watermark is left
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (256, 256, 3), dtype=np.uint8)).save(tmp_path / "n.png")
     garbage.write_bytes(b"\x89PNG not really")
-    assert verify(capsys, path, small_path) == 0
+    cache_dir = marked_app.settings.cache_dir
+    assert verify(capsys, cache_dir, path, small_path) == 0
     out = capsys.readouterr().out
-    assert "C2PA: signed by neuron-app image signer" in out and "validation Valid" in out
+    assert "C2PA: signed by neuron-app image signer" in out and "validation Trusted" in out  # against its chain
     assert "digital source type trainedAlgorithmicMedia" in out and "model tiny" in out
     assert f"IPTC: Iptc4xmpExt:DigitalSourceType = {DIGITAL_SOURCE_TYPE}" in out
     assert "watermark: FLUX2K (dwtDct): this server's payload" in out
-    assert "verdict: made by neuron-app, marked as AI-generated (c2pa, iptc, watermark)" in out
-    assert verify(capsys, plain) == 0
+    assert "this server's certificate), marked as AI-generated (c2pa, iptc, watermark)" in out
+    assert verify(capsys, cache_dir, plain) == 3  # the watermark alone is a claim, not proof
     out = capsys.readouterr().out
-    assert "C2PA: none" in out and "marked as AI-generated (watermark)" in out
-    assert verify(capsys, tmp_path / "n.png") == 1
+    assert "C2PA: none" in out and "verdict: carries an AI-generated claim (not proof of origin): watermark" in out
+    assert verify(capsys, cache_dir, tmp_path / "n.png") == 1
     assert "verdict: no neuron-app marks" in capsys.readouterr().out
     tampered = tmp_path / "tampered.png"
     tampered.write_bytes(retext(Path(path).read_bytes(), b"a marked lighthouse", b"a marked lighthousE"))
-    assert verify(capsys, tampered) == 0  # still AI-marked (IPTC, watermark), and the change is named
+    assert verify(capsys, cache_dir, tampered) == 3  # still claims AI (its marks), and the change is named
     out = capsys.readouterr().out
     assert "validation Invalid" in out and "assertion.dataHash.mismatch" in out
-    assert "(iptc, watermark); its C2PA manifest does not match the file: changed after signing" in out
-    bad = run_verify(garbage, tmp_path / "missing.png", path)  # the command itself: exit status, no traceback
+    assert "(not proof of origin): c2pa, iptc, watermark; its C2PA manifest does not match the file" in out
+    bad = run_verify(cache_dir, garbage, tmp_path / "missing.png", path)  # the command: exit status, no traceback
     assert bad.returncode == 2 and bad.stdout.count("verdict: unreadable") == 2, bad.stdout + bad.stderr
     assert "Traceback" not in bad.stdout + bad.stderr and "verdict: made by neuron-app" in bad.stdout
 

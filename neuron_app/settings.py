@@ -54,6 +54,7 @@ SECRET_FIELDS = (
     "api_keys",
     "c2pa_key_passphrase",
     "webhook_secret",
+    "watermark_secret",
 )
 TINY = "tiny"
 #: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).

@@ -7,11 +7,12 @@ Apart from settings_groups.py so each group stays readable; the fields are read 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 
 class StoredStateSettings(BaseModel):
-    """How much the job store holds (web/job_store.py); how webhooks are delivered (web/webhook_pool.py)."""
+    """How much the job store holds (web/job_store.py), how webhooks are delivered (web/webhook_pool.py), the
+    watermark's key (engine/trust/marks.py)."""
 
     jobs_per_key: int = Field(
         16,
@@ -50,4 +51,10 @@ class StoredStateSettings(BaseModel):
         ge=1,
         description="Webhook deliveries that may wait or run at once; one more is not attempted and its job "
         "records the delivery as failed.",
+    )
+    watermark_secret: SecretStr | None = Field(
+        None,
+        description="Key of the watermark (environment only: NEURON_APP_WATERMARK_SECRET): when set, each image's "
+        "48 bits are a random 24-bit image id and 24 bits of its HMAC-SHA256 under this key, which verify checks "
+        "(with the same key); unset: the public watermark_payload.",
     )

@@ -23,6 +23,8 @@ from typing import Any
 from neuron_app.engine.trust.marks import (
     DIGITAL_SOURCE_TYPE,
     SOFTWARE,
+    WATERMARK_METHOD,
+    keyed_id,
     read_source_type,
     read_watermark,
     watermark_fits,
@@ -141,7 +143,7 @@ def c2pa_line(data: bytes, signer: Signer | None = None) -> tuple[str, bool, boo
     return line, claimed, claimed and state == PROVEN_STATE and ours
 
 
-def verify_file(path: Path, payload: bytes, signer: Signer | None = None) -> Report:
+def verify_file(path: Path, payload: bytes, signer: Signer | None = None, key: bytes | None = None) -> Report:
     from PIL import Image, UnidentifiedImageError
 
     report = Report(str(path))
@@ -177,8 +179,14 @@ def verify_file(path: Path, payload: bytes, signer: Signer | None = None) -> Rep
         note = image.info.get("watermark")
         size = f"{image.size[0]}x{image.size[1]}"
         report.lines.append(f"watermark: not readable ({size})" + (f"; PNG says: {note}" if note else ""))
+    elif key is not None and keyed_id(key, found) is not None:
+        image_id = found[:3].hex()
+        report.lines.append(
+            f"watermark: keyed to this server's watermark_secret, image id {image_id} ({WATERMARK_METHOD})"
+        )
+        report.claims.append("watermark")
     elif found == payload:
-        report.lines.append(f"watermark: {found.decode('ascii')} (dwtDct): this server's payload")
+        report.lines.append(f"watermark: {found.decode('ascii')} ({WATERMARK_METHOD}): this server's payload")
         report.claims.append("watermark")
     else:
         report.lines.append(f"watermark: none (the pixels do not decode to this server's {payload.decode('ascii')!r})")
@@ -191,7 +199,8 @@ def run_verify(files: list[str], *, as_json: bool = False, payload: str | None =
     settings = get_settings()
     signer = configured_signer(settings)
     data = (payload if payload is not None else settings.watermark_payload).encode("ascii")
-    reports = [verify_file(Path(name), data, signer) for name in files]
+    key = settings.watermark_secret.get_secret_value().encode() if settings.watermark_secret is not None else None
+    reports = [verify_file(Path(name), data, signer, key) for name in files]
     if as_json:
         rows = [
             {

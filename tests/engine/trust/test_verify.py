@@ -91,7 +91,11 @@ def test_a_copied_xmp_on_an_unrelated_image_is_a_claim(server: Any, tmp_path: Pa
 
 
 def test_a_public_library_watermark_is_a_claim(server: Any, tmp_path: Path) -> None:
+    """FLUX2K written with invisible-watermark's dwtDct (the library this server used before) and with this
+    server's own open method (engine/trust/watermark.py, public code): neither is proof."""
     from imwatermark import WatermarkDecoder, WatermarkEncoder
+
+    from neuron_app.engine.trust import watermark
 
     settings, _ = server
     encoder = WatermarkEncoder()
@@ -100,11 +104,15 @@ def test_a_public_library_watermark_is_a_claim(server: Any, tmp_path: Path) -> N
     for _ in range(2):  # as the library's own users would, until it reads back
         bgr = np.clip(encoder.encode(bgr, "dwtDct"), 0, 255).astype(np.uint8)
     assert bytes(WatermarkDecoder("bytes", 48).decode(bgr, "dwtDct")) == PAYLOAD
-    forged = tmp_path / "watermarked.png"
-    Image.fromarray(bgr[:, :, ::-1].copy()).save(forged)
-    report = check(settings, forged)
-    assert not report.proof and report.claims == ["watermark"], report.lines
-    assert "made by" not in report.verdict and "not proof of origin" in report.verdict
+    library = tmp_path / "dwtdct.png"
+    Image.fromarray(bgr[:, :, ::-1].copy()).save(library)
+    ours = tmp_path / "lumaqim.png"
+    watermark.embed(noise(8), PAYLOAD).save(ours)
+    for forged, claims in ((library, []), (ours, ["watermark"])):
+        report = check(settings, forged)
+        assert not report.proof and report.claims == claims, report.lines
+        assert "made by" not in report.verdict
+    assert "not proof of origin" in check(settings, ours).verdict
 
 
 def test_a_genuine_manifest_with_swapped_pixels_is_a_claim(server: Any, tmp_path: Path) -> None:

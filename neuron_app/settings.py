@@ -55,6 +55,7 @@ SECRET_FIELDS = (
     "c2pa_key_passphrase",
     "webhook_secret",
     "watermark_secret",
+    "cache_remote_secret",
 )
 TINY = "tiny"
 #: The pipeline downsizes references above this area and refuses sides under 64 px (diffusers 0.42.1).

@@ -1,5 +1,5 @@
 """Settings of stored state and what it may trust, a mixin of `Settings` (settings.py): the job store's caps and
-the webhook deliveries.
+the webhook deliveries, the watermark's key, the shared compile cache's signing secret.
 
 Apart from settings_groups.py so each group stays readable; the fields are read from `settings.toml` and
 `NEURON_APP_*` like every other, and documented in docs/configuration.md.
@@ -7,7 +7,10 @@ Apart from settings_groups.py so each group stays readable; the fields are read 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+#: The shortest cache_remote_secret accepted.
+MIN_CACHE_SECRET = 32
 
 
 class StoredStateSettings(BaseModel):
@@ -58,3 +61,22 @@ class StoredStateSettings(BaseModel):
         "48 bits are a random 24-bit image id and 24 bits of its HMAC-SHA256 under this key, which verify checks "
         "(with the same key); unset: the public watermark_payload.",
     )
+    cache_remote_secret: SecretStr | None = Field(
+        None,
+        description="Key that signs the shared compile cache's index parts (HMAC-SHA256; environment only: "
+        "NEURON_APP_CACHE_REMOTE_SECRET, at least 32 characters, the same on every instance); needed when "
+        "cache_remote is set: unsigned or wrongly signed parts are refused.",
+    )
+
+    @model_validator(mode="after")
+    def _check_cache_remote_secret(self) -> StoredStateSettings:
+        if getattr(self, "cache_remote", None) is None:
+            return self
+        secret = self.cache_remote_secret.get_secret_value() if self.cache_remote_secret is not None else ""
+        if len(secret) < MIN_CACHE_SECRET:
+            raise ValueError(
+                "cache_remote is set but NEURON_APP_CACHE_REMOTE_SECRET is missing or shorter than "
+                f"{MIN_CACHE_SECRET} characters: the shared cache's index is always signed, e.g. "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return self

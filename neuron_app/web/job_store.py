@@ -130,6 +130,10 @@ class JobStore:
         period = every_s if every_s is not None else min(60.0, self.ttl_s / 10)
 
         def loop() -> None:
+            try:  # once per start: image folders no row names (their store was corrupt and kept aside)
+                self.sweep_orphans()
+            except OSError as exc:
+                log.warning("job store: orphan image folders not swept: %s", one_line(exc, limit=200))
             while not self._stop.is_set():
                 try:
                     self.prune()
@@ -235,6 +239,19 @@ class JobStore:
             deleted += len(ids)
             log.info("job store: %d ended job(s) deleted early, their images over the cap", len(ids))
         return deleted
+
+    def sweep_orphans(self) -> int:
+        """Delete image folders of jobs the table does not know (a fresh store after a corrupt one)."""
+        if not self.files.is_dir():
+            return 0
+        swept = 0
+        for folder in self.files.iterdir():
+            if folder.is_dir() and not folder.is_symlink() and self.get(folder.name) is None:
+                shutil.rmtree(folder, ignore_errors=True)
+                swept += 1
+        if swept:
+            log.info("job store: %d image folder(s) of unknown jobs deleted", swept)
+        return swept
 
     def _delete(self, ids: list[str]) -> None:
         """Rows and their files (under the lock: a job id is never reused, so no one writes them again)."""

@@ -160,7 +160,7 @@ def cmd_cache_remote(args: argparse.Namespace) -> int:
             for line in pulled.ignored:
                 print(f"  ignored: {line}")
             return EXIT_FAILED if pulled.ignored else EXIT_OK
-        listing = list_remote(remote.url, manager.settings.cache_remote_timeout_s)
+        listing = list_remote(remote.url, manager.settings.cache_remote_timeout_s, remote.secret)
     except RemoteError:
         raise
     except Exception as exc:  # boto3 and network errors: one line, no traceback

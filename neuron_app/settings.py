@@ -38,6 +38,7 @@ from neuron_app.settings_groups import (  # noqa: F401 (re-exported: callers imp
     _check_webhook_secret,
     parse_s3_url,
 )
+from neuron_app.settings_stored import StoredStateSettings
 from neuron_app.shapes import Resolution
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +54,8 @@ SECRET_FIELDS = (
     "api_keys",
     "c2pa_key_passphrase",
     "webhook_secret",
+    "watermark_secret",
+    "cache_remote_secret",
 )
 TINY = "tiny"
 #: Models trained here that ship in the repository (neuron_app/models/NAME, docs/tiny-shapes.md).
@@ -105,7 +108,9 @@ class _TomlWithoutSecrets(TomlConfigSettingsSource):
         return data
 
 
-class Settings(InterfaceSettings, FleetSettings, EditingSettings, LoraSettings, ServerSettings, BaseSettings):
+class Settings(
+    InterfaceSettings, StoredStateSettings, FleetSettings, EditingSettings, LoraSettings, ServerSettings, BaseSettings
+):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         extra="forbid",

@@ -166,7 +166,7 @@ class InterfaceSettings(BaseModel):
     )
     watermark_payload: str = Field(
         "FLUX2K",
-        description="The 6 ASCII characters (48 bits) of the invisible watermark (invisible-watermark, dwtDct) "
+        description="The 6 ASCII characters (48 bits) of the invisible watermark (lumaQim: engine/trust/watermark.py) "
         "on every image of at least 256x256.",
     )
     c2pa_cert: Path | None = Field(

@@ -9,7 +9,8 @@ by a worker through the same `run_many` as a synchronous request, so it meets th
 Jobs live in SQLite in the cache folder (`jobs.sqlite3`): a finished job reads the same after a restart until
 `job_ttl_s`; a job that a restart cut off is marked failed ("the server restarted"), never lost. A `b64_json`
 job's PNGs are files under `outputs/jobs/<id>/` (base64 only when read: the database stays small); `url` jobs keep
-the URLs the synchronous API hands out. Progress lives in memory: only a running job has any.
+the URLs the synchronous API hands out. Progress lives in memory: only a running job has any. The table, its
+caps and its pruning are web/job_store.py's.
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ import logging
 import queue
 import re
 import secrets
-import shutil
-import sqlite3
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_app.engine.contract import Manager
@@ -36,7 +34,9 @@ from neuron_app.engine.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressCallback, ProgressEvent
 from neuron_app.errors import Conflict, NotFound, RequestError
 from neuron_app.settings import Settings
-from neuron_app.web.webhooks import Allowlist, deliver
+from neuron_app.web.job_store import Caps, JobStore
+from neuron_app.web.webhook_pool import QUEUE_FULL, Deliveries
+from neuron_app.web.webhooks import Allowlist
 
 if TYPE_CHECKING:
     from neuron_app.engine.trust.marks import Marker
@@ -45,81 +45,11 @@ log = logging.getLogger(__name__)
 
 JOB_ID = re.compile(r"imgjob_[A-Za-z0-9_-]{24}")
 ENDED = ("succeeded", "failed", "cancelled")
-RESTARTED = {
-    "message": "the server restarted before this job finished; submit it again",
-    "type": "server_error",
-    "param": None,
-    "code": "server_restarted",
-}
-SCHEMA = """CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY, key_name TEXT, status TEXT NOT NULL, created REAL NOT NULL, started REAL,
-    finished REAL, size TEXT, response_format TEXT, count INTEGER, result TEXT, error TEXT,
-    webhook_url TEXT, webhook TEXT)"""
 
 
 def wants_async(prefer: str) -> bool:
     """RFC 7240: `Prefer: respond-async` (among other preferences, any case)."""
     return any(part.split(";")[0].strip().lower() == "respond-async" for part in prefer.split(","))
-
-
-class JobStore:
-    """The jobs table; one connection behind a lock (sqlite3 in autocommit, WAL)."""
-
-    def __init__(self, path: Path, files: Path, ttl_s: float) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.files, self.ttl_s = files, ttl_s
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(SCHEMA)
-
-    def mark_restarted(self) -> list[dict[str, Any]]:
-        """Jobs queued or running when the last process ended: failed now, returned (for their webhooks)."""
-        with self._lock:
-            rows = self._rows("SELECT * FROM jobs WHERE status IN ('queued', 'running')")
-            self._db.execute(
-                "UPDATE jobs SET status = 'failed', error = ?, finished = ? WHERE status IN ('queued', 'running')",
-                (json.dumps(RESTARTED), time.time()),
-            )
-        return rows
-
-    def insert(self, row: dict[str, Any]) -> None:
-        names = ", ".join(row)
-        with self._lock:
-            self._db.execute(f"INSERT INTO jobs ({names}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
-
-    def update(self, job_id: str, **fields: Any) -> None:
-        sets = ", ".join(f"{name} = ?" for name in fields)
-        with self._lock:
-            self._db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
-
-    def get(self, job_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            rows = self._rows("SELECT * FROM jobs WHERE id = ?", (job_id,))
-        return rows[0] if rows else None
-
-    def prune(self) -> int:
-        """Delete jobs that ended more than `ttl_s` ago, with their image files."""
-        cutoff = time.time() - self.ttl_s
-        with self._lock:
-            ids = [
-                r["id"]
-                for r in self._rows("SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ?", (cutoff,))
-            ]
-            self._db.execute("DELETE FROM jobs WHERE finished IS NOT NULL AND finished < ?", (cutoff,))
-        for job_id in ids:
-            shutil.rmtree(self.files / job_id, ignore_errors=True)
-        return len(ids)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        cursor = self._db.execute(sql, args)
-        names = [c[0] for c in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 @dataclasses.dataclass
@@ -150,9 +80,18 @@ class Jobs:
         self.settings, self.manager, self.marker = settings, manager, marker
         self.save_url, self.error_of = save_url, error_of
         self.allow = Allowlist(settings.webhook_hosts)
+        self.deliveries = Deliveries(
+            self.allow,
+            workers=settings.webhook_workers,
+            max_pending=settings.webhook_queue,
+            deadline_s=settings.webhook_timeout_s,
+        )
         self.files = settings.outputs_dir / "jobs"
-        self.store = JobStore(settings.cache_dir / "jobs.sqlite3", self.files, settings.job_ttl_s)
-        self.store.prune()
+        caps = Caps(
+            settings.jobs_per_key, settings.jobs_stored_per_key, settings.job_images_max, settings.job_images_max_bytes
+        )
+        self.store = JobStore(settings.cache_dir / "jobs.sqlite3", self.files, settings.job_ttl_s, caps)
+        self.store.start_pruning()  # TTL and image caps, on its own thread: never on a submit or the event loop
         self._lock = threading.Lock()
         self._live: dict[str, Live] = {}
         self._pending: queue.Queue[str] = queue.Queue()
@@ -188,8 +127,8 @@ class Jobs:
         webhook_url: str | None,
         url_for: Callable[[str], str],
     ) -> dict[str, Any]:
-        """Queue a validated request whose charge and queue place `stack` holds; returns the job's 202 view."""
-        self.store.prune()
+        """Queue a validated request whose charge and queue place `stack` holds; returns the job's 202 view.
+        Over its key's job caps: RateLimited `jobs_full`, with the charge and the queue place given back."""
         job_id = "imgjob_" + secrets.token_urlsafe(18)
         row = {
             "id": job_id,
@@ -201,7 +140,11 @@ class Jobs:
             "count": count,
             "webhook_url": webhook_url,
         }
-        self.store.insert(row)
+        try:
+            self.store.insert(row)
+        except BaseException:
+            stack.__exit__(*sys.exc_info())  # left with the error: the key's images are given back
+            raise
         with self._lock:
             self._live[job_id] = Live(job_id, work, stack, url_for)
             self._start_workers()
@@ -241,7 +184,13 @@ class Jobs:
             self.store.update(live.id, status="failed", error=json.dumps(error), finished=time.time())
         else:
             result = {"data": items, "size": records[0].resolution, "output_format": "png"}
-            self.store.update(live.id, status="succeeded", result=json.dumps(result), finished=time.time())
+            stored = [f.stat().st_size for f in (self.files / live.id).glob("*.png")]
+            self.store.update(
+                live.id, status="succeeded", result=json.dumps(result), finished=time.time(),
+                images=len(stored), bytes=sum(stored),
+            )  # fmt: skip
+            if stored:
+                self.store.wake()  # the pruner checks the image caps now
             log.info("job %s succeeded (%d image(s))", live.id, len(items))
         with self._lock:
             self._live.pop(live.id, None)
@@ -360,7 +309,8 @@ class Jobs:
 
     # --- webhooks ---------------------------------------------------------------------------------------------
     def _announce(self, job_id: str) -> None:
-        """Send the job's end to its webhook (if it has one), on a thread of its own: retries never hold a lane."""
+        """Queue the job's end for its webhook (if it has one) in the bounded delivery pool: retries never hold
+        a lane, and a slow receiver holds a worker for one attempt's deadline at most."""
         row = self.store.get(job_id)
         if row is None or not row["webhook_url"] or self.settings.webhook_secret is None:
             return
@@ -371,13 +321,14 @@ class Jobs:
         ).encode()
         secret = self.settings.webhook_secret.get_secret_value()
 
-        def send() -> None:
-            record = deliver(self.allow, row["webhook_url"], secret, f"msg_{job_id}", body)
+        def done(record: dict[str, Any]) -> None:
             self.store.update(job_id, webhook=json.dumps(record))
 
-        threading.Thread(target=send, name=f"webhook-{job_id}", daemon=True).start()
+        if not self.deliveries.submit(row["webhook_url"], secret, f"msg_{job_id}", body, done):
+            done({"delivered": False, "attempts": 0, "status": None, "last_error": QUEUE_FULL})
 
     def close(self) -> None:
+        self.deliveries.close()
         self.store.close()
 
 

@@ -236,16 +236,19 @@ class OpenAIImages:
                 raise refusal(exc) from None
             stack.enter_context(self.admitted())
             if wants_async(prefer):  # the job holds the charge and the queue place from here until it ends
-                view = self.jobs.submit(
-                    request.state.api_key_name,
-                    lambda progress: run_many(self.manager, job, count, progress),
-                    stack.pop_all(),
-                    size=str(job.resolution),
-                    count=count,
-                    response_format=response_format,
-                    webhook_url=webhook_url,
-                    url_for=lambda name: str(request.url_for("openai_image_file", name=name)),
-                )
+                try:  # over the key's job caps: a 429 jobs_full, the charge given back
+                    view = self.jobs.submit(
+                        request.state.api_key_name,
+                        lambda progress: run_many(self.manager, job, count, progress),
+                        stack.pop_all(),
+                        size=str(job.resolution),
+                        count=count,
+                        response_format=response_format,
+                        webhook_url=webhook_url,
+                        url_for=lambda name: str(request.url_for("openai_image_file", name=name)),
+                    )
+                except AppError as exc:
+                    raise refusal(exc) from None
                 return JSONResponse(view, status_code=202, headers={"Location": f"/v1/images/jobs/{view['id']}"})
             try:
                 records = await run_in_threadpool(run_many, self.manager, job, count, on_progress)

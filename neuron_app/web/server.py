@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_app.engine.contract import Manager
@@ -59,6 +59,7 @@ class App:
     manager: Manager
     demo: Any
     ops: Any = None  # neuron_app.web.ops.Ops: /healthz, /readyz, /metrics on the same server
+    closers: list[Callable[[], None]] = field(default_factory=list)  # run by `shutdown` (the job store's close)
 
 
 def build_app(settings: Settings, manager: Manager) -> App:
@@ -84,7 +85,7 @@ def build_app(settings: Settings, manager: Manager) -> App:
     openai_api = OpenAIImages(settings, manager, demo, access)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
     ops.metrics.registry.register(access)  # its counts on /metrics, read at scrape time
-    return App(settings, manager, demo, ops)
+    return App(settings, manager, demo, ops, closers=[openai_api.jobs.close])
 
 
 def mcp_enabled(settings: Settings) -> bool:
@@ -170,6 +171,8 @@ def shutdown(app: App, grace_s: float) -> bool:
         log.error("shutdown grace period of %.0f s ran out with requests still running; they are cut off", grace_s)
     log.info("shutdown: closing the web server")
     app.demo.close()
+    for close in app.closers:  # the job store: its WAL checkpointed into the database
+        close()
     log.info("shutdown: releasing the manager (replicas and the Ray instance the app started, if any)")
     app.manager.close()
     log.warning("server closed")

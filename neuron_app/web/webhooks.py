@@ -6,7 +6,9 @@ and every address the host resolves to must be public or inside a listed network
 metadata service among them) never pass. The check runs at submit time (a 400 naming `webhook_url`, no
 connection made) and again before every attempt, and the connection goes to the address that was checked (the
 host name only in `Host` and TLS's SNI), so a DNS answer that changes in between (rebinding) is not followed.
-Redirects are not followed either.
+Redirects are not followed either. IPv6 forms that carry an IPv4 address (mapped, NAT64, 6to4, IPv4-compatible)
+are checked as that address, and port 0 is refused. Each attempt has a total deadline, connect to last byte
+(per-read timeouts let a receiver that drips one byte every 3 s hold an attempt for minutes).
 
 Signatures follow the Standard Webhooks spec (standardwebhooks.com): headers `webhook-id` (the same on every
 attempt), `webhook-timestamp` and `webhook-signature` = `v1,` + base64 HMAC-SHA256 of `{id}.{timestamp}.{body}`
@@ -15,6 +17,7 @@ under the base64-decoded `whsec_` secret; any Standard Webhooks library verifies
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -34,13 +37,21 @@ log = logging.getLogger(__name__)
 #: Seconds before attempts 2, 3 and 4 (then the delivery is given up and recorded as failed).
 BACKOFF_S = (1.0, 5.0, 25.0)
 CONNECT_TIMEOUT_S = 5.0
+#: The deadline of one attempt, from connect to the last byte read (the default of `webhook_timeout_s`).
 TOTAL_TIMEOUT_S = 10.0
+#: Bytes of a receiver's answer read at most: only its status is used.
+ANSWER_BYTES = 64 * 1024
 #: Answered and never a target, even if listed: the cloud metadata services (AWS, ECS, GCP/Azure share the first).
 METADATA = (
     ipaddress.ip_address("169.254.169.254"),
     ipaddress.ip_address("169.254.170.2"),
     ipaddress.ip_address("fd00:ec2::254"),
 )
+
+#: IPv6 prefixes whose last 32 bits are an IPv4 address that a translator connects to (RFC 6052, RFC 8215),
+#: and the deprecated IPv4-compatible range (RFC 4291).
+NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+COMPATIBLE = ipaddress.ip_network("::/96")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[str]]
@@ -119,6 +130,8 @@ class Allowlist:
         if parts.username is not None or parts.password is not None:
             raise _refuse("webhook_url may not carry a user name or password")
         host = parts.hostname.lower().rstrip(".")
+        if port == 0:
+            raise _refuse("webhook_url's port 0 is not a port anything listens on")
         port = port or (443 if parts.scheme == "https" else 80)
         literal = _ip(host)
         if (literal is None and host not in self.names) or (literal is not None and not self.listed(literal)):
@@ -146,13 +159,24 @@ class Allowlist:
 
 
 def _ip(text: str) -> Address | None:
-    """An address (IPv4-mapped IPv6 as its IPv4, a zone id dropped), or None for a host name."""
+    """An address (an IPv6 address that carries an IPv4 one as that IPv4, a zone id dropped), or None for a host
+    name. Carriers: IPv4-mapped (::ffff:a.b.c.d), NAT64 (64:ff9b::/96 and the local-use 64:ff9b:1::/48, whose
+    gateway connects to the embedded address), 6to4 (2002::/16) and IPv4-compatible (::a.b.c.d): Python calls
+    them global, so unchecked they would reach loopback or the metadata service through a translator."""
     try:
         ip = ipaddress.ip_address(text.split("%", 1)[0])
     except ValueError:
         return None
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return mapped or ip
+    if ip.version == 4:
+        return ip
+    assert isinstance(ip, ipaddress.IPv6Address)
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if any(ip in net for net in NAT64) or (ip in COMPATIBLE and int(ip) > 1):  # not :: or ::1 themselves
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -160,6 +184,72 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     key = base64.b64decode(secret.removeprefix("whsec_"))
     signed = f"{msg_id}.{timestamp}.".encode() + body
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode("ascii")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One attempt: the answer's status (None when none came), why it failed, and whether it was the last one
+    needed (delivered, or refused by the allowlist, which refuses every later attempt too)."""
+
+    status: int | None
+    error: str | None
+    final: bool
+
+    @property
+    def delivered(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+def attempt(
+    allow: Allowlist, url: str, secret: str, msg_id: str, body: bytes, deadline_s: float = TOTAL_TIMEOUT_S
+) -> Outcome:
+    """POST `body` to `url` once, signed, within `deadline_s` from connect to the answer's last byte read (a
+    receiver that drips its answer is cut off then, not after one timeout per read); the URL is checked again
+    first (the allowlist or the DNS answer may have changed since submit)."""
+    import httpx
+
+    try:
+        target = allow.check(url)
+    except RequestError as exc:
+        log.warning("webhook %s not sent: %s", msg_id, exc)
+        return Outcome(None, str(exc), final=True)
+    stamp = int(time.time())
+    headers = {
+        "content-type": "application/json",
+        "host": target.host_header(),
+        "user-agent": "neuron-app-webhooks",
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(stamp),
+        "webhook-signature": sign(secret, msg_id, stamp, body),
+    }
+    try:
+        status = asyncio.run(asyncio.wait_for(_post(target, headers, body, deadline_s), deadline_s))
+    except TimeoutError:
+        error = f"no complete answer within {deadline_s:g} s (the deadline of one attempt, connect to last byte)"
+        return Outcome(None, error, final=False)
+    except httpx.HTTPError as exc:
+        return Outcome(None, one_line(exc, limit=200), final=False)
+    if 200 <= status < 300:
+        return Outcome(status, None, final=True)
+    return Outcome(status, f"HTTP {status}", final=False)
+
+
+async def _post(target: Target, headers: dict[str, str], body: bytes, deadline_s: float) -> int:
+    """The status of the answer; at most ANSWER_BYTES of its body are read (nothing in it is used)."""
+    import httpx
+
+    timeout = httpx.Timeout(deadline_s, connect=min(CONNECT_TIMEOUT_S, deadline_s))
+    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    async with (
+        httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as client,
+        client.stream("POST", target.connect_url(), content=body, headers=headers, extensions=extensions) as reply,
+    ):
+        read = 0
+        async for chunk in reply.aiter_raw():
+            read += len(chunk)
+            if read >= ANSWER_BYTES:
+                break
+        return reply.status_code
 
 
 def deliver(
@@ -171,42 +261,27 @@ def deliver(
     *,
     backoff_s: Sequence[float] = BACKOFF_S,
     sleep: Callable[[float], None] = time.sleep,
+    deadline_s: float = TOTAL_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """POST `body` to `url`, signed, until a 2xx answer or the attempts run out; the URL is checked again before
-    every attempt. Returns the delivery's record: {delivered, attempts, status, last_error}."""
-    import httpx
-
+    """`attempt` until a 2xx answer or the attempts run out, pausing `backoff_s` between them, in this thread
+    (the server's deliveries go through web/webhook_pool.py instead, which never sleeps a worker). Returns the
+    delivery's record: {delivered, attempts, status, last_error}."""
     record: dict[str, Any] = {"delivered": False, "attempts": 0, "status": None, "last_error": None}
-    timeout = httpx.Timeout(TOTAL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-    for attempt, pause in enumerate([0.0, *backoff_s], start=1):
+    for number, pause in enumerate([0.0, *backoff_s], start=1):
         if pause:
             sleep(pause)
-        record["attempts"] = attempt
-        try:
-            target = allow.check(url)  # again: the allowlist or the DNS answer may have changed since submit
-        except RequestError as exc:
-            record["last_error"] = str(exc)
-            log.warning("webhook %s not sent: %s", msg_id, exc)
-            return record  # refused now: refused on every later attempt too
-        stamp = int(time.time())
-        headers = {
-            "content-type": "application/json",
-            "host": target.host_header(),
-            "user-agent": "neuron-app-webhooks",
-            "webhook-id": msg_id,
-            "webhook-timestamp": str(stamp),
-            "webhook-signature": sign(secret, msg_id, stamp, body),
-        }
-        extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
-        try:
-            with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
-                reply = client.post(target.connect_url(), content=body, headers=headers, extensions=extensions)
-            record["status"] = reply.status_code
-            if 200 <= reply.status_code < 300:
-                record["delivered"], record["last_error"] = True, None
-                return record
-            record["last_error"] = f"HTTP {reply.status_code}"
-        except httpx.HTTPError as exc:
-            record["last_error"] = one_line(exc, limit=200)
-        log.warning("webhook %s attempt %d failed: %s", msg_id, attempt, record["last_error"])
+        outcome = attempt(allow, url, secret, msg_id, body, deadline_s)
+        record_outcome(record, msg_id, number, outcome)
+        if outcome.final:
+            break
     return record
+
+
+def record_outcome(record: dict[str, Any], msg_id: str, number: int, outcome: Outcome) -> None:
+    """Attempt `number`'s outcome into the delivery's record (and a warning line when it failed)."""
+    record["attempts"] = number
+    if outcome.status is not None:
+        record["status"] = outcome.status
+    record["delivered"], record["last_error"] = outcome.delivered, outcome.error
+    if not outcome.final:
+        log.warning("webhook %s attempt %d failed: %s", msg_id, number, outcome.error)

@@ -3,7 +3,9 @@
 What travels: the manifest entries of the current fingerprint and every file under the compiler's artifact
 folders (the backend's `compiled_artifacts_dirs` plus the cache folder's `ARTIFACT_DIRS`: NEFFs, the inductor
 cache, the eager-op record). Nothing is trusted blindly: an index part for another fingerprint, a path outside
-the artifact folders, a truncated object or a sha256 mismatch is logged in one line and ignored, with whatever
+the artifact folders, a file of a kind its folder does not hold (a .py under a NEFF folder), a part without this
+server's signature (`cache_remote_secret`, engine/remote/index.py), a truncated object or a sha256 mismatch is
+logged in one line and ignored, with whatever
 depends on it (a unit: the whole inductor folder, whose entries refer to each other; one NEFF folder otherwise),
 and the shape compiles locally. Downloads are staged in a temp folder beside their target and moved in only
 once every file of their unit verified. A store that does not answer in time is an error in status, never a
@@ -29,12 +31,15 @@ from typing import Any
 from neuron_app.engine.cache.manifest import Manifest
 from neuron_app.engine.records import CacheResult
 from neuron_app.engine.remote.index import (
+    SIGNATURE,
     STAGING_PREFIX,
     RemoteFile,
+    allowed_kind,
     artifact_roots,
     merge,
     read_parts,
     scan,
+    sign_part,
     unit_of,
 )
 from neuron_app.engine.remote.store import (
@@ -91,8 +96,10 @@ class RemoteCache:
         fingerprint: str,
         fields: dict[str, Any],
         manifest: Manifest,
+        secret: str = "",
     ) -> None:
         self.url, self.timeout_s, self.cache_dir, self.roots = url, timeout_s, cache_dir, roots
+        self.secret = secret  # cache_remote_secret: signs the parts pushed, checks the parts pulled
         self.fingerprint, self.fields, self.manifest = fingerprint, fields, manifest
         self._store: Store | None = None
         self._lock = threading.Lock()
@@ -123,6 +130,7 @@ class RemoteCache:
             manager.fingerprint,
             manager.fingerprint_fields,
             manager.manifest,
+            settings.cache_remote_secret.get_secret_value() if settings.cache_remote_secret else "",
         )
 
     @property
@@ -209,13 +217,16 @@ class RemoteCache:
         if self._seen is not None and etags == self._seen:
             report.changed = False
             return
-        merged = merge(read_parts(store, self.fingerprint, report.ignored, listed))
+        merged = merge(read_parts(store, self.fingerprint, report.ignored, self.secret, listed))
         wanted: dict[str, list[tuple[RemoteFile, Path]]] = {}
         bad_units: set[str] = set()
         for remote in merged.files.values():
             unit, target = unit_of(remote.path), self._target(remote.path)
             if target is None:
                 report.ignored.append(f"object {remote.path} ignored: not under an artifact folder of this backend")
+                bad_units.add(unit)
+            elif not allowed_kind(remote.path):
+                report.ignored.append(f"object {remote.path} ignored: not a kind of file its artifact folder holds")
                 bad_units.add(unit)
             elif not target.exists():
                 wanted.setdefault(unit, []).append((remote, target))
@@ -302,6 +313,8 @@ class RemoteCache:
     def push(self) -> PushReport:
         """Upload this fingerprint's manifest entries and every artifact file: objects first, the index part last."""
         store, start = self.store, time.perf_counter()
+        if not self.secret:
+            raise RemoteError("cache_remote_secret is not set: pushed index parts must be signed", param="cache_remote")
         entries = {n: e for n, e in self.manifest.entries().items() if e.fingerprint == self.fingerprint}
         if not entries:
             raise RemoteError(
@@ -328,6 +341,7 @@ class RemoteCache:
             "entries": {name: asdict(e) for name, e in sorted(entries.items())},
             "files": [asdict(f) for f in files],
         }
+        payload[SIGNATURE] = sign_part(self.secret, payload)  # pullers refuse a part without this signature
         store.put_json(key, payload)
         return PushReport(
             files=len(files),
@@ -340,13 +354,13 @@ class RemoteCache:
         )
 
 
-def list_remote(url: str, timeout_s: float) -> list[dict[str, Any]]:
-    """Every fingerprint under the prefix with its shapes, files and bytes (bad parts reported, not fatal)."""
+def list_remote(url: str, timeout_s: float, secret: str = "") -> list[dict[str, Any]]:
+    """Every fingerprint under the prefix with its shapes, files and bytes (bad or unsigned parts reported)."""
     store = Store(url, timeout_s)
     listing = []
     for fingerprint in store.fingerprints():
         problems: list[str] = []
-        parts = read_parts(store, fingerprint, problems)
+        parts = read_parts(store, fingerprint, problems, secret)
         merged = merge(parts)
         fields = parts[-1].fields if parts else {}
         listing.append(

@@ -1,8 +1,18 @@
 """The remote cache's index: which files a cache folder holds, and the pushers' index parts read back, checked
-and merged. Pure functions over names, paths and parsed JSON; the pulling and pushing is `remote_cache`."""
+and merged. Pure functions over names, paths and parsed JSON; the pulling and pushing is `remote_cache`.
+
+Anyone who can write to the bucket could plant a part and its objects, and the sha256 checks only compare the
+objects with that same bucket's index. So every part carries an HMAC-SHA256 under `cache_remote_secret`, over
+its canonical JSON (`sign_part`), and a part that is unsigned or wrongly signed is refused before anything in it
+is read. And a file is installed only if it is of a kind its artifact folder holds (`KINDS`): compiled code
+that Python or the loader runs (.py, .so) only under inductor, whose compiler writes it; NEFF folders hold data.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,6 +26,40 @@ from neuron_app.engine.remote.store import INDEX_VERSION, SHA256, BadObject, Sto
 #: one bad object there drops the whole root; elsewhere (one NEFF per folder) only its folder.
 WHOLE_ROOTS = ("inductor",)
 STAGING_PREFIX = ".remote-pull-"
+#: The file kinds (name suffixes) each artifact folder may receive from the remote; None: any name its compiler
+#: picks (inductor writes generated .py wrappers, .cpp/.so kernels and hash-named entries). Other folders are
+#: NEFF caches (the Neuron compiler's, the emulator's `neff-emulated`, the cache folder's `neff`): data only.
+KINDS: dict[str, tuple[str, ...] | None] = {"inductor": None}
+NEFF_KINDS = (".neff", ".json", ".pb", ".gz", ".done", ".txt", ".log", ".ntff", ".hlo")
+SIGNATURE = "signature"
+_SIGNED = b"neuron-app cache index v1\n"
+
+
+def allowed_kind(rel: str) -> bool:
+    """Whether a remote file's kind is one its artifact folder holds (see KINDS)."""
+    parts = PurePosixPath(rel).parts
+    kinds = KINDS.get(parts[0], NEFF_KINDS)
+    return kinds is None or PurePosixPath(rel).name.lower().endswith(kinds)
+
+
+def _canonical(data: dict[str, Any]) -> bytes:
+    unsigned = {k: v for k, v in data.items() if k != SIGNATURE}
+    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def sign_part(secret: str, data: dict[str, Any]) -> str:
+    """The part's signature: `v1=` + hex HMAC-SHA256 under the secret of its canonical JSON (signature left out)."""
+    return "v1=" + hmac.new(secret.encode(), _SIGNED + _canonical(data), hashlib.sha256).hexdigest()
+
+
+def check_signature(secret: str, data: Any) -> None:
+    """`BadObject` unless the part carries this secret's signature."""
+    if not secret:
+        raise BadObject("cache_remote_secret is not set: no index part can be checked, so none is used")
+    if not isinstance(data, dict) or not isinstance(data.get(SIGNATURE), str):
+        raise BadObject("index part is unsigned (cache_remote_secret): refused")
+    if not hmac.compare_digest(data[SIGNATURE], sign_part(secret, data)):
+        raise BadObject("index part is not signed with this server's cache_remote_secret: refused")
 
 
 def artifact_roots(backend: Any, cache_dir: Path) -> dict[str, Path]:
@@ -76,8 +120,10 @@ class Part:
     fields: dict[str, Any]
 
 
-def parse_part(key: str, data: Any, fingerprint: str) -> Part:
-    """Refuse a part that is not for `fingerprint` or names anything unsafe; `BadObject` says why."""
+def parse_part(key: str, data: Any, fingerprint: str, secret: str) -> Part:
+    """Refuse a part that is not signed with `secret`, is not for `fingerprint` or names anything unsafe;
+    `BadObject` says why."""
+    check_signature(secret, data)
     if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
         raise BadObject(f"index version {data.get('version') if isinstance(data, dict) else None!r} is unknown")
     fields = data.get("fields")
@@ -119,12 +165,14 @@ def merge(parts: list[Part]) -> Merged:
     return merged
 
 
-def read_parts(store: Store, fingerprint: str, problems: list[str], listing: list[Any] | None = None) -> list[Part]:
-    """The fingerprint's valid index parts; a bad part is a one-line problem, not an error."""
+def read_parts(
+    store: Store, fingerprint: str, problems: list[str], secret: str, listing: list[Any] | None = None
+) -> list[Part]:
+    """The fingerprint's valid, signed index parts; a bad part is a one-line problem, not an error."""
     parts = []
     for listed in store.list(fingerprint, "index") if listing is None else listing:
         try:
-            parts.append(parse_part(listed.key, store.get_json(listed.key), fingerprint))
+            parts.append(parse_part(listed.key, store.get_json(listed.key), fingerprint, secret))
         except (BadObject, ValueError, TypeError, AttributeError) as exc:
             problems.append(f"index {listed.key} ignored: {' '.join(str(exc).split())[:200]}")
     return parts

@@ -2,11 +2,11 @@
 
 Three marks, because each survives something the others do not:
 
-- an invisible watermark in the pixels (invisible-watermark, dwtDct, 48 bits = `watermark_payload`): it
-  stays when the metadata is stripped, as long as the pixels are not heavily edited; the library needs at
-  least 256x256 pixels, so smaller images say in their metadata that they carry none. dwtDct cannot hold
-  bits in flat or evenly graded pixels (a solid colour, a linear gradient: measured), so each embedding is
-  read back (and repeated, see `embed_watermark`), and an image where it did not hold says so too;
+- an invisible watermark in the pixels (engine/trust/watermark.py, "lumaQim", 48 bits = `watermark_payload`):
+  in the luminance at a fixed 256x256 working size, so it stays when the metadata is stripped, after a JPEG
+  re-encode at quality 90 and after resizing down to 256 px (measured in BENCHMARKS.md); images under
+  256x256 say in their metadata that they carry none, and each embedding is read back: an image where it did
+  not hold (clipped pixels) says so too. A watermark is a claim, not proof: anyone can write these bits;
 - IPTC in XMP (an iTXt chunk `XML:com.adobe.xmp`): `Iptc4xmpExt:DigitalSourceType` = trainedAlgorithmicMedia,
   the field photo tools and platforms read to label AI images;
 - a signed C2PA manifest (c2pa-python): a `c2pa.created` action with that digital source type, the model and
@@ -20,8 +20,11 @@ XMP, then sign: the manifest covers the exact bytes that leave the server. The p
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import io
 import re
+import secrets
 import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -31,12 +34,10 @@ from neuron_app import __version__
 SOFTWARE = "neuron-app"
 DIGITAL_SOURCE_TYPE = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
 XMP_KEY = "XML:com.adobe.xmp"
-WATERMARK_METHOD = "dwtDct"
+WATERMARK_METHOD = "lumaQim"
 WATERMARK_BITS = 48
-#: invisible-watermark refuses images under 256x256 pixels (area); we ask for 256 on both sides.
+#: The watermark's working size: images under it on either side carry none.
 WATERMARK_MIN_SIDE = 256
-#: Embeddings tried before an image is said to hold no watermark (see `embed_watermark`).
-WATERMARK_PASSES = 3
 _XMP_SOURCE = re.compile(r"Iptc4xmpExt:DigitalSourceType\s*=\s*\"([^\"]*)\"|<Iptc4xmpExt:DigitalSourceType>([^<]*)<")
 
 
@@ -67,42 +68,35 @@ def _xml(text: str) -> str:
 
 
 def add_watermark(image: Any, payload: bytes) -> Any:
-    """`image` (PIL) with `payload` embedded in its pixels (dwtDct on the luma); the caller checked the size."""
-    import numpy as np
-    from imwatermark import WatermarkEncoder
-    from PIL import Image
+    """`image` (PIL) with `payload` embedded in its luminance; the caller checked the size."""
+    from neuron_app.engine.trust import watermark
 
-    encoder = WatermarkEncoder()
-    encoder.set_watermark("bytes", payload)
-    bgr = np.ascontiguousarray(np.asarray(image.convert("RGB"))[:, :, ::-1])
-    marked = encoder.encode(bgr, WATERMARK_METHOD)
-    return Image.fromarray(np.clip(marked, 0, 255).astype(np.uint8)[:, :, ::-1].copy())
+    return watermark.embed(image, payload)
 
 
-def embed_watermark(image: Any, payload: bytes, passes: int = WATERMARK_PASSES) -> Any | None:
-    """`image` with `payload` that reads back, or None when `passes` embeddings did not make it hold.
-
-    One dwtDct pass leaves bit errors on smooth 256x256 content (6 of 20 photo-like images and 19 of 20
-    noise images read back whole, measured): it moves the largest AC coefficient of each block, and after
-    rounding to 8 bits another coefficient can become the largest. A second pass over the marked pixels
-    settles those blocks (20 of 20 of both); the read-back is the proof, and costs a decode.
-    """
-    for _ in range(passes):
-        image = add_watermark(image, payload)
-        if read_watermark(image) == payload:
-            return image
-    return None
+def embed_watermark(image: Any, payload: bytes) -> Any | None:
+    """`image` with `payload` that reads back, or None when it did not hold (pixels clipped at 0 or 255): the
+    read-back is the proof that the record's claim is true, and costs a few milliseconds."""
+    marked = add_watermark(image, payload)
+    return marked if read_watermark(marked) == payload else None
 
 
 def read_watermark(image: Any) -> bytes | None:
     """The 48 bits in `image`'s pixels as bytes (whatever they are), or None when it is too small to hold any."""
-    import numpy as np
-    from imwatermark import WatermarkDecoder
+    from neuron_app.engine.trust import watermark
 
-    if not watermark_fits(*image.size):
-        return None
-    bgr = np.ascontiguousarray(np.asarray(image.convert("RGB"))[:, :, ::-1])
-    return bytes(WatermarkDecoder("bytes", WATERMARK_BITS).decode(bgr, WATERMARK_METHOD))
+    return watermark.read(image)
+
+
+def keyed_payload(key: bytes, image_id: bytes) -> bytes:
+    """A keyed watermark's 48 bits: the 24-bit image id, then 24 bits of its HMAC-SHA256 under the operator's key
+    (so only the key's holder can make a payload that checks; one guess in 16.7 million passes by chance)."""
+    return image_id + hmac.new(key, b"neuron-app watermark " + image_id, hashlib.sha256).digest()[:3]
+
+
+def keyed_id(key: bytes, payload: bytes) -> bytes | None:
+    """The image id of a keyed watermark's payload when its HMAC checks under `key`, else None."""
+    return payload[:3] if len(payload) == 6 and hmac.compare_digest(keyed_payload(key, payload[:3]), payload) else None
 
 
 def read_source_type(image: Any) -> str | None:
@@ -124,6 +118,8 @@ class Marker:
         from neuron_app.engine.trust.c2pa_signing import ManifestSigner, signing_key
 
         self.payload = settings.watermark_payload.encode("ascii")
+        secret = getattr(settings, "watermark_secret", None)
+        self.watermark_key = secret.get_secret_value().encode() if secret is not None else None
         passphrase = settings.c2pa_key_passphrase.get_secret_value() if settings.c2pa_key_passphrase else None
         key = signing_key(settings.c2pa_cert, settings.c2pa_key, passphrase, settings.cache_dir)
         self.signer = ManifestSigner(key)
@@ -133,7 +129,9 @@ class Marker:
     @classmethod
     def for_settings(cls, settings: Any) -> Marker:
         """One marker per signing configuration in this process (the signer check runs once)."""
-        ident = (settings.watermark_payload, settings.c2pa_cert, settings.c2pa_key, settings.cache_dir)
+        secret = getattr(settings, "watermark_secret", None)
+        key = secret.get_secret_value() if secret is not None else None
+        ident = (settings.watermark_payload, key, settings.c2pa_cert, settings.c2pa_key, settings.cache_dir)
         with cls._shared_lock:
             if ident not in cls._shared:
                 cls._shared[ident] = cls(settings)
@@ -147,11 +145,16 @@ class Marker:
         width, height = image.size
         marks: dict[str, str] = {}
         if watermark_fits(width, height):
-            marked = embed_watermark(image, self.payload)
+            if self.watermark_key is not None:  # a fresh image id, its HMAC under the operator's key
+                image_id = secrets.token_bytes(3)
+                payload, said = keyed_payload(self.watermark_key, image_id), f"keyed, image id {image_id.hex()}"
+            else:
+                payload, said = self.payload, self.payload.decode()
+            marked = embed_watermark(image, payload)
             if marked is not None:
                 image = marked
-                marks["watermark"] = f"{self.payload.decode()} ({WATERMARK_METHOD}, {WATERMARK_BITS} bits)"
-            else:  # dwtDct cannot hold bits in flat or evenly graded pixels: say so rather than claim it
+                marks["watermark"] = f"{said} ({WATERMARK_METHOD}, {WATERMARK_BITS} bits)"
+            else:  # pixels clipped at 0 or 255 leave no room: say so rather than claim it
                 marks["watermark"] = f"none: {WATERMARK_METHOD} could not hold the payload in these pixels"
         else:
             side = WATERMARK_MIN_SIDE

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -24,10 +25,12 @@ import pytest
 from neuron_app.engine.cache.manifest import Manifest, ManifestEntry, fingerprint_of
 from neuron_app.engine.records import CacheResult
 from neuron_app.engine.remote.cache import STAGING_PREFIX, RemoteCache, list_remote
+from neuron_app.engine.remote.index import sign_part
 from tests.support import ROOT, free_port, link_models, run_cli, tiny_env
 
 FIELDS = {"model": "unit-test", "device": "cpu", "compile_mode": "full", "compile_backend": "inductor"}
 FP = fingerprint_of(FIELDS)
+SECRET = secrets.token_urlsafe(32)  # cache_remote_secret: every instance of the fleet shares it
 
 FRESH_INSTANCE = """
 import json
@@ -75,12 +78,12 @@ def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureR
     return client
 
 
-def unit_cache(cache_dir: Path, url: str, timeout_s: float = 5.0) -> RemoteCache:
+def unit_cache(cache_dir: Path, url: str, timeout_s: float = 5.0, secret: str = SECRET) -> RemoteCache:
     """A remote cache for the test fingerprint over real folders (the manager's wiring is tested end to end)."""
     roots = {"inductor": cache_dir / "inductor", "neff": cache_dir / "neff"}
     for root in roots.values():
         root.mkdir(parents=True, exist_ok=True)
-    return RemoteCache(url, timeout_s, cache_dir, roots, FP, FIELDS, Manifest(cache_dir))
+    return RemoteCache(url, timeout_s, cache_dir, roots, FP, FIELDS, Manifest(cache_dir), secret)
 
 
 def compiled(cache: RemoteCache, shape: str, files: dict[str, bytes]) -> None:
@@ -179,6 +182,7 @@ def test_an_index_for_another_fingerprint_or_with_unsafe_paths_is_ignored(
         fingerprint_of(other_fields),
         other_fields,
         Manifest(tmp_path / "o"),
+        SECRET,
     )
     (tmp_path / "o" / "inductor").mkdir(parents=True)
     (tmp_path / "o" / "inductor" / "k").write_bytes(b"kernel of another model")
@@ -191,15 +195,79 @@ def test_an_index_for_another_fingerprint_or_with_unsafe_paths_is_ignored(
     evil["entries"] = {}
     evil["files"] = [{"path": "inductor/../../escaped", "size": 3, "sha256": "0" * 64}]
     s3.put_object(Bucket=s3.bucket, Key=f"p/{FP}/index/evil.json", Body=json.dumps(evil).encode())
+    evil["signature"] = sign_part(SECRET, evil)  # even signed with the fleet's secret (a pusher gone bad)
+    s3.put_object(Bucket=s3.bucket, Key=f"p/{FP}/index/evil-signed.json", Body=json.dumps(evil).encode())
 
     fresh = unit_cache(tmp_path / "b", url)
     report = fresh.pull()
     assert report.objects == 0 and report.shapes == []
-    assert len(report.ignored) == 2, report.ignored
+    assert len(report.ignored) == 3, report.ignored
     assert any("copied.json" in line and "not " + FP in line for line in report.ignored)
-    assert any("evil.json" in line and "unsafe path" in line for line in report.ignored)
+    assert any("evil.json" in line and "not signed with" in line for line in report.ignored)  # changed after signing
+    assert any("evil-signed.json" in line and "unsafe path" in line for line in report.ignored)
     assert "fingerprint" in caplog.text
     assert not (tmp_path / "escaped").exists() and fresh.manifest.entries() == {}
+
+
+def test_unsigned_or_wrongly_signed_parts_are_refused_with_one_line_each(
+    s3: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone with write access to the bucket plants an index part and its object (a generated .py under
+    inductor, sha256 right): unsigned it is refused; a part signed with another secret is too; nothing is
+    installed and each refusal is one log line. The fleet's own part still pulls."""
+    url = f"s3://{s3.bucket}/p"
+    planted = b"import os; os.system('echo owned')\n"
+    sha = hashlib.sha256(planted).hexdigest()
+    s3.put_object(Bucket=s3.bucket, Key=f"p/{FP}/objects/{sha}", Body=planted, Metadata={"sha256": sha})
+    part = {
+        "version": 1, "fingerprint": FP, "fields": FIELDS, "instance": "attacker", "pushed_at": "2099-01-01T00:00:00",
+        "entries": {"64x64": {"resolution": "64x64", "fingerprint": FP, "fields": FIELDS, "compile_s": 1.0,
+                              "graphs": 1, "cache": "miss"}},
+        "files": [{"path": "inductor/ab/planted.py", "size": len(planted), "sha256": sha}],
+    }  # fmt: skip
+    s3.put_object(Bucket=s3.bucket, Key=f"p/{FP}/index/unsigned.json", Body=json.dumps(part).encode())
+    other = part | {"signature": sign_part("another fleet's secret, 32+ characters", part)}
+    s3.put_object(Bucket=s3.bucket, Key=f"p/{FP}/index/other.json", Body=json.dumps(other).encode())
+
+    fresh = unit_cache(tmp_path / "b", url)
+    report = fresh.pull()
+    assert report.objects == 0 and report.shapes == [] and len(report.ignored) == 2, report.ignored
+    assert any("unsigned.json" in line and "unsigned" in line for line in report.ignored)
+    assert any("other.json" in line and "not signed with this server's cache_remote_secret" in line
+               for line in report.ignored)  # fmt: skip
+    assert not list((tmp_path / "b").rglob("planted.py")) and fresh.manifest.entries() == {}
+    refusals = [r for r in caplog.records if "index" in r.getMessage() and "refused" in r.getMessage()]
+    assert len(refusals) == 2 and all("\n" not in r.getMessage() and r.exc_info is None for r in refusals)
+
+    source = unit_cache(tmp_path / "a", url)
+    compiled(source, "64x64", FILES)
+    source.push()
+    assert fresh.pull().shapes == ["64x64"]  # the signed part of the fleet installs as before
+    with pytest.raises(Exception, match="cache_remote_secret is not set"):
+        unit_cache(tmp_path / "c", url, secret="").push()
+
+
+def test_a_file_of_a_kind_its_folder_does_not_hold_is_refused(s3: Any, tmp_path: Path) -> None:
+    """A signed part (a pusher's folder with a stray or planted file): a .py or .so under a NEFF folder is
+    refused with its folder; inductor's own generated .py and kernels install."""
+    url = f"s3://{s3.bucket}/p"
+    source = unit_cache(tmp_path / "a", url)
+    planted = {
+        "neff/MODULE_3/model.neff": os.urandom(1000),
+        "neff/MODULE_3/loader.py": b"print('owned')\n",
+        "neff/MODULE_4/libevil.so": os.urandom(1000),
+        "inductor/cd/wrapper.py": b"# inductor code\n",
+    }
+    compiled(source, "64x64", FILES | planted)
+    source.push()
+    fresh = unit_cache(tmp_path / "b", url)
+    report = fresh.pull()
+    assert len(report.ignored) == 2, report.ignored
+    assert all("not a kind of file its artifact folder holds" in line for line in report.ignored)
+    installed = tree(fresh.cache_dir / "neff")
+    assert set(installed) == {"MODULE_1/model.neff", "MODULE_2/model.neff"}  # MODULE_3 and 4 dropped whole
+    assert tree(fresh.cache_dir / "inductor")["cd/wrapper.py"] == b"# inductor code\n"
+    assert fresh.manifest.entries() == {}  # an artifact is missing: the shape is not called precompiled
 
 
 def test_concurrent_pushes_of_one_shape_leave_one_consistent_entry(s3: Any, tmp_path: Path) -> None:
@@ -225,7 +293,7 @@ def test_concurrent_pushes_of_one_shape_leave_one_consistent_entry(s3: Any, tmp_
     for thread in threads:
         thread.join(timeout=120)
     assert not errors, errors
-    listing = list_remote(url, 5)
+    listing = list_remote(url, 5, SECRET)
     assert [(item["fingerprint"], item["shapes"], item["instances"]) for item in listing] == [(FP, ["64x64"], 2)]
     assert listing[0]["files"] == 4 and not listing[0]["problems"]
     fresh = unit_cache(tmp_path / "c", url)
@@ -273,11 +341,16 @@ def test_a_store_that_does_not_answer_in_time_is_an_error_in_status_not_a_wait_p
 def test_cache_remote_setting_is_checked(make_settings: Any) -> None:
     from neuron_app.errors import SettingsError
 
-    assert make_settings(cache_remote="s3://my-bucket/a/b/").cache_remote == "s3://my-bucket/a/b"
+    assert make_settings(cache_remote="s3://my-bucket/a/b/", cache_remote_secret=SECRET).cache_remote == (
+        "s3://my-bucket/a/b"
+    )
     assert make_settings().cache_remote is None
     for bad in ("http://bucket/x", "s3://UPPER/x", "s3://bucket/a//b", "s3://bucket/a/../b"):
         with pytest.raises(SettingsError, match="cache_remote"):
-            make_settings(cache_remote=bad)
+            make_settings(cache_remote=bad, cache_remote_secret=SECRET)
+    for secret in (None, "short"):  # the index is always signed
+        with pytest.raises(SettingsError, match="NEURON_APP_CACHE_REMOTE_SECRET is missing or shorter"):
+            make_settings(cache_remote="s3://my-bucket/a", cache_remote_secret=secret)
 
 
 def test_cli_without_cache_remote_says_how_to_set_it(tmp_path: Path) -> None:
@@ -298,6 +371,7 @@ def fleet_env(cache_dir: Path, s3: Any, url: str, device: dict[str, str]) -> dic
         NEURON_APP_RESOLUTIONS='["64x64"]',
         NEURON_APP_DEFAULT_STEPS="1",
         NEURON_APP_CACHE_REMOTE=url,
+        NEURON_APP_CACHE_REMOTE_SECRET=SECRET,
         **device,
     )
     return {k: v for k, v in env.items() if not k.startswith("AWS_")} | s3.env
@@ -396,7 +470,7 @@ def test_status_page_and_metrics_show_what_was_pulled(s3: Any, make_settings: An
     url = f"s3://{s3.bucket}/p"
     off = PipelineManager(make_settings(cache_dir=tmp_path / "off"))
     assert off.status().remote == {} and "**remote**" not in status_markdown(off.status())
-    manager = PipelineManager(make_settings(cache_dir=tmp_path / "on", cache_remote=url))
+    manager = PipelineManager(make_settings(cache_dir=tmp_path / "on", cache_remote=url, cache_remote_secret=SECRET))
     assert manager.status().remote["last_pull_at"] is None
     assert "not pulled yet" in status_markdown(manager.status())
     manager.remote.pull()
@@ -416,10 +490,12 @@ def test_warmup_precompiled_warms_the_shapes_the_first_pull_brought(
     from neuron_app.engine.manager import PipelineManager
 
     url = f"s3://{s3.bucket}/p"
-    source = PipelineManager(make_settings(cache_dir=tmp_path / "source", cache_remote=url))
+    source = PipelineManager(make_settings(cache_dir=tmp_path / "source", cache_remote=url, cache_remote_secret=SECRET))
     source.compile_shape("128x64")
     assert source.remote.push().shapes == ["128x64"]
-    fresh = PipelineManager(make_settings(cache_dir=tmp_path / "fresh", cache_remote=url, warmup="precompiled"))
+    fresh = PipelineManager(
+        make_settings(cache_dir=tmp_path / "fresh", cache_remote=url, cache_remote_secret=SECRET, warmup="precompiled")
+    )
     assert fresh.warmup_order() == []  # nothing local before the pull
     thread = fresh.start_warmup()
     assert thread is not None

@@ -212,12 +212,14 @@ class OpenAIImages:
             seed = fields.get("seed")
             if seed is None:
                 seed = random.randint(0, MAX_SEED - (count - 1))
-            prompt = fields.get("prompt")
-            job, count = validate_many(self.manager, prompt, size, steps, seed, count, **options)  # nothing ran
         except RequestError as exc:
-            log.info("openai api refused: %s", exc)
-            self.access.observe_error(exc, "openai")
-            raise refusal(exc) from None
+            raise self.refused(exc) from None
+        # An edit's images are read (header, then pixels) only after its key, limits and queue place are
+        # checked; a text-only request is checked in full first. Both in a worker: never on the event loop.
+        heavy = options.get("references") is not None or options.get("image") is not None
+        check = (self.manager, fields.get("prompt"), size, steps, seed, count)
+        if not heavy:
+            job, count = await self.validated(*check, **options)
         prefer = request.headers.get("prefer", "")
         try:  # allowlist and every resolved address: a 400 naming webhook_url, and no connection made
             webhook_url = await run_in_threadpool(self.jobs.check_webhook, prefer, fields)
@@ -235,8 +237,11 @@ class OpenAIImages:
                 log.info("openai api refused: %s", exc)
                 raise refusal(exc) from None
             stack.enter_context(self.admitted())
+            if heavy:  # the pixel budget from each image's header, then the decode (engine/modes/references.py)
+                job, count = await self.validated(*check, **options)
             if wants_async(prefer):  # the job holds the charge and the queue place from here until it ends
-                view = self.jobs.submit(
+                view = await run_in_threadpool(
+                    self.jobs.submit,
                     request.state.api_key_name,
                     lambda progress: run_many(self.manager, job, count, progress),
                     stack.pop_all(),
@@ -256,6 +261,18 @@ class OpenAIImages:
         data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
         return JSONResponse(answer)
+
+    def refused(self, exc: RequestError) -> ApiError:
+        log.info("openai api refused: %s", exc)
+        self.access.observe_error(exc, "openai")
+        return refusal(exc)
+
+    async def validated(self, *check: Any, **options: Any) -> Any:
+        """`validate_many` in a worker thread (blocked terms, image headers and decodes): nothing ran yet."""
+        try:
+            return await run_in_threadpool(validate_many, *check, **options)
+        except RequestError as exc:
+            raise self.refused(exc) from None
 
     def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:
         """One image of the answer; `provenance` (ignored by the OpenAI SDK's parsing) says how it was made."""
@@ -284,6 +301,8 @@ class OpenAIImages:
                 fields = json.loads(body)
             except (ValueError, UnicodeDecodeError):
                 raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+            except RecursionError:  # 200 000 nested brackets: Python's parser gives up, the answer stays clear
+                raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
             if not isinstance(fields, dict):
                 raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
             return await self.serve(request, fields)

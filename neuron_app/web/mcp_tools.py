@@ -8,7 +8,11 @@ writes those docstrings with the configured shapes and step range). `mend` fixes
 - JSON outputs come back as Python reprs (`{'replica': None}`, `root={...}`) that `json.loads` refuses, and
   `structuredContent` stays empty: here they are JSON text and the record is the structured content;
 - an image comes with a "URL" that is Gradio's file route plus the server's absolute path (a path leak that a
-  remote client cannot use anyway): here the image is MCP image content only, the PNG's bytes.
+  remote client cannot use anyway): here the image is MCP image content only, the PNG's bytes;
+- a file-list input (`edit`'s images) keeps its `$defs` inside the property while its items point at the
+  schema's root (`#/$defs/FileData`): the MCP SDK's argument check fails every call with `PointerToNowhere`.
+  Here every `$ref` is inlined and no `$defs` is left; and the list's files, recorded at the schema position
+  `images.items`, are found at `images.0`, `images.1`... so each string (a data: or http URL) becomes a file.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def mend(demo: Any) -> None:
         return
     mend_multi_output(demo)
     mend_outputs(server)
+    mend_input_schemas(server)
 
 
 def mend_multi_output(demo: Any) -> None:
@@ -112,3 +117,50 @@ def mend_outputs(server: Any) -> None:
     server.postprocess_output_data = postprocess_output_data
     handlers[call_request] = handler
     server._outputs_mended = True
+
+
+def inline_refs(node: Any, defs: dict[str, Any] | None = None) -> Any:
+    """`node` with every `#/$defs/...` reference replaced by its definition, found wherever it is nested."""
+    defs = dict(defs or {})
+    if isinstance(node, list):
+        return [inline_refs(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    defs.update(node.get("$defs") or {})
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/") and ref.rsplit("/", 1)[-1] in defs:
+        target = inline_refs(defs[ref.rsplit("/", 1)[-1]], defs)
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return {key: inline_refs(value, defs) for key, value in node.items() if key != "$defs"}
+
+
+def mend_input_schemas(server: Any) -> None:
+    """Tool input schemas without dangling references (see the module docstring); FileData positions unchanged."""
+    original = getattr(server, "get_input_schema", None)
+    if original is None or getattr(original, "_mended", False):
+        return
+
+    def get_input_schema(tool_name: str, parameters: dict[str, str] | None = None) -> Any:
+        schema, positions = original(tool_name, parameters)
+        return inline_refs(schema), positions
+
+    get_input_schema._mended = True  # type: ignore[attr-defined]
+    server.get_input_schema = get_input_schema
+    convert = server.convert_strings_to_filedata
+
+    def convert_strings_to_filedata(value: Any, positions: list[list[str | int]]) -> Any:
+        return convert(value, [found for position in positions for found in _expand(value, position)])
+
+    server.convert_strings_to_filedata = convert_strings_to_filedata
+
+
+def _expand(value: Any, position: list[str | int]) -> list[list[str | int]]:
+    """The argument positions a schema position names: `items` stands for every index of the list found there."""
+    if not position:
+        return [[]]
+    head, rest = position[0], position[1:]
+    if head == "items" and isinstance(value, list):
+        return [[i, *tail] for i, item in enumerate(value) for tail in _expand(item, rest)]
+    if isinstance(value, dict) and head in value:
+        return [[head, *tail] for tail in _expand(value[head], rest)]
+    return []

@@ -12,7 +12,9 @@ writes those docstrings with the configured shapes and step range). `mend` fixes
 - a file-list input (`edit`'s images) keeps its `$defs` inside the property while its items point at the
   schema's root (`#/$defs/FileData`): the MCP SDK's argument check fails every call with `PointerToNowhere`.
   Here every `$ref` is inlined and no `$defs` is left; and the list's files, recorded at the schema position
-  `images.items`, are found at `images.0`, `images.1`... so each string (a data: or http URL) becomes a file.
+  `images.items`, are found at `images.0`, `images.1`... so each string (a data: or http URL) becomes a file;
+- the loopback client it queues tool calls with says `X-Gradio-User: mcp`, a header any caller can send: here it
+  also sends this process's secret and the MCP caller's address (web/access.py charges the call to that address).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def mend(demo: Any) -> None:
     mend_multi_output(demo)
     mend_outputs(server)
     mend_input_schemas(server)
+    mend_caller(server)
 
 
 def mend_multi_output(demo: Any) -> None:
@@ -164,3 +167,33 @@ def _expand(value: Any, position: list[str | int]) -> list[list[str | int]]:
     if isinstance(value, dict) and head in value:
         return [[head, *tail] for tail in _expand(value[head], rest)]
     return []
+
+
+def mend_caller(server: Any) -> None:
+    """Mark the loopback client's calls as MCP with the process secret, and name the MCP caller's address."""
+    from neuron_app.web.access import MCP_CLIENT_HEADER, MCP_SECRET, MCP_SECRET_HEADER
+
+    make_client, prepare = (
+        getattr(server, "_get_or_create_client", None),
+        getattr(server, "_prepare_tool_call_args", None),
+    )
+    if make_client is None or prepare is None or getattr(prepare, "_mended", False):
+        log.warning("Gradio's MCP server changed: MCP calls are charged to the loopback address")
+        return
+
+    def get_or_create_client() -> Any:
+        client = make_client()
+        client.headers[MCP_SECRET_HEADER] = MCP_SECRET  # the client's own headers win over forwarded ones
+        return client
+
+    def prepare_tool_call_args(name: str, arguments: dict[str, Any]) -> Any:
+        endpoint, args, headers, block_fn = prepare(name, arguments)
+        request = server.mcp_server.request_context.request
+        client = getattr(request, "client", None)
+        headers = {k: v for k, v in headers.items() if k.lower() not in (MCP_SECRET_HEADER, MCP_CLIENT_HEADER)}
+        headers[MCP_CLIENT_HEADER] = getattr(client, "host", None) or "unknown"
+        return endpoint, args, headers, block_fn
+
+    prepare_tool_call_args._mended = True  # type: ignore[attr-defined]
+    server._get_or_create_client = get_or_create_client
+    server._prepare_tool_call_args = prepare_tool_call_args

@@ -103,7 +103,9 @@ class OpenAIImages:
         self.demo = demo
         self.access = access or Access(settings)  # keys, limits and their counts (web/access.py)
         self.marker = Marker.for_settings(settings)  # watermark, IPTC, C2PA (engine/trust/marks.py)
-        self.urls = UrlStore(settings.outputs_dir / "api", settings.image_url_ttl_s, self.marker)
+        # Outside outputs_dir (which Gradio serves at /gradio_api/file= to anyone): only /v1/images/files/ serves
+        # these, by an unguessable name that expires (a capability URL).
+        self.urls = UrlStore(settings.cache_dir / "api-images", settings.image_url_ttl_s, self.marker)
         self._lock = threading.Lock()
         self._in_flight = 0
         # Prefer: respond-async (web/jobs.py): the same checks, charge and queue place, run by a job worker.
@@ -258,7 +260,10 @@ class OpenAIImages:
                 self.access.observe_error(exc, "openai")
                 raise failure(exc) from None
         # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
-        data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
+        try:
+            data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
+        except Exception as exc:  # a full disk is a 507 (errors.StorageFull), anything else a one-line 500
+            raise failure(exc) from None
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
         return JSONResponse(answer)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,9 +21,11 @@ import pytest
 from PIL import Image
 
 from neuron_app.engine.modes import references
+from tests.support import wait_for
 
 EDIT_KEY = f"sk-edit-{uuid.uuid4().hex}"
 TIGHT_KEY = f"sk-tight-{uuid.uuid4().hex}"
+CONNECTIONS = 64
 #: A backstop for one answer on a busy 2-core machine, never the thing measured.
 BACKSTOP_S = 120.0
 
@@ -39,7 +42,7 @@ def app(launch_tiny: Callable[..., Any]) -> Any:
     keys = {"edit": {"key": EDIT_KEY}, "tight": {"key": TIGHT_KEY, "images_per_minute": 1}}
     os.environ["NEURON_APP_API_KEYS"] = json.dumps(keys)
     try:
-        launched = launch_tiny()
+        launched = launch_tiny(upload_mb_per_minute=2, upload_total_mb=5, queue_max_size=1, max_connections=CONNECTIONS)
     finally:
         os.environ.pop("NEURON_APP_API_KEYS", None)
     launched.manager.ensure_loaded()  # every test below meets a ready model, whichever runs first
@@ -156,3 +159,129 @@ def test_deeply_nested_json_is_a_400_in_openai_shape(app: Any) -> None:
     )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "invalid_json"
+
+
+# --- the door: uploads, the queue, connections (web/door.py) --------------------------------------------------
+
+
+def upload(app: Any, address: str, size: int, **headers: str) -> httpx.Response:
+    """What the page and gradio_client do to send a file; the address comes through X-Forwarded-For, which
+    uvicorn believes from 127.0.0.1 (FORWARDED_ALLOW_IPS), as from a proxy on the same host."""
+    return httpx.post(
+        app.url + "gradio_api/upload",
+        files={"files": ("blob.bin", os.urandom(size), "application/octet-stream")},
+        headers={"X-Forwarded-For": address, **headers},
+        timeout=BACKSTOP_S,
+    )
+
+
+def test_uploads_are_limited_per_address_per_minute_and_in_total(app: Any) -> None:
+    """`upload_mb_per_minute = 2`: an address's second 1.5 MB upload in a minute is a 429 with Retry-After;
+    `upload_total_mb = 5`: the fourth address's upload in the hour is a 507."""
+    size = 3 << 19  # 1.5 MB
+    first = upload(app, "203.0.113.1", size)
+    assert first.status_code == 200, first.text
+    again = upload(app, "203.0.113.1", size)
+    assert again.status_code == 429 and int(again.headers["Retry-After"]) >= 1
+    assert "address 203.0.113.1 is over its limit of 2.0 MB per minute" in again.json()["detail"]
+    assert upload(app, "203.0.113.2", size).status_code == 200
+    assert upload(app, "203.0.113.3", size).status_code == 200
+    full = upload(app, "203.0.113.4", size)
+    assert full.status_code == 507 and "the upload space (all addresses) is over its limit" in full.json()["detail"]
+
+
+def test_an_upload_must_declare_its_size(app: Any) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b"--x\r\nContent-Disposition: form-data; name=files; filename=a.bin\r\n\r\nabc\r\n--x--\r\n"
+
+    response = httpx.post(
+        app.url + "gradio_api/upload",
+        content=chunks(),  # chunked: no Content-Length
+        headers={"Content-Type": "multipart/form-data; boundary=x"},
+        timeout=BACKSTOP_S,
+    )
+    assert response.status_code == 411
+
+
+def test_a_full_gradio_queue_says_when_to_retry(app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`queue_max_size = 1`, one lane: with one generation held on the device and one waiting, the next join is
+    Gradio's 503, now with a Retry-After."""
+    from gradio_client import Client
+
+    running, release = threading.Event(), threading.Event()
+    real_run = app.manager.generate
+
+    def held_run(*args: Any, **kwargs: Any) -> Any:
+        running.set()
+        release.wait(BACKSTOP_S)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(app.manager, "generate", held_run)
+    client = Client(app.url, verbose=False)
+    try:
+        jobs = [client.submit("a lamp", "64x64", 1, 1, api_name="/generate")]
+        assert running.wait(BACKSTOP_S)
+        jobs.append(client.submit("a lamp", "64x64", 1, 2, api_name="/generate"))
+        config = httpx.get(app.url + "config", timeout=30).json()
+        (fn,) = [d["id"] for d in config["dependencies"] if d.get("api_name") == "generate"]
+        body = {"data": ["a lamp", "64x64", 1, 3], "fn_index": fn, "session_hash": uuid.uuid4().hex}
+        for _ in range(50):  # until the second job is in the queue (it is sent from the client's thread)
+            refused = httpx.post(app.url + "gradio_api/queue/join", json=body, timeout=30)
+            if refused.status_code == 503:
+                break
+            release.wait(0.2)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["Retry-After"] == "5"
+    finally:
+        release.set()
+    for job in jobs:
+        job.result(timeout=BACKSTOP_S)
+
+
+def test_connections_beyond_max_connections_get_a_503(app: Any) -> None:
+    """`max_connections` (uvicorn's limit_concurrency, set on the running server): with that many idle
+    connections held open, the next request is answered 503 at once instead of piling up; closing them
+    frees the server."""
+    host, port = "127.0.0.1", app.settings.server_port
+    idle = [socket.create_connection((host, port), timeout=30) for _ in range(CONNECTIONS)]
+    try:
+        response = httpx.get(app.url + "healthz", timeout=30)
+        assert response.status_code == 503, response.text
+    finally:
+        for sock in idle:
+            sock.close()
+    # the server notices the closed sockets on its loop: a backstop deadline, polled
+    wait_for(lambda: httpx.get(app.url + "healthz", timeout=30).status_code == 200, BACKSTOP_S, "a freed server")
+
+
+def test_the_page_limit_is_on_by_default_when_others_can_reach_the_app(make_settings: Callable[..., Any]) -> None:
+    from neuron_app.web.access import REACHABLE_IMAGES_PER_MINUTE, page_limit
+
+    assert page_limit(make_settings()) == 0  # 127.0.0.1: only this machine
+    assert page_limit(make_settings(server_name="0.0.0.0")) == REACHABLE_IMAGES_PER_MINUTE == 10
+    assert page_limit(make_settings(server_name="0.0.0.0", page_images_per_minute=0)) == 0  # said off: off
+    assert page_limit(make_settings(page_images_per_minute=3)) == 3
+
+
+def test_a_full_disk_is_a_507_in_openai_shape(app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `url` image is written where the kernel says ENOSPC (/dev/full, a real write that fails as on a full
+    disk): the answer is a 507 `insufficient_storage` in OpenAI's shape, naming no path (it used to be a plain 500)."""
+    from neuron_app.web import image_urls
+
+    real = image_urls.write_png
+
+    def write_to_a_full_disk(record: Any, target: Any, marker: Any = None) -> Any:
+        with open("/dev/full", "wb", buffering=0) as full:
+            return real(record, full, marker)
+
+    monkeypatch.setattr(image_urls, "write_png", write_to_a_full_disk)
+    response = httpx.post(
+        app.url + "v1/images/generations",
+        headers={"Authorization": f"Bearer {EDIT_KEY}"},
+        json={"prompt": "a lamp", "size": "64x64", "num_inference_steps": 1, "response_format": "url"},
+        timeout=BACKSTOP_S,
+    )
+    assert response.status_code == 507, response.text
+    error = response.json()["error"]
+    assert error["code"] == "insufficient_storage" and error["type"] == "server_error"
+    assert "disk is full" in error["message"] and str(app.settings.cache_dir) not in response.text

@@ -42,7 +42,7 @@ from neuron_app.web.access import Access
 from neuron_app.web.image_urls import UrlStore
 from neuron_app.web.jobs import Jobs, wants_async
 from neuron_app.web.multi_image import offered_shapes, run_many, validate_many
-from neuron_app.web.openai_errors import ApiError, check_size, failure, refusal
+from neuron_app.web.openai_errors import ApiError, check_size, failure, read_body, refusal
 from neuron_app.web.ops import gradio_queue_length
 
 log = logging.getLogger(__name__)
@@ -63,21 +63,6 @@ RESPONSE_FORMATS = ("b64_json", "url")
 IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
 #: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength).
 EXTENSIONS = ("lora", "lora_scale")
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 beyond `limit` bytes (declared or actually sent)."""
-    declared = request.headers.get("content-length", "")
-    too_large = ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _content_type(request: Request) -> str:

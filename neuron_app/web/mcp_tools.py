@@ -23,6 +23,7 @@ import base64
 import contextvars
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,13 @@ log = logging.getLogger(__name__)
 _STRUCTURED: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("mcp_structured")
 
 
-def mend(demo: Any) -> None:
+def mend(demo: Any, local_path: Callable[[str], str] = str) -> None:
     """Apply every mend below to a launched demo's MCP server (nothing when MCP is off)."""
     server = getattr(demo, "mcp_server_obj", None)
     if server is None:
         return
     mend_multi_output(demo)
-    mend_outputs(server)
+    mend_outputs(server, local_path)
     mend_input_schemas(server)
     mend_caller(server)
 
@@ -66,10 +67,10 @@ def plain(value: Any) -> Any:
     return dump() if callable(dump) else value
 
 
-def content_of(output: Any, types: Any) -> list[Any]:
+def content_of(output: Any, types: Any, local_path: Callable[[str], str] = str) -> list[Any]:
     """One tool output as MCP content: a PNG as image content (its bytes, no server path), data as JSON text."""
     if isinstance(output, dict) and output.get("meta", {}).get("_type") == "gradio.FileData":
-        path = Path(str(output.get("path") or ""))
+        path = Path(local_path(str(output.get("path") or "")))  # answers name files by alias (web/door.py)
         if path.suffix.lower() == ".png" and path.is_file():
             data = base64.b64encode(path.read_bytes()).decode("ascii")
             return [types.ImageContent(type="image", data=data, mimeType="image/png")]
@@ -86,7 +87,7 @@ def structured(outputs: list[Any]) -> dict[str, Any] | None:
     return objects[0] if len(objects) == 1 else None
 
 
-def mend_outputs(server: Any) -> None:
+def mend_outputs(server: Any, local_path: Callable[[str], str] = str) -> None:
     """Answer tool calls with JSON text, image content and structured content (see the module docstring)."""
     if getattr(server, "_outputs_mended", False):
         return
@@ -103,7 +104,7 @@ def mend_outputs(server: Any) -> None:
         holder = _STRUCTURED.get(None)
         if holder is not None:
             holder["value"] = structured(outputs)
-        return [content for output in outputs for content in content_of(output, types)]
+        return [content for output in outputs for content in content_of(output, types, local_path)]
 
     async def handler(request: Any) -> Any:
         holder: dict[str, Any] = {}

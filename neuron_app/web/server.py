@@ -112,10 +112,13 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     }
     kwargs.update(overrides)
     result = app.demo.launch(**kwargs)
+    from neuron_app.web.door import Aliases, cap_connections
     from neuron_app.web.mcp_tools import mend
 
-    mend(app.demo)  # MCP answers as JSON and image content, no server paths
-    from neuron_app.web.door import cap_connections
+    mend(app.demo, Aliases.for_settings(settings).local_path)  # MCP answers: JSON and image content, no paths
+    from neuron_app.web.gradio_errors import mend_error_payload
+
+    mend_error_payload()  # Gradio's own refusals say what was wrong, in one line, instead of {"error": null}
 
     cap_connections(app.demo, settings)  # uvicorn's limit_concurrency: 503 beyond max_connections
     from neuron_app.web.first_render import install

@@ -285,3 +285,54 @@ def test_a_full_disk_is_a_507_in_openai_shape(app: Any, monkeypatch: pytest.Monk
     error = response.json()["error"]
     assert error["code"] == "insufficient_storage" and error["type"] == "server_error"
     assert "disk is full" in error["message"] and str(app.settings.cache_dir) not in response.text
+
+
+def test_the_gradio_api_never_answers_error_null(app: Any) -> None:
+    """Gradio's own refusals (too few inputs, a file it will not read) come with a one-line reason through the REST
+    route (`/gradio_api/call/...`, what curl users and gradio_client's queue read), with server paths replaced;
+    they used to be `{"error": null}`."""
+    from neuron_app.web.gradio_errors import scrubbed
+
+    def rest(name: str, data: list[Any]) -> tuple[str, Any]:
+        started = httpx.post(f"{app.url}gradio_api/call/{name}", json={"data": data}, timeout=BACKSTOP_S)
+        stream = httpx.get(f"{app.url}gradio_api/call/{name}/{started.json()['event_id']}", timeout=BACKSTOP_S)
+        lines = [line for line in stream.text.splitlines() if line]
+        return lines[-2].removeprefix("event: "), json.loads(lines[-1].removeprefix("data: "))
+
+    event, data = rest("generate", ["a lamp"])
+    assert event == "error" and "didn't receive enough input values" in data["error"]
+    passwd = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
+    event, data = rest("edit", ["a lamp", [passwd], "auto", 1, 1, "none", 1.0])
+    assert event == "error" and data["error"] and "/etc/passwd" not in data["error"]
+    leak = FileNotFoundError(2, "No such file or directory", f"{app.settings.cache_dir}/outputs/x.png")
+    assert str(app.settings.cache_dir) not in scrubbed(leak) and "<path>" in scrubbed(leak)
+    assert "http://example.com/a/b" in scrubbed(ValueError("see http://example.com/a/b"))
+
+
+def test_no_server_path_in_any_gradio_answer(app: Any, tmp_path: Any) -> None:
+    """Answers name files by alias (`/@outputs/...`, `/@uploads/...`, `/@cache`), never by the server's absolute
+    path (every answer used to carry it, in `path` and in its file URL); the aliases work where clients send them
+    back: the file URL downloads the PNG, and gradio_client's upload-then-edit reads the uploaded reference."""
+    from gradio_client import Client, handle_file
+
+    started = httpx.post(
+        f"{app.url}gradio_api/call/generate", json={"data": ["a lamp", "64x64", 1, 5, "none", 1.0]}, timeout=BACKSTOP_S
+    )
+    stream = httpx.get(f"{app.url}gradio_api/call/generate/{started.json()['event_id']}", timeout=BACKSTOP_S).text
+    assert "event: complete" in stream and str(app.settings.cache_dir) not in stream
+    image = json.loads(stream.strip().splitlines()[-1].removeprefix("data: "))[0]
+    assert image["path"].startswith("/@outputs/")
+    download = httpx.get(image["url"], timeout=BACKSTOP_S)
+    assert download.status_code == 200 and Image.open(io.BytesIO(download.content)).size == (64, 64)
+    for page in ("config", "gradio_api/info"):
+        assert str(app.settings.cache_dir) not in httpx.get(app.url + page, timeout=BACKSTOP_S).text
+    reference = tmp_path / "reference.png"
+    Image.new("RGB", (96, 96), (20, 120, 200)).save(reference)
+    uploaded = httpx.post(
+        app.url + "gradio_api/upload", files={"files": ("r.png", reference.read_bytes(), "image/png")}, timeout=60
+    ).json()
+    assert uploaded[0].startswith("/@uploads/")  # not Gradio's upload folder
+    edited, record = Client(app.url, verbose=False).predict(
+        "make it red", [handle_file(str(reference))], "64x64", 1, 6, api_name="/edit"
+    )
+    assert record["references"][0]["size"] == "96x96" and Image.open(edited).size == (64, 64)

@@ -10,6 +10,7 @@ Torch-free and import-free: every module may import it.
 
 from __future__ import annotations
 
+import errno
 from typing import ClassVar, Literal
 
 Kind = Literal["refused", "unavailable", "failed"]
@@ -112,6 +113,17 @@ class Unavailable(AppError):
     default_code = "unavailable"
 
 
+class StorageFull(Unavailable):
+    """The disk is full (ENOSPC, or a quota): nothing could be written; the caller may retry later."""
+
+    http_status = 507
+    default_code = "insufficient_storage"
+
+
+#: errno values of a full disk or quota: an OSError with one of them is a `StorageFull`.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 class ShuttingDown(Unavailable):
     """The server is draining for shutdown: new device work is refused with a clear message."""
 
@@ -188,6 +200,8 @@ def app_error_of(exc: BaseException) -> AppError | None:
             continue
         if isinstance(current, AppError):
             return current
+        if isinstance(current, OSError) and current.errno in _FULL:  # never the path: it is the server's
+            return StorageFull("the server's disk is full: nothing could be saved; try again later")
         current = current.__cause__
     return None
 

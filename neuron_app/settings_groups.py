@@ -115,11 +115,23 @@ class InterfaceSettings(BaseModel):
         description="Named API keys with their own limits, name -> {key, images_per_minute, images_per_day} "
         "(environment only: NEURON_APP_API_KEYS as JSON). Names appear in /metrics, keys never.",
     )
-    page_images_per_minute: int = Field(
-        0,
+    page_images_per_minute: int | None = Field(
+        None,
         ge=0,
         description="Images one client address may ask for in any 60 seconds through the page, gradio_client and "
-        "MCP (and the OpenAI API when no key is configured); 0 = no limit.",
+        "MCP (and the OpenAI API when no key is configured); 0 = no limit; unset = 10 when others can reach the "
+        "app (share = true or a non-loopback server_name), else no limit.",
+    )
+    upload_mb_per_minute: float = Field(
+        200.0, gt=0, description="MB one client address may upload to Gradio (/gradio_api/upload) in any 60 seconds."
+    )
+    upload_total_mb: float = Field(
+        4096.0,
+        gt=0,
+        description="MB all addresses together may upload to Gradio in any hour (it keeps uploads up to an hour).",
+    )
+    max_connections: int = Field(
+        1000, ge=8, description="Open connections the server takes (uvicorn's limit_concurrency); beyond it, 503."
     )
     blocked_terms: list[str] = Field(
         [],

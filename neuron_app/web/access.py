@@ -12,8 +12,10 @@
   address, one budget per address, `page_images_per_minute`: the address
   Gradio reports (`gr.Request.client.host`). uvicorn takes it from `X-Forwarded-For` only when the connection
   comes from an address in `FORWARDED_ALLOW_IPS` (default 127.0.0.1): behind a proxy on another host every
-  user shares the proxy's address unless that variable names it. MCP calls reach the queue through Gradio's own
-  loopback client, so they all share one bucket, "mcp".
+  user shares the proxy's address unless that variable names it. Unset, the limit is on (10) whenever others can
+  reach the app. MCP calls reach the queue through Gradio's own loopback client: web/mcp_tools.py gives that client
+  a per-process secret and the MCP caller's address, so an MCP call is charged to its caller's address, the same
+  budget as its page calls. The route decides; no header a caller can send (`X-Gradio-User: mcp`) does.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import hashlib
 import hmac
 import math
+import secrets
 import threading
 import time
 from collections import Counter, deque
@@ -38,7 +41,21 @@ PREFIX = "neuron_app"
 MINUTE_S, DAY_S = 60.0, 86400.0
 #: Page callers kept before idle ones are forgotten (addresses whose windows are empty).
 MAX_CALLERS = 4096
-MCP_CALLER = "mcp"
+#: `page_images_per_minute` unset: this limit whenever others can reach the app, none on loopback.
+REACHABLE_IMAGES_PER_MINUTE = 10
+#: What web/mcp_tools.py adds to the MCP loopback client's requests: a secret of this process (so no caller can
+#: pass for MCP) and the MCP caller's own address; Gradio's direct path for unqueued events keeps the MCP route.
+MCP_SECRET = secrets.token_urlsafe(32)
+MCP_SECRET_HEADER = "x-neuron-app-mcp"
+MCP_CLIENT_HEADER = "x-neuron-app-mcp-client"
+MCP_PATH = "/gradio_api/mcp"
+
+
+def page_limit(settings: Settings) -> int:
+    """Images per address per minute in force: the setting, or unset, REACHABLE_IMAGES_PER_MINUTE when reachable."""
+    if settings.page_images_per_minute is not None:
+        return settings.page_images_per_minute
+    return REACHABLE_IMAGES_PER_MINUTE if settings.reachable_by_others else 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,10 @@ class Limit:
     span_s: float
     words: str  # "per minute", "per day"
     reason: str  # the /metrics label of a refusal: images_per_minute, images_per_day
+    unit: str = "images"  # or "bytes" (uploads, web/door.py)
+
+    def amount(self, count: int) -> str:
+        return f"{count / (1 << 20):.1f} MB" if self.unit == "bytes" else _images(count)
 
 
 @dataclass
@@ -103,7 +124,8 @@ class Limiter:
         for limit in active:
             if images > limit.images:
                 raise RequestError(
-                    f"{who} may ask for at most {_images(limit.images)} {limit.words}; this request asks for {images}",
+                    f"{who} may ask for at most {limit.amount(limit.images)} {limit.words}; this request asks for "
+                    f"{limit.amount(images)}",
                     param="n",
                 )
         now = self.clock()
@@ -116,7 +138,7 @@ class Limiter:
                     wait = math.ceil(window.wait_s(now, images, limit.images))
                     self.refusals[(caller, limit.reason)] += 1
                     raise RateLimited(
-                        f"{who} is over its limit of {_images(limit.images)} {limit.words}; retry in {wait} s",
+                        f"{who} is over its limit of {limit.amount(limit.images)} {limit.words}; retry in {wait} s",
                         retry_after_s=wait,
                     )
             entry = (now, images)
@@ -165,7 +187,7 @@ class Access:
                 Limit(entry.images_per_day, DAY_S, "per day", "images_per_day"),
             ]
             self.keys.append(_Key(name, _digest(entry.key.get_secret_value()), limits))
-        self.page_limits = [Limit(settings.page_images_per_minute, MINUTE_S, "per minute", "images_per_minute")]
+        self.page_limits = [Limit(page_limit(settings), MINUTE_S, "per minute", "images_per_minute")]
         self.limiter = Limiter()
         self._lock = threading.Lock()
         self.images: Counter[str] = Counter({key.name: 0 for key in self.keys})
@@ -219,8 +241,7 @@ class Access:
     def page_images_for(self, request: Any, images: int) -> Iterator[None]:
         """Charge a Gradio event to the caller's address; given back if it raises."""
         caller = page_caller(request)
-        who = "MCP (all its callers together)" if caller == MCP_CALLER else f"address {caller}"
-        refund = self.limiter.charge(f"page:{caller}", images, self.page_limits, who)
+        refund = self.limiter.charge(f"page:{caller}", images, self.page_limits, f"address {caller}")
         try:
             yield
         except BaseException:
@@ -291,15 +312,29 @@ class Access:
         return []  # collected at scrape time only (no duplicate-name check at registration)
 
 
-def page_caller(request: Any) -> str:
-    """Who a Gradio event is charged to: its client address, or "mcp" for Gradio's MCP loopback calls."""
-    headers = getattr(request, "headers", None) or {}
-    if headers.get("x-gradio-user") == MCP_CALLER:
-        return MCP_CALLER
+def _client_host(request: Any) -> str:
     client = getattr(request, "client", None)
     return getattr(client, "host", None) or "unknown"
 
 
+def mcp_caller(request: Any) -> str | None:
+    """The MCP caller's address when a Gradio event came through the MCP route, else None."""
+    headers = getattr(request, "headers", None) or {}
+    token = headers.get(MCP_SECRET_HEADER)
+    if token is not None and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), MCP_SECRET.encode()):
+        return headers.get(MCP_CLIENT_HEADER) or "unknown"
+    path = getattr(getattr(request, "url", None), "path", None)
+    if isinstance(path, str) and path.startswith(MCP_PATH):  # Gradio ran the event on the MCP request itself
+        return _client_host(request)
+    return None
+
+
+def page_caller(request: Any) -> str:
+    """Who a Gradio event is charged to: its client address, or for an MCP call the MCP caller's address."""
+    mcp = mcp_caller(request)
+    return _client_host(request) if mcp is None else mcp
+
+
 def entry_of(request: Any, default: str) -> str:
     """The entry a Gradio event came through: `default` (page or gradio_api), or mcp."""
-    return "mcp" if page_caller(request) == MCP_CALLER else default
+    return default if mcp_caller(request) is None else "mcp"

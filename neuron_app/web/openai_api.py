@@ -42,7 +42,7 @@ from neuron_app.web.access import Access
 from neuron_app.web.image_urls import UrlStore
 from neuron_app.web.jobs import Jobs, wants_async
 from neuron_app.web.multi_image import offered_shapes, run_many, validate_many
-from neuron_app.web.openai_errors import ApiError, check_size, failure, refusal
+from neuron_app.web.openai_errors import ApiError, check_size, failure, read_body, refusal
 from neuron_app.web.ops import gradio_queue_length
 
 log = logging.getLogger(__name__)
@@ -63,21 +63,6 @@ RESPONSE_FORMATS = ("b64_json", "url")
 IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
 #: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength).
 EXTENSIONS = ("lora", "lora_scale")
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 beyond `limit` bytes (declared or actually sent)."""
-    declared = request.headers.get("content-length", "")
-    too_large = ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _content_type(request: Request) -> str:
@@ -103,7 +88,9 @@ class OpenAIImages:
         self.demo = demo
         self.access = access or Access(settings)  # keys, limits and their counts (web/access.py)
         self.marker = Marker.for_settings(settings)  # watermark, IPTC, C2PA (engine/trust/marks.py)
-        self.urls = UrlStore(settings.outputs_dir / "api", settings.image_url_ttl_s, self.marker)
+        # Outside outputs_dir (which Gradio serves at /gradio_api/file= to anyone): only /v1/images/files/ serves
+        # these, by an unguessable name that expires (a capability URL).
+        self.urls = UrlStore(settings.cache_dir / "api-images", settings.image_url_ttl_s, self.marker)
         self._lock = threading.Lock()
         self._in_flight = 0
         # Prefer: respond-async (web/jobs.py): the same checks, charge and queue place, run by a job worker.
@@ -212,12 +199,14 @@ class OpenAIImages:
             seed = fields.get("seed")
             if seed is None:
                 seed = random.randint(0, MAX_SEED - (count - 1))
-            prompt = fields.get("prompt")
-            job, count = validate_many(self.manager, prompt, size, steps, seed, count, **options)  # nothing ran
         except RequestError as exc:
-            log.info("openai api refused: %s", exc)
-            self.access.observe_error(exc, "openai")
-            raise refusal(exc) from None
+            raise self.refused(exc) from None
+        # An edit's images are read (header, then pixels) only after its key, limits and queue place are
+        # checked; a text-only request is checked in full first. Both in a worker: never on the event loop.
+        heavy = options.get("references") is not None or options.get("image") is not None
+        check = (self.manager, fields.get("prompt"), size, steps, seed, count)
+        if not heavy:
+            job, count = await self.validated(*check, **options)
         prefer = request.headers.get("prefer", "")
         try:  # allowlist and every resolved address: a 400 naming webhook_url, and no connection made
             webhook_url = await run_in_threadpool(self.jobs.check_webhook, prefer, fields)
@@ -235,9 +224,12 @@ class OpenAIImages:
                 log.info("openai api refused: %s", exc)
                 raise refusal(exc) from None
             stack.enter_context(self.admitted())
+            if heavy:  # the pixel budget from each image's header, then the decode (engine/modes/references.py)
+                job, count = await self.validated(*check, **options)
             if wants_async(prefer):  # the job holds the charge and the queue place from here until it ends
                 try:  # over the key's job caps: a 429 jobs_full, the charge given back
-                    view = self.jobs.submit(
+                    view = await run_in_threadpool(
+                        self.jobs.submit,
                         request.state.api_key_name,
                         lambda progress: run_many(self.manager, job, count, progress),
                         stack.pop_all(),
@@ -256,9 +248,24 @@ class OpenAIImages:
                 self.access.observe_error(exc, "openai")
                 raise failure(exc) from None
         # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
-        data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
+        try:
+            data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
+        except Exception as exc:  # a full disk is a 507 (errors.StorageFull), anything else a one-line 500
+            raise failure(exc) from None
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
         return JSONResponse(answer)
+
+    def refused(self, exc: RequestError) -> ApiError:
+        log.info("openai api refused: %s", exc)
+        self.access.observe_error(exc, "openai")
+        return refusal(exc)
+
+    async def validated(self, *check: Any, **options: Any) -> Any:
+        """`validate_many` in a worker thread (blocked terms, image headers and decodes): nothing ran yet."""
+        try:
+            return await run_in_threadpool(validate_many, *check, **options)
+        except RequestError as exc:
+            raise self.refused(exc) from None
 
     def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:
         """One image of the answer; `provenance` (ignored by the OpenAI SDK's parsing) says how it was made."""
@@ -287,6 +294,8 @@ class OpenAIImages:
                 fields = json.loads(body)
             except (ValueError, UnicodeDecodeError):
                 raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+            except RecursionError:  # 200 000 nested brackets: Python's parser gives up, the answer stays clear
+                raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
             if not isinstance(fields, dict):
                 raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
             return await self.serve(request, fields)

@@ -1,10 +1,12 @@
-"""OpenAI's error shape, read from the app's error family (errors.py): status, type, param and code, never text."""
+"""OpenAI's error shape, read from the app's error family (errors.py): status, type, param and code, never text;
+and the body read with its 413."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from neuron_app.engine.requests import AUTO_SIZE, parse_resolution
@@ -76,3 +78,18 @@ def failure(exc: Exception) -> ApiError:
         return refusal(known)
     log.exception("unexpected error in the OpenAI-compatible API")
     return ApiError(500, one_line(exc, limit=200), type="server_error")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 beyond `limit` bytes (declared or actually sent)."""
+    declared = request.headers.get("content-length", "")
+    too_large = ApiError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -108,14 +108,20 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
         "show_error": False,
         "max_file_size": int(settings.max_upload_mb * 1024 * 1024),
         "quiet": True,  # Gradio's own lines would say "set share=True in launch()": `announce` says the app's way
-        "app_kwargs": app.ops.app_kwargs() if app.ops is not None else None,
+        "app_kwargs": door_kwargs(app),
         "mcp_server": mcp_enabled(settings),
     }
     kwargs.update(overrides)
     result = app.demo.launch(**kwargs)
+    from neuron_app.web.door import Aliases, cap_connections
     from neuron_app.web.mcp_tools import mend
 
-    mend(app.demo)  # MCP answers as JSON and image content, no server paths
+    mend(app.demo, Aliases.for_settings(settings).local_path)  # MCP answers: JSON and image content, no paths
+    from neuron_app.web.gradio_errors import mend_error_payload
+
+    mend_error_payload()  # Gradio's own refusals say what was wrong, in one line, instead of {"error": null}
+
+    cap_connections(app.demo, settings)  # uvicorn's limit_concurrency: 503 beyond max_connections
     from neuron_app.web.first_render import install
 
     install(app.demo)  # every page opens on the state of now, not the state at launch
@@ -124,6 +130,16 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     if block:
         app.demo.block_thread()
     return result
+
+
+def door_kwargs(app: App) -> dict[str, Any]:
+    """Gradio's FastAPI keyword arguments: our routes (web/ops.py) and the door every request meets (web/door.py)."""
+    from starlette.middleware import Middleware
+
+    from neuron_app.web.door import Door
+
+    kwargs = app.ops.app_kwargs() if app.ops is not None else {}
+    return kwargs | {"middleware": [Middleware(Door, settings=app.settings)]}
 
 
 def announce(demo: Any, settings: Settings) -> str:

@@ -219,30 +219,39 @@ def test_page_limit_per_client_address(app: Any, gradio: Any) -> None:
     assert sample(text, "neuron_app_page_rate_limited_total") == 2  # gradio_client and the page
 
 
-def test_mcp_calls_pass_the_same_checks_in_their_own_bucket(app: Any) -> None:
-    """MCP tool calls meet the blocked terms (counted as entry mcp) and the page limit, in one bucket shared by
-    every MCP caller (Gradio runs them through its own loopback client), apart from the page's addresses."""
+def test_mcp_calls_are_charged_to_the_callers_address(launch_tiny: Callable[..., Any]) -> None:
+    """MCP tool calls meet the blocked terms (counted as entry mcp) and the page limit of the MCP caller's own
+    address, the budget its page and gradio_client calls use: the route decides. A gradio_client sending what
+    Gradio's MCP loopback client sends (`X-Gradio-User: mcp`), a guessed secret and another address stays in
+    its own address's bucket (it used to move into a shared MCP bucket with a budget of its own)."""
     import asyncio
 
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
     from mcp import ClientSession
     from mcp.client.streamable_http import streamablehttp_client
 
-    async def work() -> list[Any]:
+    app = launch_tiny(page_images_per_minute=2, blocked_terms=["forbiddenword"])
+
+    async def mcp_generate(*prompts: str) -> list[Any]:
         async with (
             streamablehttp_client(app.url + "gradio_api/mcp/") as (read, write, _),
             ClientSession(read, write) as session,
         ):
             await session.initialize()
-            calls = [{"prompt": "one forbiddenword here", "resolution": "64x64", "steps": 1, "seed": 0}]
-            calls += [{"prompt": PROMPT, "resolution": "64x64", "steps": 1, "seed": seed} for seed in (1, 2, 3)]
+            calls = [{"prompt": prompt, "resolution": "64x64", "steps": 1, "seed": 1} for prompt in prompts]
             return [await session.call_tool("generate", args) for args in calls]
 
-    blocked, first, second, third = asyncio.run(work())
+    blocked, first = asyncio.run(mcp_generate("one forbiddenword here", PROMPT))
     assert blocked.isError and "does not allow" in str(blocked.content)
-    assert not first.isError and not second.isError, (first.content, second.content)
-    assert third.isError and "MCP (all its callers together) is over its limit of 2 images per minute" in str(
-        third.content
-    )
+    assert not first.isError, first.content
+    forged = {"x-gradio-user": "mcp", "x-neuron-app-mcp": "a-guess", "x-neuron-app-mcp-client": "203.0.113.9"}
+    posing = Client(app.url, verbose=False, headers=forged)
+    assert posing.predict(PROMPT, "64x64", 1, 2, api_name="/generate")  # the address's second image
+    with pytest.raises(AppError, match=r"address 127\.0\.0\.1 is over its limit of 2 images per minute"):
+        posing.predict(PROMPT, "64x64", 1, 3, api_name="/generate")
+    (over,) = asyncio.run(mcp_generate(PROMPT))
+    assert over.isError and "address 127.0.0.1 is over its limit of 2 images per minute" in str(over.content)
     assert sample(metrics(app), "neuron_app_content_refused_total", entry="mcp", what="prompt") == 1
 
 

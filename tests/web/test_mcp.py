@@ -72,3 +72,24 @@ def test_mcp_client_lists_and_calls_generate(launched_app: Any) -> None:
     assert launched_app.manager.status().shapes["64x64"].hits == 2
     assert not status.isError and json.loads(status.content[0].text)["shapes"]["64x64"]["state"] == "ready"
     assert status.structuredContent is not None and status.structuredContent["model"] == "tiny"
+
+
+def test_mcp_edit_takes_reference_images_and_returns_an_image(launched_app: Any) -> None:
+    """`edit` through the MCP SDK: its schema has no dangling `$ref` (the SDK checks arguments against it: every call
+    failed with `PointerToNowhere: '/$defs/FileData' does not exist`), and a reference sent as a data: URL is
+    edited into a PNG of the shape asked for."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (96, 96), (200, 10, 10)).save(buffer, "PNG")
+    reference = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+    async def work(session: ClientSession) -> Any:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        args = {"prompt": "make it blue", "images": [reference], "resolution": "64x64", "steps": 1, "seed": 3}
+        return tools["edit"], await session.call_tool("edit", args)
+
+    tool, result = asyncio.run(_session(launched_app.url, work))
+    assert "$defs" not in json.dumps(tool.inputSchema) and "$ref" not in json.dumps(tool.inputSchema)
+    assert not result.isError, result.content
+    (image,) = [c for c in result.content if c.type == "image"]
+    assert Image.open(io.BytesIO(base64.b64decode(image.data))).size == (64, 64)
+    assert result.structuredContent["references"][0]["size"] == "96x96"

@@ -99,7 +99,10 @@ def test_url_is_served_for_a_while_under_an_unguessable_name(api_app: Any, clien
     reply = httpx.get(url, timeout=10)
     assert reply.status_code == 200 and reply.headers["content-type"] == "image/png"
     assert png(reply.content).size == (64, 64)  # "auto" is the default shape
-    assert (api_app.settings.cache_dir / "outputs" / "api" / name).is_file()
+    path = api_app.settings.cache_dir / "api-images" / name
+    assert path.is_file()
+    # Not through Gradio's file route: it serves outputs_dir to anyone, with no key and no expiry.
+    assert httpx.get(f"{api_app.url}gradio_api/file={path}", timeout=10).status_code in (403, 404)
     for missing in ("A" * 43 + ".png", "short.png", name[:-4] + ".PNG"):
         reply = httpx.get(api_app.url + "v1/images/files/" + missing, timeout=10)
         assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found", missing

@@ -266,13 +266,14 @@ def test_image_store_keeps_the_newest(tmp_path: Path, make_settings: Callable[..
 
 def test_outputs_are_served_in_place(auth_app: Any) -> None:
     """The API's image is served from the outputs folder itself (Gradio's static paths): no hash and copy into
-    Gradio's cache on every answer. The URL names the server's own file, and downloads byte-identical."""
+    Gradio's cache on every answer. The answer names it by its alias (web/door.py: no server path), and its URL
+    downloads the server's own file, byte-identical."""
     import httpx
 
     client = Client(auth_app.url, auth=(USER, PASSWORD), verbose=False, download_files=False)
     image, _info = client.predict("a lighthouse at dawn", "64x64", 4, 7, api_name="/generate")
     (saved,) = (auth_app.settings.cache_dir / "outputs").glob("64x64-7-*.png")
-    assert image["path"] == str(saved), image
+    assert image["path"] == f"/@outputs/{saved.name}", image
     served = httpx.get(image["url"], auth=(USER, PASSWORD), cookies=client.cookies)
     assert served.status_code == 200 and served.content == saved.read_bytes()
 

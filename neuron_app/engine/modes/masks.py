@@ -75,9 +75,7 @@ def _open(settings: Settings, source: Any, label: str, param: str) -> tuple[Any,
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image.seek(0)  # animations: the first frame
-            image.load()
-            oriented = refs._oriented(image)
+            oriented = refs._oriented(refs.decode(image))
     except Image.DecompressionBombError:
         raise RequestError(bomb, param=param) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError):

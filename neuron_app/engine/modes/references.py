@@ -87,6 +87,8 @@ def check_references(settings: Settings, references: Sequence[Any] | None) -> tu
         raise _error("an edit needs at least one reference image")
     if len(references) > limit:
         raise _error(f"{len(references)} reference images given; the limit is {limit}")
+    for i, source in enumerate(references):  # every header first: no image is decoded if any one is too big
+        _header(settings, source, f"reference image {i + 1}")
     return tuple(load_reference(settings, source, i + 1) for i, source in enumerate(references))
 
 
@@ -119,14 +121,12 @@ def _read_source(settings: Settings, source: Any, label: str) -> tuple[bytes | N
     return data, None
 
 
-def load_reference(settings: Settings, source: Any, index: int = 1) -> Reference:
-    """Open, check and normalize one reference; refusals name the limit."""
+def _header(settings: Settings, source: Any, label: str) -> tuple[bytes | None, Any]:
+    """The upload's bytes and its image opened from the header only, refused above `max_reference_pixels`:
+    a small file that declares a huge image costs a header read, never a decode."""
     from PIL import Image, UnidentifiedImageError
 
-    label = f"reference image {index}"
     data, image = _read_source(settings, source, label)
-    upload = image if data is None else data
-    unreadable = f"{label} is not a readable image (unknown format, truncated or corrupt)"
     bomb = f"{label} has too many pixels; the limit is {settings.max_reference_pixels:,} (width x height)"
     try:
         with warnings.catch_warnings():
@@ -136,16 +136,33 @@ def load_reference(settings: Settings, source: Any, index: int = 1) -> Reference
     except Image.DecompressionBombError:
         raise _error(bomb) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError):
-        raise _error(unreadable) from None
+        raise _error(f"{label} is not a readable image (unknown format, truncated or corrupt)") from None
     width, height = image.size
     if width * height > settings.max_reference_pixels:
         raise _error(f"{bomb}; this one is {width}x{height}")
+    return data, image
+
+
+def decode(image: Any) -> Any:
+    """Decode an opened image's pixels (its first frame): the costly step, after every header check."""
+    image.seek(0)  # animations: the first frame
+    image.load()
+    return image
+
+
+def load_reference(settings: Settings, source: Any, index: int = 1) -> Reference:
+    """Open, check and normalize one reference; refusals name the limit."""
+    from PIL import Image
+
+    label = f"reference image {index}"
+    data, image = _header(settings, source, label)
+    upload = image if data is None else data
+    unreadable = f"{label} is not a readable image (unknown format, truncated or corrupt)"
+    bomb = f"{label} has too many pixels; the limit is {settings.max_reference_pixels:,} (width x height)"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image.seek(0)  # animations: the first frame
-            image.load()
-            rgb = _to_rgb(_oriented(image))
+            rgb = _to_rgb(_oriented(decode(image)))
     except Image.DecompressionBombError:
         raise _error(bomb) from None
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError):

@@ -1,0 +1,238 @@
+"""The server's door: what every connection meets before Gradio or the OpenAI API see a request.
+
+- Uploads (`POST /gradio_api/upload`, the page's and gradio_client's way to send a file) are limited in bytes per
+  client address per minute (`upload_mb_per_minute`, 429) and for all addresses together per hour
+  (`upload_total_mb`, 507: Gradio keeps an upload up to an hour, so this bounds the disk they take). An upload
+  must declare its size (Content-Length; 411 otherwise): it is charged before a byte is read, and given back
+  when Gradio refuses it. The address is uvicorn's (X-Forwarded-For only from FORWARDED_ALLOW_IPS), as for
+  the page's image limit (web/access.py).
+- A full Gradio queue answers 503 from `/gradio_api/queue/join` with no `Retry-After`: the door adds one.
+- No server path in an answer: Gradio names every file by its absolute path (`path`, and its
+  `/gradio_api/file=<path>` URL). The door answers with aliases instead, `/@outputs/...` for `outputs_dir` and
+  `/@uploads/...` for Gradio's upload folder, `/@cache` for `cache_dir` (the page's status names it), and reads
+  them back in what clients send (a JSON body, a file URL),
+  so the page's "use as reference" and gradio_client's files keep working.
+- `cap_connections` sets uvicorn's `limit_concurrency` on the running server (503 beyond it). uvicorn 0.54 has
+  no timeout for reading a request's headers (its keep-alive timer starts after a first answer), so a client
+  that sends half a request holds its connection until the cap: docs/sharing.md says to put a proxy in front.
+
+A pure ASGI middleware (`app_kwargs={"middleware": [...]}` reaches Gradio's FastAPI app): bodies stream through.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from neuron_app.errors import RateLimited, RequestError
+from neuron_app.settings import Settings
+from neuron_app.web.access import MINUTE_S, Limit, Limiter
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+HOUR_S = 3600.0
+MB = 1 << 20
+UPLOAD_PATHS = ("/gradio_api/upload", "/upload")
+QUEUE_JOIN = "/gradio_api/queue/join"
+GRADIO_API = "/gradio_api/"
+FILE_ROUTE = "/gradio_api/file="
+#: The app's own routes (web/openai_api.py, web/ops.py): their answers carry no server folder.
+OWN_ROUTES = ("/v1/", "/healthz", "/readyz", "/metrics")
+#: JSON bodies read whole to put the real folders back (event inputs: a prompt, numbers, file references).
+INBOUND_LIMIT = 4 << 20
+#: What a full queue tells a client to wait (a generation takes seconds to a minute).
+QUEUE_RETRY_AFTER_S = 5
+
+
+async def _answer(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    body = json.dumps({"detail": message, "error": message}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Door:
+    """ASGI middleware: upload budgets and the queue's Retry-After (see the module docstring)."""
+
+    def __init__(self, app: Any, settings: Settings, limiter: Limiter | None = None) -> None:
+        self.app = app
+        self.aliases = Aliases.for_settings(settings)
+        self.limiter = limiter or Limiter()
+        per_minute = int(settings.upload_mb_per_minute * MB)
+        self.per_address = [Limit(per_minute, MINUTE_S, "per minute", "upload_bytes_per_minute", "bytes")]
+        self.total = [Limit(int(settings.upload_total_mb * MB), HOUR_S, "per hour", "upload_bytes_per_hour", "bytes")]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if path.startswith(FILE_ROUTE):  # a file by its alias: the real path, and the bytes as they are
+            real = self.aliases.inbound(path.encode()).decode()
+            await self.app({**scope, "path": real, "raw_path": real.encode()}, receive, send)
+            return
+        if not path.startswith(OWN_ROUTES):  # ours name no folder; their base64 images are left as they are
+            send = self.aliases.outbound_send(send)
+        if scope.get("method") == "POST" and path.rstrip("/") in UPLOAD_PATHS:
+            await self.upload(scope, receive, send)
+            return
+        if scope.get("method") == "POST" and path.startswith(GRADIO_API):
+            scope, receive = await self.aliases.inbound_body(scope, receive)
+        if path.startswith(QUEUE_JOIN):
+            send = _retry_after_on_503(send)
+        await self.app(scope, receive, send)
+
+    async def upload(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        declared = headers.get("content-length", "")
+        if not declared.isdigit():
+            await _answer(send, 411, "an upload must declare its size (Content-Length)")
+            return
+        size = int(declared)
+        address = (scope.get("client") or ("unknown", 0))[0]
+        refunds = []
+        try:
+            refunds.append(self.limiter.charge(f"upload:{address}", size, self.per_address, f"address {address}"))
+            refunds.append(self.limiter.charge("upload:*", size, self.total, "the upload space (all addresses)"))
+        except (RateLimited, RequestError) as exc:
+            for refund in refunds:
+                refund()
+            log.info("upload refused: %s", exc)
+            if isinstance(exc, RequestError):
+                await _answer(send, 413, str(exc))
+            else:
+                status = 429 if not refunds else 507
+                await _answer(send, status, str(exc), {"Retry-After": str(max(1, round(exc.retry_after_s)))})
+            return
+        status: list[int] = []
+
+        async def watch(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if not status or status[0] >= 400:  # refused by Gradio (too large, bad form) or cut off: not kept
+                for refund in refunds:
+                    refund()
+
+
+def _upload_folder() -> str:
+    """Where Gradio keeps uploads (gradio.utils.get_upload_folder, without importing gradio here)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    return os.environ.get("GRADIO_TEMP_DIR") or str((Path(tempfile.gettempdir()) / "gradio").resolve())
+
+
+class Aliases:
+    """Server folders <-> the aliases answers show (see the module docstring)."""
+
+    def __init__(self, folders: dict[str, str]) -> None:
+        # The longest folder first (outputs_dir lies inside cache_dir); a folder only as a whole path segment.
+        pairs = sorted(((real.rstrip("/"), alias) for real, alias in folders.items()), key=lambda p: -len(p[0]))
+        self.out = [(re.compile(re.escape(real.encode()) + rb"(?![\w.-])"), alias.encode()) for real, alias in pairs]
+        self.back = [(alias.encode(), real.encode()) for real, alias in pairs]
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> Aliases:
+        folders = {str(settings.outputs_dir): "/@outputs", _upload_folder(): "/@uploads"}
+        return cls(folders | {str(settings.cache_dir): "/@cache"})
+
+    def local_path(self, path: str) -> str:
+        """The server's path of an aliased one (what the MCP mend reads the PNG from); others as they are."""
+        for alias, real in self.back:
+            if path.startswith(alias.decode() + "/"):
+                return real.decode() + path[len(alias) :]
+        return path
+
+    def outbound(self, data: bytes) -> bytes:
+        for pattern, alias in self.out:
+            data = pattern.sub(alias, data)
+        return data
+
+    def inbound(self, data: bytes) -> bytes:
+        """Aliases back to folders, only where a path starts: a JSON string's first character, or after `file=`."""
+        for alias, real in self.back:
+            for lead in (b'"', b"file="):
+                data = data.replace(lead + alias + b"/", lead + real + b"/")
+        return data
+
+    def outbound_send(self, send: Send) -> Send:
+        """Rewrite text answers (JSON, server-sent events, HTML); their length changes, so it is not declared."""
+        rewrite = [False]
+
+        async def wrapped(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                kind = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+                rewrite[0] = any(t in kind for t in (b"json", b"event-stream", b"text/html", b"text/plain"))
+                if rewrite[0]:
+                    headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+                    message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and rewrite[0] and message.get("body"):
+                message = {**message, "body": self.outbound(message["body"])}
+            await send(message)
+
+        return wrapped
+
+    async def inbound_body(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
+        """A POST body up to INBOUND_LIMIT bytes read whole and given to the app with the real folders."""
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        declared = headers.get(b"content-length", b"")
+        if not declared.isdigit() or int(declared) > INBOUND_LIMIT:
+            return scope, receive  # streamed or large: passed on as sent
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return scope, _replay([message], receive)
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = self.inbound(b"".join(chunks))
+        raw = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+        raw.append((b"content-length", str(len(body)).encode()))
+        return {**scope, "headers": raw}, _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
+
+
+def _replay(messages: list[MutableMapping[str, Any]], then: Receive) -> Receive:
+    """`messages` first, then the connection's own (a streaming answer waits there for the disconnect)."""
+    pending = list(messages)
+
+    async def receive() -> MutableMapping[str, Any]:
+        return pending.pop(0) if pending else await then()
+
+    return receive
+
+
+def _retry_after_on_503(send: Send) -> Send:
+    async def wrapped(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start" and message["status"] == 503:
+            headers = list(message.get("headers", []))
+            if not any(name.lower() == b"retry-after" for name, _ in headers):
+                headers.append((b"retry-after", str(QUEUE_RETRY_AFTER_S).encode()))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return wrapped
+
+
+def cap_connections(demo: Any, settings: Settings) -> bool:
+    """uvicorn's `limit_concurrency` on the launched server: every connection made from now on reads it."""
+    config = getattr(getattr(demo, "server", None), "config", None)
+    if config is None or not hasattr(config, "limit_concurrency"):
+        log.warning("the web server has no uvicorn config to cap connections on")
+        return False
+    config.limit_concurrency = settings.max_connections
+    return True

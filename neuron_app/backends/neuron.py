@@ -1,9 +1,10 @@
 """AWS Trainium (Trn2, Trn3) through TorchNeuron: the "neuron" device and compile backend.
 
 Two products share the name `torch-neuronx`: up to Neuron 2.31 it was the PyTorch/XLA package
-(2.9.x, device `xla`, no `backend="neuron"`); from Neuron 2.33 the 2.13.3.0.* / 2.14.3.0.* releases
-are TorchNeuron, the native backend this app uses. `import torch_neuronx` succeeds with both, so
-the version family is checked first (torch-free, from package metadata) and the `neuron` device
+(2.9.x, device `xla`, no `backend="neuron"`); from Neuron 2.33 the 2.13.* / 2.14.* releases
+(2.33: 2.13.3.0.* / 2.14.3.0.*; 2.34, the default install: newer builds of the same families) are
+TorchNeuron, the native backend this app uses. `import torch_neuronx` succeeds with both, so the
+version family is checked first (torch-free, from package metadata) and the `neuron` device
 second. The SDK is imported only when this backend is chosen; `neuron_app.environment` has exported
 its cache folder and fallback switches before torch loads.
 """
@@ -29,17 +30,17 @@ SDK_DIST = "torch-neuronx"
 #: The first torch-neuronx release family that is TorchNeuron (torch 2.13); the XLA package stopped at 2.9.
 TORCHNEURON_FROM = (2, 13)
 INSTALL_HINT = (
-    "device 'neuron' needs TorchNeuron (Neuron SDK 2.33+, Trn2/Trn3): torch-neuronx==2.13.* with torch==2.13.0, "
-    "or torch-neuronx==2.14.* with torch==2.14.0 (the 2.33 DLAMI's /opt/aws_neuronx_venv_torch_neuronx_2_14_0 "
-    "carries 2.14: install only requirements-common.txt there). It is not on PyPI: pip install "
-    "'torch-neuronx==2.13.*' 'neuronx-cc==2.*' nki --extra-index-url https://pip.repos.neuron.amazonaws.com "
-    "(wheels for Ubuntu 26.04, Python 3.12-3.14; https://awsdocs-neuron.readthedocs-hosted.com/"
-    "en/v2.33.0/setup/pytorch/index.html); or choose another device with NEURON_APP_DEVICE=cpu"
+    "device 'neuron' needs TorchNeuron (Neuron SDK 2.34, or 2.33; Trn2/Trn3): torch-neuronx==2.13.* with "
+    "torch==2.13.0, or torch-neuronx==2.14.* with torch==2.14.0 (the DLAMI's "
+    "/opt/aws_neuronx_venv_torch_neuronx_2_14_0 carries 2.14: install only requirements-common.txt there). It is "
+    "not on PyPI: scripts/install-neuron.sh, or pip install -r requirements-neuron.txt (wheels for Ubuntu 26.04, "
+    "and 24.04 from 2.34; Python 3.12-3.14; https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/setup/"
+    "pytorch/index.html); or choose another device with NEURON_APP_DEVICE=cpu"
 )
 XLA_FIX = (
     "torch-neuronx {found} is the PyTorch/XLA package (device 'xla', no torch.compile backend 'neuron'), "
     "not TorchNeuron: install torch-neuronx==2.13.* with torch==2.13.0 (or torch-neuronx==2.14.* with "
-    "torch==2.14.0) from Neuron SDK 2.33+ (see docs/deploy-trn.md), or choose another device with "
+    "torch==2.14.0) from Neuron SDK 2.34 or 2.33 (see docs/deploy-trn.md), or choose another device with "
     "NEURON_APP_DEVICE=cpu"
 )
 

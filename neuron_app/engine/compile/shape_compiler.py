@@ -63,6 +63,7 @@ class ShapeCompiler:
         before, graphs_before = self.probe.snapshot(), self.counter.graphs
         start = time.perf_counter()
         eager_before = self.backend.eager_compile_count(graphs_before)
+        fallback_before, attention_mark = self.backend.fallback_ops(), self.backend.attention_mark()
         needs_run = (
             self.settings.compile_mode != "eager" or self.backend.compiles_eager_ops_per_shape or self.vae_compiled
         )
@@ -85,7 +86,7 @@ class ShapeCompiler:
         elapsed = time.perf_counter() - start
         graphs = self.counter.graphs - graphs_before
         eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
-        fallen_back = self.backend.fallback_ops()  # after the warm-up: what ran on the CPU instead
+        fallen_back = self.backend.fallbacks_since(fallback_before)  # this warm-up's, each op once
         if graphs > 0 or eager > 0 or not needs_run or self.settings.compile_mode == "eager":
             cache = CacheResult(self.probe.judge(before, self.probe.snapshot()))
         else:
@@ -95,6 +96,7 @@ class ShapeCompiler:
         with self._state_lock:
             graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
             graph.eager_compiles, graph.fallback_ops = eager, fallen_back
+            graph.nki_attention = self.backend.nki_attention_since(attention_mark)
             graph.compiled_as = name
             self._cache_size.invalidate()  # the compile wrote to the cache folder: measure it again
         log.info("compile done %s in %.2fs: %d graph(s), %d eager op(s), cache=%s", name, elapsed, graphs, eager, cache)

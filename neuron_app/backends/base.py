@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from neuron_app.errors import DeviceUnavailable
+
+log = logging.getLogger(__name__)
 
 CacheVerdict = Literal["disk", "miss", "memory"]
 
@@ -89,6 +92,16 @@ class DeviceBackend(ABC):
 
     def synchronize(self) -> None:  # noqa: B027 (optional hook: synchronous devices have nothing to wait for)
         """Wait for queued device work, so an asynchronous failure surfaces in the call that caused it."""
+
+    def drain(self) -> None:
+        """After a failed device call: wait for the device and drop what it latched (logged), so that the next,
+        unrelated call does not inherit the error (TorchNeuron can latch one into the next device op)."""
+        try:
+            self.synchronize()
+        except Exception as exc:
+            from neuron_app.errors import one_line
+
+            log.warning("device error latched by a failed call, dropped: %s", one_line(exc))
 
     def configure(self, settings: Any) -> None:  # noqa: B027 (optional hook)
         """Take the settings that concern this backend (the emulator's rule mode)."""

@@ -60,25 +60,35 @@ _NO_KERNEL = {"detach", "alias", "view", "_unsafe_view", "t", "expand", "permute
 
 class _DeviceModule:
     """`torch.neuron` as far as torch itself asks (torch.accelerator, dynamo's stream state): no real device, so
-    nothing of torch's accelerator machinery (streams, events) is used; the emulator is the device."""
+    nothing of torch's accelerator machinery (streams, events) is used; the emulator is the device.
+
+    In the app it says "not available" (the app never asks it); `python -m neuron_app emulate` turns it on, so
+    that a user's script that checks for Neuron runs: one core per process, the torchrun rank's."""
 
     emulated = True  # not TorchNeuron's module: backends/neuron.py must not take it for an installed SDK
+    available = False
+    synchronize_hook: Any = None  # the emulator's synchronize (latched errors), under `emulate`
 
-    @staticmethod
-    def is_available() -> bool:
-        return False
+    @classmethod
+    def is_available(cls) -> bool:
+        return cls.available
 
-    @staticmethod
-    def device_count() -> int:
-        return 0
+    @classmethod
+    def device_count(cls) -> int:
+        return 1 if cls.available else 0
 
     @staticmethod
     def current_device() -> int:
-        return 0
+        return 0  # one visible core per process: under torchrun, the rank's (TorchNeuron maps LOCAL_RANK)
 
     @staticmethod
-    def synchronize(device: Any = None) -> None:
+    def set_device(device: Any) -> None:
         return None
+
+    @classmethod
+    def synchronize(cls, device: Any = None) -> None:
+        if cls.synchronize_hook is not None:
+            cls.synchronize_hook()
 
 
 _DEVICE_MODULE = _DeviceModule()

@@ -165,18 +165,23 @@ def test_the_nki_gate_is_read_per_compiled_graph(emulator: Any) -> None:
 
 
 def test_each_shape_says_whether_its_attention_takes_the_nki_kernel(make_settings: Any) -> None:
-    """N1 on the app: the tiny transformer at 64x64 attends over 16 image + max_sequence_length text tokens:
-    496 text tokens make 512 (the kernel), 32 make 48 (decomposed); status and the page say which."""
+    """N1 on the app: the tiny transformer attends over image + max_sequence_length text tokens: 32 image tokens
+    (128x64, and its sibling 64x128, which compiles no transformer graph of its own) + 480 make 512, the
+    kernel; 16 (64x64) + 32 make 48, decomposed. Status and the page say which."""
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.web.views import neuron_markdown
 
-    for text, nki in ((496, True), (32, False)):
-        settings = make_settings(device="neuron-emulated", resolutions=["64x64"], max_sequence_length=text)
+    for text, shapes, nki in ((480, ["128x64", "64x128"], True), (32, ["64x64"], False)):
+        settings = make_settings(
+            device="neuron-emulated", resolutions=shapes, default_resolution=shapes[0], max_sequence_length=text
+        )
         manager = PipelineManager(settings)
-        manager.generate("a fox", "64x64", 2, 1)
+        for shape in shapes:
+            manager.generate("a fox", shape, 2, 1)
         status = manager.status()
-        assert status.to_dict()["shapes"]["64x64"]["nki_attention"] is nki, text
-        assert ("yes: 64x64" if nki else "no (decomposed, slower): 64x64") in neuron_markdown(status)
+        for shape in shapes:
+            assert status.to_dict()["shapes"][shape]["nki_attention"] is nki, (text, shape)
+        assert ("yes: " if nki else "no (decomposed, slower): ") + ", ".join(shapes) in neuron_markdown(status)
 
 
 def test_fallbacks_are_per_shape_once_each_and_the_unpack_is_host_glue(
@@ -241,3 +246,41 @@ def test_a_shapes_fallbacks_are_the_ops_whose_count_grew_during_its_warm_up() ->
     assert new_fallbacks(before, after) == ["aten::cumsum", "aten::scatter_.src"]
     assert new_fallbacks(after, after) == []
     assert degrading(["aten::scatter_.src", "aten.scatter_.src (float64)", "aten::cumsum"]) == ["aten::cumsum"]
+
+
+def test_image_to_image_and_inpaint_at_a_ready_shape_compile_nothing(make_settings: Any) -> None:
+    """N10: the warm-up runs an inpaint at each shape, so the VAE encoder at full resolution, the source's
+    noising and the blend outside the mask are compiled before the shape is called ready."""
+    from neuron_app.engine.manager import PipelineManager
+    from tests.support import left_half_mask, png, source_image
+
+    manager = PipelineManager(make_settings(device="neuron-emulated", resolutions=["64x64"]))
+    manager.compile_shape("64x64")
+    assert manager.status().shapes["64x64"].state.value == "ready"
+    source = png(source_image())
+    inpaint = manager.generate("a red door", "64x64", 4, 3, image=source, mask=left_half_mask())
+    assert inpaint.source is not None and inpaint.source["masked"]
+    assert inpaint.eager_compiles == 0 and inpaint.graphs_compiled == 0
+    img2img = manager.generate("a red door", "64x64", 4, 3, image=source, strength=0.5)
+    assert img2img.eager_compiles == 0 and img2img.graphs_compiled == 0
+    assert manager.status().neuron_rules["violation_count"] == 0
+
+
+def test_a_failed_request_drops_what_the_device_latched_so_the_next_one_succeeds(make_settings: Any) -> None:
+    """N14: a call fails while the device holds a latched error (a NEFF it queued failed); the manager waits
+    for the device and drops it, so the next, unrelated request does not inherit it."""
+    from neuron_app.engine.manager import PipelineManager
+
+    manager = PipelineManager(make_settings(device="neuron-emulated", resolutions=["64x64"]))
+    manager.generate("a fox", "64x64", 2, 1)
+    decode = manager.pipe.vae.decode
+
+    def failing_decode(*args: Any, **kwargs: Any) -> Any:
+        manager.backend.emulator.latch("NEFF execution failed (FAKE)")
+        raise RuntimeError("FAKE: the decode failed")
+
+    manager.pipe.vae.decode = failing_decode
+    with pytest.raises(Exception, match="FAKE: the decode failed"):
+        manager.generate("a fox", "64x64", 2, 2)
+    manager.pipe.vae.decode = decode
+    assert manager.generate("an unrelated fox", "64x64", 2, 3).image is not None

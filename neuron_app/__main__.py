@@ -218,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         from neuron_app.backends.emulate import main as emulate
 
         return emulate(argv[1:])
+    if argv[:1] == ["selftest"]:  # its own options (argparse's REMAINDER refuses a leading option)
+        from neuron_app.selftest import main as selftest
+
+        return selftest(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m neuron_app", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("precompile", help="compile shapes into the persistent cache and the manifest")

@@ -43,6 +43,11 @@ def install(mode: str = "enforce") -> Any:
     emulator_device._DeviceModule.synchronize_hook = em.synchronize
     emulator_device._register_device()
     sys.modules.setdefault("torch.neuron", emulator_device._DEVICE_MODULE)  # torch imports it as a module too
+    from torch.utils import backend_registration as registration
+
+    # c10d asks PrivateUse1's hooks (a barrier, a collective on a neuron process group): torch's Python stand-ins.
+    torch._C._acc.register_python_privateuseone_hook(registration._DummyPrivateUse1Hook())
+    torch._C._acc.register_python_privateuseone_device_guard(registration._DummyDeviceGuard())
     nki_off = os.environ.get("TORCH_NEURONX_ENABLE_NKI_SDPA", "1").strip().lower() in ("0", "false")
 
     def neuron_compiler(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:

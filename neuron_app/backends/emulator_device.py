@@ -86,6 +86,10 @@ class _DeviceModule:
         return None
 
     @classmethod
+    def is_initialized(cls) -> bool:
+        return cls.available
+
+    @classmethod
     def synchronize(cls, device: Any = None) -> None:
         if cls.synchronize_hook is not None:
             cls.synchronize_hook()

@@ -78,3 +78,31 @@ def test_a_users_pytest_suite_runs_under_emulate_and_a_broken_rule_fails_the_scr
     broken = emulate(["broken.py"], tmp_path)
     assert broken.returncode == 1 and "neuron rule: torch.randn(device='neuron')" in broken.stderr
     assert "violations 1" in broken.stderr  # the summary still prints
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_neuron_process_group_and_device_mesh_work(tmp_path: Path) -> None:
+    """The guide's tensor-parallel set-up lines: `init_process_group(backend="neuron")` (gloo underneath) and
+    `DeviceMesh("neuron", ...)` on two ranks. (diffusers' TensorParallelConfig sharding is not emulated yet.)"""
+    (tmp_path / "mesh.py").write_text(
+        "import torch\nimport torch.distributed as dist\nfrom torch.distributed.device_mesh import DeviceMesh\n\n"
+        'dist.init_process_group(backend="neuron")\n'
+        'mesh = DeviceMesh("neuron", list(range(dist.get_world_size())))\n'
+        "device = torch.neuron.current_device()\n"
+        "total = torch.ones(1) * (dist.get_rank() + 1)\n"
+        "dist.all_reduce(total)\n"
+        'print("RANK", dist.get_rank(), mesh.device_type, mesh.size(), device, int(total.item()), flush=True)\n'
+        "dist.barrier()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "TORCH_NEURONX_"))}
+    env |= {"PYTHONPATH": str(ROOT), "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "neuron_app", "emulate", "mesh.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    ranks = sorted(line for line in done.stdout.splitlines() if line.startswith("RANK"))
+    assert done.returncode == 0 and ranks == ["RANK 0 neuron 2 0 3", "RANK 1 neuron 2 0 3"], done.stderr[-3000:]

@@ -1,26 +1,30 @@
-# FLUX.2-klein on AWS Trainium (Trn2, Trn3) with TorchNeuron, Neuron SDK 2.33: torch-neuronx 2.13.3.0.* with
-# torch 2.13.0. The 2.33 standalone TorchNeuron wheels are built for Ubuntu 26.04 only (AWS's 2.33 quickstart,
-# TorchNeuron's 2.33.0 release notes), so the base is ubuntu:26.04 with its own python3 (3.14) in a venv and the
-# Neuron runtime from the Neuron apt repository, pinned to the 2.33 versions below.
-# Every command here is explained in docs/deploy-trn.md.
+# FLUX.2-klein on AWS Trainium (Trn2, Trn3) with TorchNeuron, Neuron SDK 2.34 (2.33 still accepted:
+# --build-arg NEURON_SDK=2.33): torch-neuronx 2.13.* with torch 2.13.0. The base is ubuntu:26.04 with its own
+# python3 (3.14) in a venv and the Neuron runtime from the Neuron apt repository; for 2.34, --build-arg
+# BASE_IMAGE=ubuntu:24.04 (Python 3.12) is offered again (2.34's 24.04 wheels unconfirmed: the build's
+# doctor --stack fails if the wheel does not load). Every command here is explained in docs/deploy-trn.md.
 #
 #   docker build -t flux2-klein-trn .
 #   docker run --device=/dev/neuron0 -p 7860:7860 -v neuron-app-cache:/var/cache/neuron-app flux2-klein-trn
 #
-# Alternative base: the Neuron 2.33 "PyTorch Training (TorchNeuron)" DLC (Ubuntu 26.04, Python 3.14), which already
-# carries torch-neuronx 2.14 with torch 2.14 and the runtime; only requirements-common.txt is installed into it:
+# Alternative base: a Neuron "PyTorch Training (TorchNeuron)" DLC, which already carries torch-neuronx with its
+# torch and the runtime; only requirements-common.txt is installed into it:
 #   docker build --build-arg BASE_IMAGE=<that DLC's image> --build-arg NEURON_STACK=present -t flux2-klein-trn .
 ARG BASE_IMAGE=ubuntu:26.04
 FROM ${BASE_IMAGE}
 
-# install: the Neuron runtime (apt) and a venv with NEURON_REQUIREMENTS (requirements-neuron.txt: torch 2.13;
-# requirements-neuron-2.14.txt: torch 2.14); present: the base already has TorchNeuron, add the app's packages only.
+# install: the Neuron runtime (apt) and a venv with NEURON_REQUIREMENTS (empty: the release's own file,
+# requirements-neuron.txt for 2.34, requirements-neuron-2.33.txt for 2.33; requirements-neuron-2.14.txt: torch
+# 2.14); present: the base already has TorchNeuron, add the app's packages only.
 ARG NEURON_STACK=install
-ARG NEURON_REQUIREMENTS=requirements-neuron.txt
-# Neuron SDK 2.33 runtime packages (docs/deploy-trn.md, "Versions"); the driver, 2.31.7.0, is on the host.
-ARG NEURON_RUNTIME_VERSION=2.35.30.0
-ARG NEURON_COLLECTIVES_VERSION=2.35.43.0
-ARG NEURON_TOOLS_VERSION=2.33.38.0
+ARG NEURON_SDK=2.34
+ARG NEURON_REQUIREMENTS=
+# The runtime packages' versions: empty takes the release's own (docs/deploy-trn.md, "Versions"); the driver is on
+# the host. The Neuron apt suite: empty is the base's codename.
+ARG NEURON_RUNTIME_VERSION=
+ARG NEURON_COLLECTIVES_VERSION=
+ARG NEURON_TOOLS_VERSION=
+ARG NEURON_APT_SUITE=
 
 # LD_LIBRARY_PATH as AWS's own Neuron containers set it (libnrt, libnccom), kept after the base image's own entries.
 ENV PYTHONUNBUFFERED=1 \
@@ -36,12 +40,12 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /app
 # The Neuron runtime (apt) and a venv with torch, torch-neuronx, neuronx-cc, nki and the app's packages (the ARGs
-# above reach the script as environment variables).
+# above reach the script as environment variables), then Ray Serve into the same Python (WITH_REPLICAS=1), so that
+# the image also serves NEURON_APP_REPLICAS=N on one instance (docs/replicas.md); the single-process quick start
+# (requirements.txt) leaves it out.
 COPY scripts/install-neuron.sh scripts/
 COPY requirements-common.txt requirements-nodeps.txt requirements-neuron*.txt requirements-replicas.txt ./
-# Then Ray Serve, so that the image also serves NEURON_APP_REPLICAS=N on one instance (docs/replicas.md); the
-# single-process quick start (requirements.txt) leaves it out.
-RUN scripts/install-neuron.sh && python -m pip install --no-cache-dir -r requirements-replicas.txt
+RUN WITH_REPLICAS=1 scripts/install-neuron.sh
 COPY . .
 # The build fails on a wrong stack (the PyTorch/XLA torch-neuronx, a torch that does not match, no compiler) and
 # on a wheel that is installed but does not import here.

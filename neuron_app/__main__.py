@@ -1,4 +1,4 @@
-"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest}`.
+"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest,emulate}`.
 
 `precompile` is what a deployment runs once before users come (or in an image build):
 it fills the persistent compile cache and the manifest, so the server starts warm.
@@ -228,6 +228,15 @@ def cmd_serve(_args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["emulate"]:  # its arguments are the script's, `-m` included: argparse would take them
+        from neuron_app.backends.emulate import main as emulate
+
+        return emulate(argv[1:])
+    if argv[:1] == ["selftest"]:  # its own options (argparse's REMAINDER refuses a leading option)
+        from neuron_app.selftest import main as selftest
+
+        return selftest(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m neuron_app", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     pre = sub.add_parser("precompile", help="compile shapes into the persistent cache and the manifest")
@@ -281,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     selftest.add_argument("rest", nargs=argparse.REMAINDER, help="selftest's own options (--help)")
     selftest.set_defaults(func=cmd_selftest)
+    emulate = sub.add_parser(
+        "emulate", help="run any script (or -m MODULE) on the emulated neuron device, like coverage run", add_help=False
+    )
+    emulate.add_argument("rest", nargs=argparse.REMAINDER, help="[-m MODULE | SCRIPT] [ARGS] (--help)")
     args = parser.parse_args(argv)
     from neuron_app.errors import AppError
 

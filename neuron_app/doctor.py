@@ -56,8 +56,8 @@ def check_python() -> Check:
         "python",
         "problem",
         found,
-        "TorchNeuron ships for Python 3.12-3.14: use Ubuntu 26.04's python3 venv (scripts/install-neuron.sh), the "
-        "Neuron DLAMI's TorchNeuron venv or this project's Docker image",
+        "TorchNeuron ships for Python 3.12-3.14: use Ubuntu 26.04's (or, with Neuron 2.34, 24.04's) python3 venv "
+        "(scripts/install-neuron.sh), the Neuron DLAMI's TorchNeuron venv or this project's Docker image",
     )
 
 
@@ -104,9 +104,9 @@ def check_sdk_import(timeout_s: float = IMPORT_TIMEOUT_S) -> Check:
     """
     name = "import torch_neuronx"
     fix = (
-        "the installed wheel does not load here: TorchNeuron 2.33 wheels are built for Ubuntu 26.04 and "
-        "Python 3.12-3.14; use the Docker image (ubuntu:26.04), the Neuron DLAMI's TorchNeuron venv or "
-        "scripts/install-neuron.sh on Ubuntu 26.04 (docs/deploy-trn.md)"
+        "the installed wheel does not load here: TorchNeuron wheels are built for Ubuntu 26.04 (2.33 and 2.34; "
+        "2.34 also for 24.04, unconfirmed) and Python 3.12-3.14; use the Docker image (ubuntu:26.04), the Neuron "
+        "DLAMI's TorchNeuron venv or scripts/install-neuron.sh on Ubuntu 26.04 (docs/deploy-trn.md)"
     )
     try:
         done = subprocess.run(
@@ -132,7 +132,7 @@ def check_sdk_import(timeout_s: float = IMPORT_TIMEOUT_S) -> Check:
             "problem",
             f"imported, but torch {seen.get('torch')} has no 'neuron' device module",
             "this is not TorchNeuron (the PyTorch/XLA package registers no 'neuron' device): install "
-            "torch-neuronx 2.13.* or 2.14.* from Neuron SDK 2.33+",
+            "torch-neuronx 2.13.* or 2.14.* from Neuron SDK 2.34 (or 2.33)",
         )
     return Check(name, "ok", f"loads with torch {seen.get('torch')} (torch.neuron present)")
 
@@ -151,6 +151,35 @@ def check_compiler() -> list[Check]:
     ]
     checks.append(Check("nki", "info", dist_version("nki") or "absent"))
     return checks
+
+
+#: The 2.33 compiler: a newer one is a later release (2.34's exact version is unconfirmed).
+COMPILER_2_33 = (2, 28, 7631)
+#: What scripts/install-neuron.sh resolved (release, OS, packages), written into the environment it built.
+SDK_RECORD = Path(sys.prefix) / "neuron-sdk.txt"
+
+
+def sdk_release(cc: str | None) -> str:
+    """Which Neuron release a neuronx-cc version belongs to, as far as this project knows."""
+    try:
+        found = tuple(int(x) for x in (cc or "").split(".")[:3])
+    except ValueError:
+        return "unknown"
+    if not found:
+        return "unknown"
+    if found == COMPILER_2_33:
+        return "2.33"
+    return "newer than 2.33 (2.34 or later)" if found > COMPILER_2_33 else "older than 2.33 (not TorchNeuron's)"
+
+
+def check_sdk_release(record: Path = SDK_RECORD) -> Check:
+    """Info only: the release the compiler says, and the install script's own record when it built this Python."""
+    found = f"compiler from Neuron {sdk_release(dist_version('neuronx-cc'))}"
+    try:
+        lines = record.read_text(errors="replace").splitlines()
+    except OSError:
+        return Check("neuron sdk", "info", f"{found}; not installed by scripts/install-neuron.sh")
+    return Check("neuron sdk", "info", f"{found}; {lines[0] if lines else 'empty record'} ({record})")
 
 
 def check_device(torchneuron: bool) -> Check:
@@ -270,7 +299,7 @@ def run_checks(stack_only: bool = False) -> list[Check]:
 
     checks = [check_python()]
     neuronx_check, neuronx = check_torch_neuronx()
-    checks += [neuronx_check, check_torch(neuronx), *check_compiler()]
+    checks += [neuronx_check, check_torch(neuronx), *check_compiler(), check_sdk_release()]
     try:
         settings = load_settings()
     except SettingsError as exc:

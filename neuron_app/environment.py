@@ -210,7 +210,7 @@ def fallback_state(fallen_back: list[str] | None = None) -> str:
     values = [current(name) for name in FALLBACK_VARS]
     off = all(v.value is not None and v.value.strip().lower() in ("1", "true") for v in values)
     owners = {v.origin for v in values}
-    ops = sorted(fallen_back or [])
+    ops = sorted(set(fallen_back or []))  # get_fallback_ops() lists invocations: name each op once
     unimplemented = (
         f"{len(ops)} unimplemented op(s) ran on the CPU: {', '.join(ops[:5])}{' ...' if len(ops) > 5 else ''}"
         if ops

@@ -191,8 +191,10 @@ class Settings(
 
     # --- requests --------------------------------------------------------------------------
     resolutions: list[str] = Field(
-        ["1024x1024", "1152x896", "896x1152", "1216x832", "832x1216", "1344x768", "768x1344"],
-        description="The only shapes served, as WIDTHxHEIGHT, multiples of 16 (each is a compile on Neuron).",
+        ["1024x1024", "1152x1024", "1024x1152", "1536x768", "768x1536", "1024x896", "896x1024"],
+        description="The only shapes served, as WIDTHxHEIGHT, multiples of 16 (each is a compile on Neuron). The "
+        "defaults' image tokens are multiples of 512, so with 512 text tokens every one takes Neuron's NKI "
+        "attention kernel.",
     )
     default_resolution: str = Field("1024x1024", description="Shape preselected in the UI; must be listed.")
     default_steps: int = Field(4, ge=1, description="Steps preselected in the UI (klein is step-distilled: 4).")

@@ -11,7 +11,7 @@
 #   NEURON_APP_VISIBLE_CORES=1-3  reserve only these NeuronCores (TP=1 only). With TP>1 any reservation is
 #                 refused: torchrun rank N gets core N from TorchNeuron, so a TP group always takes cores 0..TP-1
 #
-# Needs the TorchNeuron stack (Neuron SDK 2.33+, torch-neuronx==2.13.* with torch==2.13.0, Python 3.12+):
+# Needs the TorchNeuron stack (Neuron SDK 2.34 or 2.33, torch-neuronx==2.13.* with torch==2.13.0, Python 3.12+):
 # the Docker image, a Neuron DLAMI's TorchNeuron environment, or scripts/install-neuron.sh. It is checked
 # first with `python -m neuron_app doctor --stack`, which refuses the PyTorch/XLA torch-neuronx.
 set -euo pipefail

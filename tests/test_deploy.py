@@ -96,52 +96,92 @@ SDK_2_33 = {
     "NEURON_RUNTIME_VERSION": "2.35.30.0",
     "NEURON_COLLECTIVES_VERSION": "2.35.43.0",
     "NEURON_TOOLS_VERSION": "2.33.38.0",
+    "NEURON_DRIVER_VERSION": "2.31.7.0",
 }
 
 
 def test_neuron_requirements_are_one_torchneuron_stack() -> None:
-    """TorchNeuron 2.13 from the Neuron pip repository, with the torch the CPU install pins (the versions agree);
-    the 2.14 file is the same stack for torch 2.14; both pin the 2.33 compiler and NKI and add the app's common
-    packages, which pin no torch of their own."""
+    """2.34 (the default): TorchNeuron 2.13 with the torch the CPU install pins (the versions agree), the 2.14 file
+    the same release for torch 2.14, each pinned to "newer than 2.33, same family" (2.34's exact versions are
+    unconfirmed), so 2.33's builds can never be mixed in; 2.33's file keeps that release's exact pins. All add
+    the app's common packages, which pin no torch of their own."""
+    from packaging.requirements import Requirement
+
     requirements = requirement_lines("requirements-neuron.txt")
     torch_pin = next(line for line in requirement_lines("requirements.txt") if line.startswith("torch=="))
-    assert torch_pin in requirements and "torch-neuronx==2.13.3.0.*" in requirements
-    assert torch_pin == "torch==2.13.0"  # torch-neuronx 2.13.* is built for it
+    assert torch_pin == "torch==2.13.0" and torch_pin in requirements  # torch-neuronx 2.13.* is built for it
     newer = requirement_lines("requirements-neuron-2.14.txt")
-    assert "torch==2.14.0" in newer and "torch-neuronx==2.14.3.0.*" in newer
-    for stack in (requirements, newer):
+    older = requirement_lines("requirements-neuron-2.33.txt")
+    assert torch_pin in older and {"torch-neuronx==2.13.3.0.*", "neuronx-cc==2.28.7631.0", "nki==0.7.0"} <= set(older)
+    for stack, family in ((requirements, "2.13"), (newer, "2.14")):
+        pins = {Requirement(line).name: Requirement(line).specifier for line in stack if not line.startswith("-")}
+        assert pins["torch-neuronx"].contains(f"{family}.4.0.1") and not pins["torch-neuronx"].contains(
+            f"{family}.3.0.9"
+        ), family
+        assert not pins["torch-neuronx"].contains("2.15.1.0")
+        assert not pins["neuronx-cc"].contains("2.28.7631.0") and not pins["nki"].contains("0.7.0")
+        assert pins["torch"].contains(f"{family}.0")
+    for stack in (requirements, newer, older):
         assert "--extra-index-url https://pip.repos.neuron.amazonaws.com" in stack
-        assert {"neuronx-cc==2.28.7631.0", "nki==0.7.0", "-r requirements-common.txt"} <= set(stack)
+        assert "-r requirements-common.txt" in stack
     common = requirement_lines("requirements-common.txt")
     assert not [line for line in common if re.match(r"torch\b", line)]
 
 
-def test_the_image_the_install_script_and_the_guide_pin_one_sdk_release() -> None:
-    """Ubuntu 26.04 (the 2.33 wheels' only OS), its python3, LD_LIBRARY_PATH for libnrt, and the 2.33 runtime
-    packages at the same versions in the Dockerfile's ARGs, the install script's defaults and the guide's table."""
+def test_the_image_the_install_script_and_the_guide_describe_one_sdk_release() -> None:
+    """2.34 by default in the Dockerfile and the script, 2.33 accepted with its own pins: Ubuntu 26.04's
+    python3, LD_LIBRARY_PATH for libnrt, the 2.33 runtime packages and driver at the same versions in the
+    script's 2.33 row and the guide's table; the image's ARGs leave them to the release."""
     args = {k: v for k, v in (a.split("=", 1) for kw, a in dockerfile_instructions() if kw == "ARG" and "=" in a)}
     assert args["BASE_IMAGE"] == "ubuntu:26.04" and args["NEURON_STACK"] == "install"
+    assert args["NEURON_SDK"] == "2.34"
     env = next(a for kw, a in dockerfile_instructions() if kw == "ENV")
     assert "LD_LIBRARY_PATH=/opt/aws/neuron/lib" in env
     script = (ROOT / "scripts" / "install-neuron.sh").read_text()
     guide = DEPLOY_DOC.read_text()
+    assert 'NEURON_SDK="${NEURON_SDK:-2.34}"' in script
+    row = re.search(r"^2\.33\)\n(.*?);;", script, re.DOTALL | re.MULTILINE)
+    assert row, "no 2.33 row in the install script"
     for name, value in SDK_2_33.items():
-        assert args[name] == value, name
-        assert f'{name}="${{{name}:-{value}}}"' in script, name
+        short = name.removeprefix("NEURON_").removesuffix("_VERSION")
+        assert f"SDK_{short}={value}" in row.group(1), name
+        assert f'{name}="${{{name}:-$SDK_{short}}}"' in script, name
         assert value in guide, name
+        assert args.get(name, "") == "", name  # the image leaves the versions to the release
     assert "python3 python3-venv" in script and "python3.12" not in script
-    assert "/opt/aws_neuronx_venv_torch_neuronx_2_14_0" in guide and "2.31.7.0" in guide  # DLAMI venv, host driver
+    assert "/opt/aws_neuronx_venv_torch_neuronx_2_14_0" in guide
+    assert "release-notes/2.34.0" in guide  # the notes 2.34 was built from
+
+
+def fake_os_release(tmp_path: Path, version_id: str) -> str:
+    path = tmp_path / "os-release"
+    path.write_text(f'VERSION_ID="{version_id}"\nVERSION_CODENAME=fake\nPRETTY_NAME="Ubuntu {version_id} (FAKE)"\n')
+    return str(path)
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"NEURON_STACK": "present", "VENV": "/nonexistent"}, "has no torch_neuronx"),
-        ({"NEURON_STACK": "maybe"}, "NEURON_STACK must be install or present"),
+        ({"NEURON_STACK": "maybe"}, "NEURON_STACK must be install, present or host"),
+        ({"NEURON_SDK": "2.32"}, "NEURON_SDK must be 2.34 or 2.33"),
+        ({"OS_RELEASE": "22.04"}, "built for Ubuntu 24.04 26.04, this is Ubuntu 22.04"),
+        ({"OS_RELEASE": "24.04", "NEURON_SDK": "2.33"}, "built for Ubuntu 26.04, this is Ubuntu 24.04"),
     ],
 )
-def test_install_script_refuses_a_stack_it_cannot_install_into(env: dict[str, str], message: str) -> None:
-    """`present` (the DLAMI or DLC route) needs a Python that already imports torch_neuronx; nothing is installed."""
+def test_install_script_refuses_a_stack_it_cannot_install_into(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    """`present` (the DLAMI or DLC route) needs a Python that already imports torch_neuronx; an unknown release
+    or an Ubuntu its wheels are not built for stops before apt runs (N3), unless ALLOW_OTHER_OS=1."""
+    if "OS_RELEASE" in env:
+        env = env | {"OS_RELEASE": fake_os_release(tmp_path, env["OS_RELEASE"])}
+    guard = tmp_path / "bin"  # should the refusal regress, apt and wget fail here instead of changing this machine
+    guard.mkdir()
+    for tool in ("apt-get", "wget", "gpg", "install"):
+        (guard / tool).write_text("#!/bin/sh\necho FAKE: not run in tests >&2\nexit 97\n")
+        (guard / tool).chmod(0o755)
+    env = env | {"PATH": f"{guard}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(
         ["bash", str(ROOT / "scripts" / "install-neuron.sh")],
         env=os.environ | env,
@@ -150,6 +190,18 @@ def test_install_script_refuses_a_stack_it_cannot_install_into(env: dict[str, st
         timeout=60,
     )
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_the_host_driver_route_refreshes_the_package_lists_first() -> None:
+    """N6: `NEURON_STACK=host` configures the Neuron repository and runs `apt-get update` before installing the
+    driver, and nothing in that route deletes the package lists (the install route does, after its last install)."""
+    script = (ROOT / "scripts" / "install-neuron.sh").read_text()
+    host = script[script.index("deb [signed-by") : script.index('if [[ "$NEURON_STACK" == host ]]; then')]
+    assert "apt-get update" in host
+    branch = script[script.index('if [[ "$NEURON_STACK" == host ]]; then') :].split("\nfi\n")[0]
+    assert "aws-neuronx-dkms" in branch and "linux-headers" in branch and "rm -rf" not in branch
+    assert "exit 0" in branch
+    assert "sudo NEURON_STACK=host scripts/install-neuron.sh" in DEPLOY_DOC.read_text()
 
 
 def test_nothing_documents_unsupported_neuron_hardware() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from neuron_app.doctor import check_cache, check_instance, check_sdk_import
+from neuron_app.doctor import check_cache, check_instance, check_sdk_import, check_sdk_release, sdk_release
 from tests.neuron_fakes import BROKEN_IMPORT, FAKE_SDK, XLA_VERSION, fake_sdk_dir
 from tests.support import PROBE, ROOT, WATCHED
 
@@ -56,9 +56,8 @@ def test_on_this_cpu_machine_it_says_neuron_is_unavailable_without_a_traceback()
     assert "fix: device 'neuron' needs TorchNeuron" in result.stdout
     checks = verdicts(doctor("--json"))
     assert checks["neuron device"]["verdict"] == "problem"
-    assert {"python", "torch", "neuronx-cc", "nki", "fallback", "visible cores", "instance", "NEFF cache"} <= set(
-        checks
-    )
+    expected = {"python", "torch", "neuronx-cc", "nki", "neuron sdk", "fallback", "visible cores", "instance"}
+    assert expected | {"NEFF cache"} <= set(checks)
 
 
 def test_with_torchneuron_installed_the_stack_and_device_checks_pass() -> None:
@@ -145,6 +144,31 @@ def test_instance_type_verdicts(tmp_path: Path, product: str | None, verdict: st
         path.write_text(product)
     check = check_instance(path)
     assert check.verdict == verdict and fragment in check.fix
+
+
+@pytest.mark.parametrize(
+    ("cc", "release"),
+    [
+        ("2.28.7631.0", "2.33"),
+        ("2.29.100.0", "newer than 2.33 (2.34 or later)"),
+        ("2.28.9000.0", "newer than 2.33 (2.34 or later)"),
+        ("2.26.6360.0", "older than 2.33 (not TorchNeuron's)"),
+        (None, "unknown"),
+        ("0.1.dev0", "unknown"),
+    ],
+)
+def test_the_compiler_version_names_its_release(cc: str | None, release: str) -> None:
+    """2.34's compiler version is unconfirmed, so anything past 2.33's reads as "2.34 or later", never a guess."""
+    assert sdk_release(cc) == release
+
+
+def test_the_sdk_check_shows_what_the_install_script_recorded(tmp_path: Path) -> None:
+    record = tmp_path / "neuron-sdk.txt"
+    assert "not installed by scripts/install-neuron.sh" in check_sdk_release(record).found
+    record.write_text("Neuron SDK 2.34 on Ubuntu 24.04 (requirements-neuron.txt)\naws-neuronx-runtime-lib==9\n")
+    check = check_sdk_release(record)
+    assert check.verdict == "info" and "Neuron SDK 2.34 on Ubuntu 24.04" in check.found
+    assert "runtime-lib" not in check.found  # the first line only
 
 
 def test_precompile_cores_reserves_them_before_torch_loads_and_bad_ranges_are_refused(tmp_path: Path) -> None:

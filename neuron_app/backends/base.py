@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -10,7 +11,9 @@ from typing import Any, ClassVar, Literal
 
 from neuron_app.errors import DeviceUnavailable
 
-CacheVerdict = Literal["disk", "miss"]
+log = logging.getLogger(__name__)
+
+CacheVerdict = Literal["disk", "miss", "memory"]
 
 
 class CacheProbe:
@@ -90,6 +93,16 @@ class DeviceBackend(ABC):
     def synchronize(self) -> None:  # noqa: B027 (optional hook: synchronous devices have nothing to wait for)
         """Wait for queued device work, so an asynchronous failure surfaces in the call that caused it."""
 
+    def drain(self) -> None:
+        """After a failed device call: wait for the device and drop what it latched (logged), so that the next,
+        unrelated call does not inherit the error (TorchNeuron can latch one into the next device op)."""
+        try:
+            self.synchronize()
+        except Exception as exc:
+            from neuron_app.errors import one_line
+
+            log.warning("device error latched by a failed call, dropped: %s", one_line(exc))
+
     def configure(self, settings: Any) -> None:  # noqa: B027 (optional hook)
         """Take the settings that concern this backend (the emulator's rule mode)."""
 
@@ -104,8 +117,18 @@ class DeviceBackend(ABC):
         """Context for one call's device work (the emulator enforces TorchNeuron's rules inside it)."""
         return contextlib.nullcontext()
 
-    def check_graph(self, gm: Any, example_inputs: Any) -> None:  # noqa: B027 (optional hook)
-        """Called with every graph before it is compiled (the emulator's static-shape rule, its artifacts)."""
+    def check_graph(self, gm: Any, example_inputs: Any, component: str = "transformer") -> Any:
+        """Called with every graph before it is compiled (the emulator's static-shape rule, its artifacts, the
+        NKI attention gate); may return a function that wraps the compiled graph (Neuron meters its cache)."""
+        return None
+
+    def attention_mark(self) -> int:
+        """A position in the record of compiled graphs' attention (Neuron's NKI gate)."""
+        return 0
+
+    def nki_attention_since(self, mark: int) -> bool | None:
+        """Whether the transformer graphs compiled since `mark` take the NKI attention kernel; None off Neuron."""
+        return None
 
     def eager_compile_count(self, graphs_total: int) -> int:
         """Eager device ops compiled so far by this process (Neuron compiles each op signature on first use);
@@ -113,8 +136,15 @@ class DeviceBackend(ABC):
         return 0
 
     def fallback_ops(self) -> list[str]:
-        """Ops that ran on the CPU instead of the device so far (TorchNeuron's `get_fallback_ops()`)."""
+        """Ops that ran on the CPU instead of the device so far, once per invocation (TorchNeuron's
+        `get_fallback_ops()`)."""
         return []
+
+    def fallbacks_since(self, before: list[str]) -> list[str]:
+        """The ops that ran on the CPU since the `fallback_ops()` reading `before`, each named once."""
+        from neuron_app.backends.fallbacks import new_fallbacks
+
+        return new_fallbacks(before, self.fallback_ops())
 
     def rules_status(self) -> dict[str, Any] | None:
         """The emulator's mode, violations and signature count; None on real devices."""

@@ -1,9 +1,10 @@
 """AWS Trainium (Trn2, Trn3) through TorchNeuron: the "neuron" device and compile backend.
 
 Two products share the name `torch-neuronx`: up to Neuron 2.31 it was the PyTorch/XLA package
-(2.9.x, device `xla`, no `backend="neuron"`); from Neuron 2.33 the 2.13.3.0.* / 2.14.3.0.* releases
-are TorchNeuron, the native backend this app uses. `import torch_neuronx` succeeds with both, so
-the version family is checked first (torch-free, from package metadata) and the `neuron` device
+(2.9.x, device `xla`, no `backend="neuron"`); from Neuron 2.33 the 2.13.* / 2.14.* releases
+(2.33: 2.13.3.0.* / 2.14.3.0.*; 2.34, the default install: newer builds of the same families) are
+TorchNeuron, the native backend this app uses. `import torch_neuronx` succeeds with both, so the
+version family is checked first (torch-free, from package metadata) and the `neuron` device
 second. The SDK is imported only when this backend is chosen; `neuron_app.environment` has exported
 its cache folder and fallback switches before torch loads.
 """
@@ -15,6 +16,8 @@ import importlib.util
 import logging
 import os
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,17 +32,17 @@ SDK_DIST = "torch-neuronx"
 #: The first torch-neuronx release family that is TorchNeuron (torch 2.13); the XLA package stopped at 2.9.
 TORCHNEURON_FROM = (2, 13)
 INSTALL_HINT = (
-    "device 'neuron' needs TorchNeuron (Neuron SDK 2.33+, Trn2/Trn3): torch-neuronx==2.13.* with torch==2.13.0, "
-    "or torch-neuronx==2.14.* with torch==2.14.0 (the 2.33 DLAMI's /opt/aws_neuronx_venv_torch_neuronx_2_14_0 "
-    "carries 2.14: install only requirements-common.txt there). It is not on PyPI: pip install "
-    "'torch-neuronx==2.13.*' 'neuronx-cc==2.*' nki --extra-index-url https://pip.repos.neuron.amazonaws.com "
-    "(wheels for Ubuntu 26.04, Python 3.12-3.14; https://awsdocs-neuron.readthedocs-hosted.com/"
-    "en/v2.33.0/setup/pytorch/index.html); or choose another device with NEURON_APP_DEVICE=cpu"
+    "device 'neuron' needs TorchNeuron (Neuron SDK 2.34, or 2.33; Trn2/Trn3): torch-neuronx==2.13.* with "
+    "torch==2.13.0, or torch-neuronx==2.14.* with torch==2.14.0 (the DLAMI's "
+    "/opt/aws_neuronx_venv_torch_neuronx_2_14_0 carries 2.14: install only requirements-common.txt there). It is "
+    "not on PyPI: scripts/install-neuron.sh, or pip install -r requirements-neuron.txt (wheels for Ubuntu 26.04, "
+    "and 24.04 from 2.34; Python 3.12-3.14; https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/setup/"
+    "pytorch/index.html); or choose another device with NEURON_APP_DEVICE=cpu"
 )
 XLA_FIX = (
     "torch-neuronx {found} is the PyTorch/XLA package (device 'xla', no torch.compile backend 'neuron'), "
     "not TorchNeuron: install torch-neuronx==2.13.* with torch==2.13.0 (or torch-neuronx==2.14.* with "
-    "torch==2.14.0) from Neuron SDK 2.33+ (see docs/deploy-trn.md), or choose another device with "
+    "torch==2.14.0) from Neuron SDK 2.34 or 2.33 (see docs/deploy-trn.md), or choose another device with "
     "NEURON_APP_DEVICE=cpu"
 )
 
@@ -113,31 +116,46 @@ def neuron_device_count() -> int:
     return int(module.device_count())
 
 
+Counters = tuple[int, int]  # (persistent hits, persistent misses)
+
+
+def sdk_cache_counters() -> Counters | None:
+    """TorchNeuron's persistent-cache counters (`_C._get_compilation_cache_stats()`, private, so guarded).
+
+    Its cache looks in memory first and counts a persistent hit or miss only after an in-memory miss
+    (TorchNeuron's CompilationCache.cpp, as the second review read it): a graph this process already has moves
+    neither counter.
+    """
+    try:
+        import torch_neuronx
+
+        c = torch_neuronx._C
+        if hasattr(c, "_neuron_set_metrics_enabled"):
+            c._neuron_set_metrics_enabled(True)
+        stats = c._get_compilation_cache_stats()
+        return int(stats["persistent_hits"]), int(stats["persistent_misses"])
+    except Exception:
+        return None
+
+
 class NeuronCacheProbe(CacheProbe):
-    """TorchNeuron's own persistent-cache counters (private API, so guarded); the NEFF folder otherwise.
+    """TorchNeuron's own persistent-cache counters; the NEFF folder when they cannot be read.
 
     The counters count only this process's compiles, where new files in a shared folder can come
-    from another process compiling at the same time.
+    from another process compiling at the same time. Neither counter moving means this process served
+    the graphs from its in-memory cache: `memory`, not a miss (a second manager in one process).
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, counters: Callable[[], Counters | None] = sdk_cache_counters) -> None:
         self.folder_probe = FolderCacheProbe(folder)
+        self._read = counters
 
     @staticmethod
-    def _counters() -> tuple[int, int] | None:
-        try:
-            import torch_neuronx
-
-            c = torch_neuronx._C
-            if hasattr(c, "_neuron_set_metrics_enabled"):
-                c._neuron_set_metrics_enabled(True)
-            stats = c._get_compilation_cache_stats()
-            return int(stats["persistent_hits"]), int(stats["persistent_misses"])
-        except Exception:
-            return None
+    def _counters() -> Counters | None:
+        return sdk_cache_counters()
 
     def snapshot(self) -> tuple[str, Any]:
-        counters = self._counters()
+        counters = self._read()
         if counters is not None:
             return ("counters", counters)
         return ("folder", self.folder_probe.snapshot())
@@ -145,7 +163,9 @@ class NeuronCacheProbe(CacheProbe):
     def judge(self, before: tuple[str, Any], after: tuple[str, Any]) -> CacheVerdict:
         if before[0] == after[0] == "counters":
             hits, misses = (a - b for a, b in zip(after[1], before[1], strict=True))
-            return "disk" if hits > 0 and misses == 0 else "miss"
+            if misses > 0:
+                return "miss"
+            return "disk" if hits > 0 else "memory"
         if before[0] == after[0] == "folder":
             return self.folder_probe.judge(before[1], after[1])
         return "miss"
@@ -158,6 +178,13 @@ class NeuronBackend(DeviceBackend):
     dist_backend = "neuron"
     compiles_eager_ops_per_shape = True  # every op compiles to a NEFF on first use at each shape
     tiles_vae_by_default = True  # a whole-image FLUX.2 decode is past neuronx-cc's instruction limit
+
+    def __init__(self) -> None:
+        self._graph_lock = threading.Lock()
+        #: Persistent-cache misses met while a graph compiled or first ran: not eager ops (N7).
+        self.graph_misses = 0
+        #: Per transformer graph compiled, in order: does its attention take the NKI kernel (None: no SDPA).
+        self._attention: list[bool | None] = []
 
     def is_available(self) -> bool:
         """Some torch-neuronx is installed; `require` tells TorchNeuron from the XLA package (so `auto`
@@ -241,10 +268,67 @@ class NeuronBackend(DeviceBackend):
         except Exception:
             return "unknown"
 
+    def cache_counters(self) -> Counters | None:
+        """The persistent-cache counters this backend reads (TorchNeuron's; the emulator's on neuron-emulated)."""
+        return sdk_cache_counters()
+
+    def check_graph(self, gm: Any, example_inputs: Any, component: str = "transformer") -> Callable[[Any], Any]:
+        """Judge the graph's attention by TorchNeuron's NKI gate, and meter the cache misses its compile and
+        first run cause, so that eager compiles are counted from the other misses only."""
+        from neuron_app.backends.nki_gate import attentions, summary
+
+        before = self.cache_counters()
+        self._device_check(gm, example_inputs)
+        if component == "transformer":
+            verdict = summary(attentions(gm))
+            with self._graph_lock:
+                self._attention.append(verdict)
+        return self._meter(before)
+
+    def _device_check(self, gm: Any, example_inputs: Any) -> None:
+        """What the device itself checks of a graph before it compiles (the emulator's rules); nothing here."""
+
+    def _meter(self, before: Counters | None) -> Callable[[Any], Any]:
+        def add(start: Counters | None) -> None:
+            now = self.cache_counters()
+            if start is not None and now is not None:
+                with self._graph_lock:
+                    self.graph_misses += max(0, now[1] - start[1])
+
+        def finish(compiled: Any) -> Any:
+            add(before)  # a compiler that builds its NEFF when called
+            pending = [True]
+
+            def first_run_metered(*args: Any, **kwargs: Any) -> Any:
+                if not pending:
+                    return compiled(*args, **kwargs)
+                pending.clear()
+                start = self.cache_counters()
+                try:
+                    return compiled(*args, **kwargs)
+                finally:
+                    add(start)  # one that builds it on the first run
+
+            return first_run_metered
+
+        return finish
+
+    def attention_mark(self) -> int:
+        with self._graph_lock:
+            return len(self._attention)
+
+    def nki_attention_since(self, mark: int) -> bool | None:
+        """Whether every transformer graph compiled since `mark` takes the NKI kernel (None: none had attention)."""
+        with self._graph_lock:
+            found = [v for v in self._attention[mark:] if v is not None]
+        return None if not found else all(found)
+
     def eager_compile_count(self, graphs_total: int) -> int:
-        """NEFFs compiled by this process that were not graphs: the persistent cache's misses count both."""
-        counters = NeuronCacheProbe._counters()
-        return 0 if counters is None else max(0, counters[1] - graphs_total)
+        """Persistent misses of this process that no graph caused: eager ops compiled to NEFFs (N7). A graph
+        loaded from disk is a hit and subtracts nothing; one served from memory moves no counter."""
+        counters = self.cache_counters()
+        with self._graph_lock:
+            return 0 if counters is None else max(0, counters[1] - self.graph_misses)
 
     def fallback_ops(self) -> list[str]:
         """What ran on the CPU: `torch_neuronx.get_fallback_ops()` (unimplemented ops still fall back with the
@@ -252,7 +336,7 @@ class NeuronBackend(DeviceBackend):
         try:
             import torch_neuronx
 
-            return sorted(str(op) for op in torch_neuronx.get_fallback_ops())
+            return [str(op) for op in torch_neuronx.get_fallback_ops()]
         except Exception:
             return []
 

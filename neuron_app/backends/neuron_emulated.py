@@ -13,8 +13,8 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from neuron_app.backends.base import CacheProbe, DeviceBackend, FolderCacheProbe
-from neuron_app.backends.neuron import NeuronBackend
+from neuron_app.backends.base import CacheProbe, DeviceBackend
+from neuron_app.backends.neuron import Counters, NeuronBackend, NeuronCacheProbe
 
 #: Where emulated artifacts go: apart from real NEFFs, so one cache folder never mixes the two.
 ARTIFACTS = "neff-emulated"
@@ -22,11 +22,12 @@ ARTIFACTS = "neff-emulated"
 
 class NeuronEmulatedBackend(NeuronBackend):
     name = "neuron-emulated"
-    default_dtype = "float32"  # bfloat16 on Trainium; float32 keeps CPU numerics (and the tests) exact
+    default_dtype = "bfloat16"  # as on Trainium; dtype = "float32" where a test needs exact CPU numerics
     default_compile_backend = "aot_eager"  # seconds; inductor works too (its disk cache then holds kernels)
     dist_backend = "gloo"
 
     def __init__(self, rules: str = "enforce") -> None:
+        super().__init__()
         self.rules = rules
         self._folder: Path | None = None
         self._emulator: Any = None
@@ -51,7 +52,9 @@ class NeuronEmulatedBackend(NeuronBackend):
         return "cpu"  # the emulator marks what is "on the device" (adopt)
 
     def synchronize(self) -> None:
-        return None  # CPU work is synchronous; the rules already failed the op that broke one
+        """CPU work is synchronous; what the emulator latched (an asynchronous device failure) surfaces here."""
+        if self._emulator is not None:
+            self._emulator.synchronize()
 
     # --- cache -----------------------------------------------------------------------------------
     def prepare_cache(self, cache_dir: Path) -> None:
@@ -63,7 +66,11 @@ class NeuronEmulatedBackend(NeuronBackend):
         return [cache_dir / ARTIFACTS, cache_dir / "inductor"]
 
     def cache_probe(self, compile_backend: str, cache_dir: Path) -> CacheProbe:
-        return FolderCacheProbe(cache_dir / ARTIFACTS)
+        """NeuronBackend's probe, on the emulator's TorchNeuron-shaped counters (memory first, then disk)."""
+        return NeuronCacheProbe(cache_dir / ARTIFACTS, counters=self.cache_counters)
+
+    def cache_counters(self) -> Counters | None:
+        return self.emulator.store.counters() if self._folder is not None else None
 
     @property
     def emulator(self) -> Any:
@@ -98,14 +105,12 @@ class NeuronEmulatedBackend(NeuronBackend):
     def device_work(self) -> contextlib.AbstractContextManager[None]:
         return self.emulator.device_work()
 
-    def check_graph(self, gm: Any, example_inputs: Any) -> None:
+    def _device_check(self, gm: Any, example_inputs: Any) -> None:
+        """The emulator's rules and artifact, inside NeuronBackend's meter (its NKI gate, its graph misses)."""
         self.emulator.check_graph(gm, example_inputs)
 
-    def eager_compile_count(self, graphs_total: int) -> int:
-        return int(self.emulator.eager_compiles)
-
     def fallback_ops(self) -> list[str]:
-        return sorted(self.emulator.fallback_ops) if self._emulator is not None else []
+        return self.emulator.fallback_invocations() if self._emulator is not None else []
 
     def rules_status(self) -> dict[str, Any] | None:
         if self._emulator is None:

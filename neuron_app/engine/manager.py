@@ -249,16 +249,20 @@ class PipelineManager(ShapeCompiler, Admitted):
         """This rank's device work for one call: the LoRA style, the recompile room, the pipeline, then the device's
         errors (before the ranks agree). Rank 0 (`_execute`) and tensor-parallel followers (`follow`) run exactly
         this, so the ranks cannot drift apart."""
-        with self.backend.device_work(), recompile_room(len(self.resolutions)):
-            self.adapters.activate(call.lora, call.lora_scale)  # in place: the graph never changes
-            result = run_call(
-                self._pipe,
-                call,
-                guidance_scale=self.settings.guidance_scale,
-                max_sequence_length=self.settings.max_sequence_length,
-                on_step=on_step,
-                prompt_cache=self.prompt_cache,
-            )
+        try:
+            with self.backend.device_work(), recompile_room(len(self.resolutions)):
+                self.adapters.activate(call.lora, call.lora_scale)  # in place: the graph never changes
+                result = run_call(
+                    self._pipe,
+                    call,
+                    guidance_scale=self.settings.guidance_scale,
+                    max_sequence_length=self.settings.max_sequence_length,
+                    on_step=on_step,
+                    prompt_cache=self.prompt_cache,
+                )
+        except Exception:
+            self.backend.drain()  # a device error latched by this call must not fail the next one (N14)
+            raise
         self.backend.synchronize()  # asynchronous device errors surface here, before the ranks agree
         return result
 

@@ -113,7 +113,8 @@ class GraphState:
     error: str | None = None
     compiled_as: str | None = None  # the resolution whose compile produced this graph
     eager_compiles: int = 0  # eager device ops its warm-up compiled (Neuron)
-    fallback_ops: list[str] = field(default_factory=list)  # ops that had run on the CPU after its warm-up
+    fallback_ops: list[str] = field(default_factory=list)  # ops its own warm-up ran on the CPU, once each
+    nki_attention: bool | None = None  # its transformer graphs' attention takes TorchNeuron's NKI kernel
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,12 @@ class ShapeStatus:
     estimate: Estimate | None = None  # load or compile, and what the number rests on (engine/cache/estimates.py)
     ready_replicas: int | None = None  # replicas that have it ready (Ray Serve); None in-process
     eager_compiles: int = 0  # eager device ops its compile met (Neuron: each compiles once, then cached)
-    #: Something ran on the CPU instead of the device (TorchNeuron's get_fallback_ops after its warm-up).
+    #: Something its warm-up ran on the CPU instead of the device, beyond the known-cheap host glue.
     degraded: bool = False
-    fallback_ops: list[str] = field(default_factory=list)
+    fallback_ops: list[str] = field(default_factory=list)  # what its warm-up ran on the CPU, host glue included
+    #: Neuron: the NKI flash-attention kernel takes every attention call of its transformer graphs (TorchNeuron's
+    #: gate: sequence lengths multiples of 512, head dim <= 128, no mask); None off Neuron or not compiled yet.
+    nki_attention: bool | None = None
 
 
 @dataclass(frozen=True)

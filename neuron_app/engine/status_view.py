@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from neuron_app.backends.fallbacks import degrading
 from neuron_app.engine.cache.estimates import estimate
 from neuron_app.engine.modes.edit_graphs import parse_label
 from neuron_app.engine.records import GraphState, ManagerStatus, ShapeState, ShapeStatus
@@ -42,8 +43,9 @@ def graph_status(
         estimate_s=None if found is None else round(found.seconds, 3),
         estimate=found,
         eager_compiles=graph.eager_compiles,
-        degraded=bool(graph.fallback_ops),
+        degraded=bool(degrading(graph.fallback_ops)),
         fallback_ops=list(graph.fallback_ops),
+        nki_attention=graph.nki_attention,
     )
 
 

@@ -104,6 +104,12 @@ class ReplicaServer:
             import torch
 
             torch.set_num_threads(settings.cores_per_replica)  # one model per core set: no oversubscription
+        elif manager.backend.name == "neuron":
+            import torch
+
+            # Host work (CPU fallbacks, the safety checker, vae_device=cpu) shares the host's vCPUs between the
+            # replicas instead of each taking all of them (second review, N12).
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, settings.replicas)))
         manager.ensure_loaded()  # a bad model fails the replica's start with the manager's own message
         return manager
 

@@ -41,6 +41,7 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
             eager_compiles=sum(p.eager_compiles for p in per),
             degraded=any(p.degraded for p in per),
             fallback_ops=sorted({op for p in per for op in p.fallback_ops}),
+            nki_attention=first.nki_attention if first else None,
         )
     return ManagerStatus(
         model=settings.model,

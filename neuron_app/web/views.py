@@ -143,6 +143,11 @@ def neuron_markdown(status: ManagerStatus) -> str:
     text = f"\n\n**Eager ops compiled** {status.eager_compiles}" if status.eager_compiles or rules else ""
     if degraded:
         text += f" · **degraded** (ops ran on the CPU): {', '.join(degraded)}"
+    judged = {name: shape.nki_attention for name, shape in status.shapes.items() if shape.nki_attention is not None}
+    if judged:
+        yes = [name for name, nki in judged.items() if nki]
+        no = [name for name, nki in judged.items() if not nki]
+        text += f"\n\n**NKI attention** yes: {', '.join(yes) or '-'} · no (decomposed, slower): {', '.join(no) or '-'}"
     if rules:
         text += (
             f" · **neuron rules** ({rules['mode']}): {rules['violation_count']} violation(s), "

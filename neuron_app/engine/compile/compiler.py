@@ -16,10 +16,17 @@ class CountingBackend:
     """A torch.compile backend that counts its calls and delegates to the named backend."""
 
     def __init__(
-        self, inner: str, parent: CountingBackend | None = None, check: Callable[[Any, Any], None] | None = None
+        self,
+        inner: str,
+        parent: CountingBackend | None = None,
+        check: Callable[..., Any] | None = None,
+        component: str = "transformer",
     ) -> None:
         self.inner = inner
-        self.check = check  # sees every graph before the compiler does (the neuron emulator's rules)
+        #: Sees every graph before the compiler does (the neuron emulator's rules, the NKI gate); what it returns,
+        #: when callable, wraps the compiled graph (Neuron meters its cache misses).
+        self.check = check
+        self.component = component
         self.graphs = 0
         self.failures = 0
         self.parent = parent
@@ -27,7 +34,7 @@ class CountingBackend:
 
     def child(self, inner: str | None = None) -> CountingBackend:
         """A counter of one component's graphs (the VAE's) that also counts into this one: the total stays exact."""
-        return CountingBackend(inner or self.inner, parent=self, check=self.check)
+        return CountingBackend(inner or self.inner, parent=self, check=self.check, component="vae")
 
     def _count(self, failed: bool) -> None:
         with self._lock:
@@ -43,9 +50,10 @@ class CountingBackend:
 
         compiler = lookup_backend(self.inner)
         try:
-            if self.check is not None:
-                self.check(gm, example_inputs)
+            finish = None if self.check is None else self.check(gm, example_inputs, component=self.component)
             compiled = compiler(gm, example_inputs, **kwargs)
+            if callable(finish):
+                compiled = finish(compiled)
         except Exception:
             self._count(failed=True)
             raise

@@ -8,6 +8,7 @@ lock held.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -31,6 +32,22 @@ from neuron_app.shapes import Resolution
 log = logging.getLogger(__name__)
 
 WARMUP_PROMPT = "warm-up"
+#: Image-to-image and inpaint share one warm-up call: a partial strength runs the source mix, the mask the blend.
+WARMUP_STRENGTH = 0.75
+
+
+def source_warmup_call(res: Resolution, steps: int) -> PipelineCall:
+    """An inpaint at the shape (N10): where eager ops compile per shape (Neuron), the VAE encoder at full
+    resolution, the source's noising and the per-step blend outside the mask are the ops an image-to-image or
+    inpaint request adds to text-to-image; without this its first request at a `ready` shape compiled them."""
+    from PIL import Image, ImageDraw
+
+    source = Image.new("RGB", (res.width, res.height), (128, 128, 128))
+    mask = Image.new("L", (res.width, res.height), 0)
+    ImageDraw.Draw(mask).rectangle((0, 0, res.width // 2, res.height), fill=255)
+    return PipelineCall(
+        WARMUP_PROMPT, res.width, res.height, steps, 0, init_image=source, mask=mask, strength=WARMUP_STRENGTH
+    )
 
 
 class ShapeCompiler:
@@ -63,6 +80,7 @@ class ShapeCompiler:
         before, graphs_before = self.probe.snapshot(), self.counter.graphs
         start = time.perf_counter()
         eager_before = self.backend.eager_compile_count(graphs_before)
+        fallback_before, attention_mark = self.backend.fallback_ops(), self.backend.attention_mark()
         needs_run = (
             self.settings.compile_mode != "eager" or self.backend.compiles_eager_ops_per_shape or self.vae_compiled
         )
@@ -73,6 +91,8 @@ class ShapeCompiler:
                 steps, blank = self.settings.default_steps, blank_references(buckets)
                 with self.prompt_cache.not_a_user_prompt():  # the counters count what people asked for
                     self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, steps, 0, references=blank))
+                    if not buckets and self.backend.compiles_eager_ops_per_shape:
+                        self._execute(source_warmup_call(res, steps))
                 self._warm_shape_free_ops()
         except Exception as exc:
             with self._state_lock:
@@ -85,7 +105,7 @@ class ShapeCompiler:
         elapsed = time.perf_counter() - start
         graphs = self.counter.graphs - graphs_before
         eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
-        fallen_back = self.backend.fallback_ops()  # after the warm-up: what ran on the CPU instead
+        fallen_back = self.backend.fallbacks_since(fallback_before)  # this warm-up's, each op once
         if graphs > 0 or eager > 0 or not needs_run or self.settings.compile_mode == "eager":
             cache = CacheResult(self.probe.judge(before, self.probe.snapshot()))
         else:
@@ -95,6 +115,7 @@ class ShapeCompiler:
         with self._state_lock:
             graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
             graph.eager_compiles, graph.fallback_ops = eager, fallen_back
+            graph.nki_attention = self._family_attention(key, self.backend.nki_attention_since(attention_mark))
             graph.compiled_as = name
             self._cache_size.invalidate()  # the compile wrote to the cache folder: measure it again
         log.info("compile done %s in %.2fs: %d graph(s), %d eager op(s), cache=%s", name, elapsed, graphs, eager, cache)
@@ -103,6 +124,15 @@ class ShapeCompiler:
             self.manifest.record(ManifestEntry(name, self.fingerprint, fields, round(elapsed, 3), graphs, str(cache)))
         self._emit(outcome)
         return outcome
+
+    def _family_attention(self, key: Any, compiled: bool | None) -> bool | None:
+        """A shape whose warm-up compiled no transformer graph (its token family's was there) has that graph's
+        NKI verdict; called with the state lock held."""
+        if compiled is not None:
+            return compiled
+        family = dataclasses.replace(key, layout=None)
+        found = (g.nki_attention for k, g in self._graphs.items() if dataclasses.replace(k, layout=None) == family)
+        return next((v for v in found if v is not None), None)
 
     def _warm_shape_free_ops(self) -> None:
         """Once per process where eager ops compile per signature: what no shape's warm-up meets (warmup.py)."""

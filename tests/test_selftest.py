@@ -1,0 +1,44 @@
+"""`python -m neuron_app selftest` on neuron-emulated, run as a user runs it: every check of the second review's
+"First device check" gives a verdict, the JSON report is written, and the checks that can fail here do not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+
+
+@pytest.mark.slow
+def test_the_selftest_runs_every_check_and_writes_its_report(tmp_path: Path) -> None:
+    report = tmp_path / "selftest.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "TORCH_NEURONX_"))}
+    env["NEURON_APP_CACHE_DIR"] = str(tmp_path / "app-cache")  # where the tiny model is built once
+    done = subprocess.run(
+        [sys.executable, "-m", "neuron_app", "selftest", "--device", "neuron-emulated", "--report", str(report)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    data = json.loads(report.read_text())
+    checks = {c["check"]: c for c in data["checks"]}
+    assert data["device"] == "neuron-emulated" and data["model"] == "tiny" and data["failed"] == 0
+    assert "NKI attention yes" in checks["profile 128x64"]["found"]  # 32 + 480 tokens = 512
+    assert "NKI attention no" in checks["profile 64x64"]["found"]  # 16 + 480 = 496
+    assert "scatter_.src" in checks["profile 64x64"]["found"] and checks["profile 64x64"]["verdict"] == "pass"
+    assert (
+        checks["restart (2nd process)"]["verdict"] == "pass" and "0 eager" in checks["restart (2nd process)"]["found"]
+    )
+    assert checks["img2img/inpaint ready"]["verdict"] == "pass"
+    for tile in (256, 384, 512):
+        assert "PSNR" in checks[f"VAE tile {tile} px"]["found"] and checks[f"VAE tile {tile} px"]["verdict"] != "fail"
+    assert checks["TP=2 equals TP=1"]["verdict"] == "skip"
+    assert f"selftest: {len(checks)} checks, 0 failing" in done.stdout

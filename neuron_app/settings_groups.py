@@ -274,6 +274,12 @@ class FleetSettings(BaseModel):
         description="Ray cluster to join ('auto', 'host:port', 'ray://...'); unset: with replicas > 1 the app "
         "starts a local Ray instance itself and stops it on exit.",
     )
+    ray_serve_app: Literal["deploy", "attach"] = Field(
+        "deploy",
+        description='With ray_address: "deploy" deploys the replicas from this process; "attach" serves through '
+        "the replicas a KubeRay RayService deployed (serveConfigV2 import_path neuron_app.scale.serve_app:app), "
+        "waiting for them, and leaves them running on exit.",
+    )
     cores_per_replica: int = Field(
         1,
         ge=1,

@@ -1,4 +1,4 @@
-"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest}`.
+"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest,usage}`.
 
 `precompile` is what a deployment runs once before users come (or in an image build):
 it fills the persistent compile cache and the manifest, so the server starts warm.
@@ -205,6 +205,25 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return selftest(args.rest)
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    """Usage per API key per day, from the usage table and the job store in the cache folder (no server)."""
+    from neuron_app.settings import get_settings
+    from neuron_app.web.usage_book import MEASURES, today, usage_table
+
+    since = today(time.time() - 86400 * (args.days - 1)) if args.days else None
+    rows = usage_table(get_settings().cache_dir, since)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    headers = ["day", "key", *MEASURES, "jobs"]
+    cells = []
+    for r in rows:
+        jobs = " ".join(f"{status} {n}" for status, n in sorted(r["jobs"].items())) or "-"
+        cells.append([r["day"], r["key_name"], *(round(float(r[m]), 3) for m in MEASURES), jobs])
+    print(_table(headers, cells) if rows else "no usage recorded yet")
+    return EXIT_OK
+
+
 def cmd_serve(_args: argparse.Namespace) -> int:
     import app
 
@@ -244,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--clear-all", action="store_true", help="remove compiled artifacts and the manifest")
     cache.add_argument("--json", action="store_true", help="machine-readable listing")
     cache.set_defaults(func=cmd_cache)
+    usage = sub.add_parser("usage", help="usage per API key per day (the usage table and the job store)")
+    usage.add_argument("--days", type=int, default=0, metavar="N", help="the last N days only (default: all)")
+    usage.add_argument("--json", action="store_true", help="machine-readable rows")
+    usage.set_defaults(func=cmd_usage)
     serve = sub.add_parser("serve", help="start the web app (same as python app.py)")
     serve.set_defaults(func=cmd_serve)
     doctor = sub.add_parser("doctor", help="check this machine's Neuron stack; exit 0 only when serving would work")

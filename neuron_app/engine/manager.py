@@ -314,7 +314,9 @@ class PipelineManager(ShapeCompiler, Admitted):
         start = time.perf_counter()
         self.ensure_loaded(progress)
         self.safety.ready()  # its classifier loads before any device work: one that cannot load fails the request
+        waiting = time.perf_counter()
         with self._device_lock:
+            held = time.perf_counter()
             eager_before = self.backend.eager_compile_count(self.counter.graphs)
             outcome = self._compile_locked(req.resolution, progress, req.buckets)
 
@@ -338,6 +340,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                 raise GenerationFailed(f"generation failed: {one_line(exc)}") from exc
             inference_s = time.perf_counter() - t0
             eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
+            device_s = time.perf_counter() - held
         safety = self.safety.check(image)  # host CPU, off the device lock; a flagged image raises and is dropped
         with self._state_lock:
             self._hits[outcome.resolution] = self._hits.get(outcome.resolution, 0) + 1
@@ -361,6 +364,8 @@ class PipelineManager(ShapeCompiler, Admitted):
             source=None if req.source is None else {**req.source.info(), "strength": req.strength},
             eager_compiles=eager,
             safety=safety,
+            queue_s=round(held - waiting, 4),
+            device_s=round(device_s, 4),
         )
         fmt = "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f"
         log.info(fmt, record.resolution, record.steps, record.cache, record.compile_s, record.inference_s)

@@ -154,6 +154,7 @@ class ReplicaServer:
                 compile_s=round(fresh.compile_s, 4),
                 graphs_compiled=fresh.graphs,
                 total_s=round(time.perf_counter() - start, 4),
+                device_s=round(record.device_s + fresh.compile_s, 4),  # the compile held this replica's device
             )
         self._publish()  # the status board follows at once, not at the next tick
         return replace(record, replica=self.replica_id)

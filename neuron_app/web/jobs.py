@@ -22,13 +22,10 @@ import logging
 import queue
 import re
 import secrets
-import shutil
-import sqlite3
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_app.engine.contract import Manager
@@ -36,6 +33,8 @@ from neuron_app.engine.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressCallback, ProgressEvent
 from neuron_app.errors import Conflict, NotFound, RequestError
 from neuron_app.settings import Settings
+from neuron_app.web.job_store import JobStore
+from neuron_app.web.usage_book import UsageBook
 from neuron_app.web.webhooks import Allowlist, deliver
 
 if TYPE_CHECKING:
@@ -45,81 +44,11 @@ log = logging.getLogger(__name__)
 
 JOB_ID = re.compile(r"imgjob_[A-Za-z0-9_-]{24}")
 ENDED = ("succeeded", "failed", "cancelled")
-RESTARTED = {
-    "message": "the server restarted before this job finished; submit it again",
-    "type": "server_error",
-    "param": None,
-    "code": "server_restarted",
-}
-SCHEMA = """CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY, key_name TEXT, status TEXT NOT NULL, created REAL NOT NULL, started REAL,
-    finished REAL, size TEXT, response_format TEXT, count INTEGER, result TEXT, error TEXT,
-    webhook_url TEXT, webhook TEXT)"""
 
 
 def wants_async(prefer: str) -> bool:
     """RFC 7240: `Prefer: respond-async` (among other preferences, any case)."""
     return any(part.split(";")[0].strip().lower() == "respond-async" for part in prefer.split(","))
-
-
-class JobStore:
-    """The jobs table; one connection behind a lock (sqlite3 in autocommit, WAL)."""
-
-    def __init__(self, path: Path, files: Path, ttl_s: float) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.files, self.ttl_s = files, ttl_s
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(SCHEMA)
-
-    def mark_restarted(self) -> list[dict[str, Any]]:
-        """Jobs queued or running when the last process ended: failed now, returned (for their webhooks)."""
-        with self._lock:
-            rows = self._rows("SELECT * FROM jobs WHERE status IN ('queued', 'running')")
-            self._db.execute(
-                "UPDATE jobs SET status = 'failed', error = ?, finished = ? WHERE status IN ('queued', 'running')",
-                (json.dumps(RESTARTED), time.time()),
-            )
-        return rows
-
-    def insert(self, row: dict[str, Any]) -> None:
-        names = ", ".join(row)
-        with self._lock:
-            self._db.execute(f"INSERT INTO jobs ({names}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
-
-    def update(self, job_id: str, **fields: Any) -> None:
-        sets = ", ".join(f"{name} = ?" for name in fields)
-        with self._lock:
-            self._db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
-
-    def get(self, job_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            rows = self._rows("SELECT * FROM jobs WHERE id = ?", (job_id,))
-        return rows[0] if rows else None
-
-    def prune(self) -> int:
-        """Delete jobs that ended more than `ttl_s` ago, with their image files."""
-        cutoff = time.time() - self.ttl_s
-        with self._lock:
-            ids = [
-                r["id"]
-                for r in self._rows("SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ?", (cutoff,))
-            ]
-            self._db.execute("DELETE FROM jobs WHERE finished IS NOT NULL AND finished < ?", (cutoff,))
-        for job_id in ids:
-            shutil.rmtree(self.files / job_id, ignore_errors=True)
-        return len(ids)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        cursor = self._db.execute(sql, args)
-        names = [c[0] for c in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 @dataclasses.dataclass
@@ -134,6 +63,9 @@ class Live:
     event: ProgressEvent | None = None
     since: float = 0.0  # when the current phase began (monotonic)
     estimate: dict[str, Any] | None = None  # the shape's compile (or load) estimate when it started compiling
+    key_name: str | None = None  # whose usage it is
+    queued_at: float = dataclasses.field(default_factory=time.monotonic)
+    waited_s: float = 0.0  # queued, until a worker took it
 
 
 class Jobs:
@@ -152,6 +84,7 @@ class Jobs:
         self.allow = Allowlist(settings.webhook_hosts)
         self.files = settings.outputs_dir / "jobs"
         self.store = JobStore(settings.cache_dir / "jobs.sqlite3", self.files, settings.job_ttl_s)
+        self.usage = UsageBook(settings.cache_dir / "usage.sqlite3")
         self.store.prune()
         self._lock = threading.Lock()
         self._live: dict[str, Live] = {}
@@ -203,7 +136,7 @@ class Jobs:
         }
         self.store.insert(row)
         with self._lock:
-            self._live[job_id] = Live(job_id, work, stack, url_for)
+            self._live[job_id] = Live(job_id, work, stack, url_for, key_name=key_name)
             self._start_workers()
         self._pending.put(job_id)
         log.info("job %s queued (%s x%d)", job_id, size, count)
@@ -224,6 +157,7 @@ class Jobs:
                 if live is None or live.state != "queued":
                     continue  # cancelled while it waited
                 live.state, live.since = "running", time.monotonic()
+                live.waited_s = live.since - live.queued_at
             try:
                 self.store.update(job_id, status="running", started=time.time())
                 self._run(live)
@@ -241,6 +175,7 @@ class Jobs:
             self.store.update(live.id, status="failed", error=json.dumps(error), finished=time.time())
         else:
             result = {"data": items, "size": records[0].resolution, "output_format": "png"}
+            result["usage"] = self.usage.charge(live.key_name, records, live.waited_s)
             self.store.update(live.id, status="succeeded", result=json.dumps(result), finished=time.time())
             log.info("job %s succeeded (%d image(s))", live.id, len(items))
         with self._lock:
@@ -379,6 +314,7 @@ class Jobs:
 
     def close(self) -> None:
         self.store.close()
+        self.usage.close()
 
 
 def _estimate_of(shape: Any) -> dict[str, Any] | None:

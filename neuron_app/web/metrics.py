@@ -168,6 +168,21 @@ class Metrics:
             buckets=COMPILE_BUCKETS,
             registry=self.registry,
         )
+        self.queue_seconds = Histogram(
+            f"{PREFIX}_queue_seconds",
+            "Seconds successful requests waited for the device (another request held it), per shape.",
+            ["shape"],
+            buckets=GENERATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.device_seconds = Histogram(
+            f"{PREFIX}_device_seconds",
+            "Seconds successful requests held the device (their compile or graph load and their generation), "
+            "per shape.",
+            ["shape"],
+            buckets=GENERATION_BUCKETS + COMPILE_BUCKETS[COMPILE_BUCKETS.index(600) :],
+            registry=self.registry,
+        )
         self.cache_results = Counter(
             f"{PREFIX}_cache_results",
             "What each successful request found: miss (compiled now), memory (compiled earlier in this "
@@ -189,6 +204,8 @@ class Metrics:
             self.requests.labels("ok").inc()
             self.generation_seconds.labels(event.resolution).observe(event.inference_s)
             self.request_seconds.labels(event.resolution).observe(event.total_s)
+            self.queue_seconds.labels(event.resolution).observe(event.queue_s)
+            self.device_seconds.labels(event.resolution).observe(event.device_s)
             self.cache_results.labels(str(event.cache)).inc()
         elif isinstance(event, CompileOutcome):
             if event.compiled:

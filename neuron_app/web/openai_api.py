@@ -108,6 +108,7 @@ class OpenAIImages:
         self._in_flight = 0
         # Prefer: respond-async (web/jobs.py): the same checks, charge and queue place, run by a job worker.
         self.jobs = Jobs(settings, manager, self.marker, self.urls.save, lambda exc: failure(exc).body())
+        self.usage = self.jobs.usage  # usage per key per day (web/usage_book.py): /metrics and `neuron_app usage`
 
     @property
     def in_flight(self) -> int:
@@ -255,6 +256,7 @@ class OpenAIImages:
         # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
         data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
+        answer["usage"] = await run_in_threadpool(self.usage.charge, request.state.api_key_name, records)
         return JSONResponse(answer)
 
     def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:

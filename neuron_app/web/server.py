@@ -84,6 +84,7 @@ def build_app(settings: Settings, manager: Manager) -> App:
     openai_api = OpenAIImages(settings, manager, demo, access)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
     ops.metrics.registry.register(access)  # its counts on /metrics, read at scrape time
+    ops.metrics.registry.register(openai_api.usage.collector())  # usage per key today, read at scrape time
     return App(settings, manager, demo, ops)
 
 

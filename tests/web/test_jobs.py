@@ -338,7 +338,7 @@ def test_finished_jobs_outlive_a_restart_and_a_cut_job_reads_failed(
 
 
 def test_jobs_and_their_images_are_deleted_after_the_ttl(tmp_path: Any) -> None:
-    from neuron_app.web.jobs import JobStore
+    from neuron_app.web.job_store import JobStore
 
     files = tmp_path / "files"
     store = JobStore(tmp_path / "jobs.sqlite3", files, ttl_s=60)

@@ -219,7 +219,8 @@ def cmd_usage(args: argparse.Namespace) -> int:
     cells = []
     for r in rows:
         jobs = " ".join(f"{status} {n}" for status, n in sorted(r["jobs"].items())) or "-"
-        cells.append([r["day"], r["key_name"], *(round(float(r[m]), 3) for m in MEASURES), jobs])
+        numbers = (int(r[m]) if float(r[m]).is_integer() else round(float(r[m]), 3) for m in MEASURES)
+        cells.append([r["day"], r["key_name"], *numbers, jobs])
     print(_table(headers, cells) if rows else "no usage recorded yet")
     return EXIT_OK
 

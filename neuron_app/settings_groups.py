@@ -371,6 +371,11 @@ class ServerSettings(BaseModel):
         "before the server closes.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
+    otel_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP endpoint for OpenTelemetry traces (e.g. http://collector:4318); unset: the standard "
+        "OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing (the SDK is not imported).",
+    )
     strict_env: bool = Field(
         False,
         description="A NEURON_APP_* variable that is not a setting stops the start (default: a warning that "

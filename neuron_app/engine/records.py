@@ -12,7 +12,7 @@ from typing import Any
 
 from neuron_app.engine.cache.estimates import Estimate
 from neuron_app.engine.cache.manifest import Validity
-from neuron_app.errors import ShuttingDown, app_error_of, one_line
+from neuron_app.errors import Cancelled, ShuttingDown, app_error_of, one_line
 
 
 class ShapeState(StrEnum):
@@ -75,7 +75,7 @@ class Usage:
 
     @classmethod
     def of(cls, record: GenerationRecord) -> Usage:
-        inputs = sum(_megapixels(ref["bucket"]) for ref in record.references)
+        inputs = float(sum(_megapixels(ref["bucket"]) for ref in record.references))
         if record.source is not None:
             inputs += _megapixels(record.resolution) * (2 if record.source.get("masked") else 1)
         return cls(
@@ -153,13 +153,15 @@ class GenerationRecord:
 class RequestFailed:
     """A `generate` call that raised, for observers (metrics): refused = invalid request, failed = the rest."""
 
-    result: str  # refused | failed
+    result: str  # refused | failed | cancelled
     error: str
 
     @classmethod
     def of(cls, exc: BaseException) -> RequestFailed:
         """Refused: the request was turned away before device work (invalid, or the server is draining)."""
         known = app_error_of(exc)
+        if isinstance(known, Cancelled):  # its caller stopped it at a step
+            return cls("cancelled", one_line(exc))
         refused = known is not None and (known.kind == "refused" or isinstance(known, ShuttingDown))
         return cls("refused" if refused else "failed", one_line(exc))
 

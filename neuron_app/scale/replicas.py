@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from neuron_app import tracing
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted
 from neuron_app.engine.cache.estimates import estimate_words, human_seconds
@@ -40,7 +41,7 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import Request
 from neuron_app.errors import GenerationFailed, ModelLoadError, SettingsError, app_error_of, one_line
-from neuron_app.scale.replica_server import StatusBoard
+from neuron_app.scale.replica_server import TRACE_FIELD, StatusBoard
 from neuron_app.scale.serve_app import APP_NAME, NAMESPACE, attach, replicas_app
 from neuron_app.scale.status_merge import merge_statuses
 from neuron_app.settings import Settings
@@ -163,6 +164,8 @@ class ReplicaClient(Admitted):
         estimate = shape_status.estimate_s if shape_status else None
         graph_id = self._graph_id(shape)
         fields = req.portable()  # references as their uploads' bytes: a local path means nothing on another node
+        if tracing.enabled():
+            fields[TRACE_FIELD] = tracing.inject()  # the replica's spans continue this trace
         for attempt in (1, 2):
             response = self.handle.options(multiplexed_model_id=graph_id).generate.remote(fields)
             try:

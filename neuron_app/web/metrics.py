@@ -22,7 +22,7 @@ from neuron_app.engine.records import CompileOutcome, GenerationRecord, RequestF
 log = logging.getLogger(__name__)
 
 PREFIX = "neuron_app"
-REQUEST_RESULTS = ("ok", "refused", "failed")
+REQUEST_RESULTS = ("ok", "refused", "failed", "cancelled")
 CACHE_KINDS = ("miss", "memory", "disk", "remote")
 #: Tiny CPU images take ~0.2 s, a 1 MP image on a NeuronCore a few seconds, big shapes with many steps a minute.
 GENERATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
@@ -137,7 +137,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             f"{PREFIX}_requests",
-            "Generation requests by result: ok, refused (invalid request), failed (load, compile or run error).",
+            "Generation requests by result: ok, refused (invalid request), failed (load, compile or run error), "
+            "cancelled (stopped at a step by its caller).",
             ["result"],
             registry=self.registry,
         )

@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from neuron_app import tracing
 from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
@@ -44,6 +45,7 @@ from neuron_app.web.jobs import Jobs, wants_async
 from neuron_app.web.multi_image import offered_shapes, run_many, validate_many
 from neuron_app.web.openai_errors import ApiError, check_size, failure, refusal
 from neuron_app.web.ops import gradio_queue_length
+from neuron_app.web.traced import traced
 
 log = logging.getLogger(__name__)
 
@@ -254,10 +256,14 @@ class OpenAIImages:
                 self.access.observe_error(exc, "openai")
                 raise failure(exc) from None
         # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
-        data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
+        data = await run_in_threadpool(self.image_items, request, records, response_format)
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
         answer["usage"] = await run_in_threadpool(self.usage.charge, request.state.api_key_name, records)
         return JSONResponse(answer)
+
+    def image_items(self, request: Request, records: list[GenerationRecord], response_format: str) -> list[Any]:
+        with tracing.span("response", images=len(records), response_format=response_format):
+            return [self.image_item(request, r, response_format) for r in records]
 
     def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:
         """One image of the answer; `provenance` (ignored by the OpenAI SDK's parsing) says how it was made."""
@@ -357,7 +363,7 @@ class OpenAIImages:
         return FileResponse(path, media_type="image/png")
 
     async def job(self, request: Request) -> Response:
-        """An asynchronous job (web/jobs.py): GET reads it, DELETE cancels it while it is queued."""
+        """An asynchronous job (web/jobs.py): GET reads it, DELETE cancels it (queued, or at its next step)."""
         try:
             name = self.check_auth(request)
             if request.method == "DELETE":
@@ -379,8 +385,8 @@ class OpenAIImages:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/images/generations", self.generations, methods=["POST"]),
-            Route("/v1/images/edits", self.edits, methods=["POST"]),
+            Route("/v1/images/generations", traced(self.generations), methods=["POST"]),  # web/traced.py
+            Route("/v1/images/edits", traced(self.edits), methods=["POST"]),
             Route("/v1/images/files/{name}", self.image_file, methods=["GET"], name="openai_image_file"),
             Route("/v1/images/jobs/{id}", self.job, methods=["GET", "DELETE"]),
         ]

@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 from neuron_app import tracing
+from neuron_app.bench.waterfall import tiny_settings
 from neuron_app.engine.records import ProgressEvent
 from neuron_app.errors import Cancelled
 
@@ -26,17 +25,8 @@ def main() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from neuron_app.engine.manager import PipelineManager
-    from neuron_app.settings import load_settings
 
-    settings = load_settings(
-        model="tiny",
-        device="cpu",
-        compile_backend="aot_eager",
-        resolutions=[args.size],
-        default_resolution=args.size,
-        max_sequence_length=32,
-        cache_dir=Path(tempfile.mkdtemp(prefix="ops-costs-")),
-    )
+    settings = tiny_settings(args.size, "ops-costs-")
     manager = PipelineManager(settings)
     manager.generate("warm", args.size, args.steps, 0)  # load and compile
 

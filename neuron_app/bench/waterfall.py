@@ -41,6 +41,15 @@ def waterfall(spans: list[Any]) -> str:
     return "\n".join(lines)
 
 
+def tiny_settings(size: str, prefix: str, **extra: Any) -> Any:
+    """The offline tiny model on the CPU (aot_eager) at one shape, in a fresh cache folder: its first use compiles."""
+    from neuron_app.settings import load_settings
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    fields = {"model": "tiny", "device": "cpu", "compile_backend": "aot_eager", "max_sequence_length": 32}
+    return load_settings(**fields, resolutions=[size], default_resolution=size, cache_dir=folder, **extra)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="64x64")
@@ -50,21 +59,11 @@ def main() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from neuron_app.engine.manager import PipelineManager
-    from neuron_app.settings import load_settings
     from neuron_app.web.server import build_app, launch
 
     exporter = InMemorySpanExporter()
     tracing.setup(None, exporter=exporter)
-    settings = load_settings(
-        model="tiny",
-        device="cpu",
-        compile_backend="aot_eager",
-        resolutions=[args.size],
-        default_resolution=args.size,
-        max_sequence_length=32,
-        cache_dir=Path(tempfile.mkdtemp(prefix="waterfall-")),
-        server_port=free_port(),
-    )
+    settings = tiny_settings(args.size, "waterfall-", server_port=free_port())
     app = build_app(settings, PipelineManager(settings))
     launch(app, block=False)
     try:

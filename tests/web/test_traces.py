@@ -5,9 +5,7 @@ in-memory exporter in process, and with `python app.py` exporting OTLP over HTTP
 
 from __future__ import annotations
 
-import http.server
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from neuron_app import tracing
-from tests.support import AppProcess, free_port, openai_client, wait_for
+from tests.support import AppProcess, OtlpReceiver, openai_client, wait_for
 
 PHASES = {"queue", "prompt_cache", "text_encoder", "denoise", "decode", "safety", "marks"}
 
@@ -103,39 +101,9 @@ def test_a_callers_traceparent_is_continued_and_a_carrier_crosses_like_the_repli
     assert exporter.get_finished_spans()  # they were exported
 
 
-class Receiver(http.server.ThreadingHTTPServer):
-    """A collector stand-in: OTLP over HTTP, protobuf bodies on /v1/traces, decoded with the OTLP protos."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.got = threading.Event()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                assert self.path == "/v1/traces" and self.headers["Content-Type"] == "application/x-protobuf"
-                request = ExportTraceServiceRequest.FromString(body)
-                for resource in request.resource_spans:
-                    for scope in resource.scope_spans:
-                        outer.spans.extend(scope.spans)
-                outer.got.set()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.end_headers()
-
-            def log_message(self, *_args: Any) -> None:
-                return None
-
-        super().__init__(("127.0.0.1", free_port()), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-
 @pytest.mark.slow
 def test_python_app_py_exports_one_trace_over_otlp_http(run_app_py: Callable[..., AppProcess]) -> None:
-    receiver = Receiver()
+    receiver = OtlpReceiver()
     try:
         env = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_port}",

@@ -1,4 +1,4 @@
-"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest,emulate}`.
+"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest,emulate,usage,train-tiny}`.
 
 `precompile` is what a deployment runs once before users come (or in an image build):
 it fills the persistent compile cache and the manifest, so the server starts warm.
@@ -220,6 +220,26 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    """Usage per API key per day, from the usage table and the job store in the cache folder (no server)."""
+    from neuron_app.settings import get_settings
+    from neuron_app.web.usage_book import MEASURES, today, usage_table
+
+    since = today(time.time() - 86400 * (args.days - 1)) if args.days else None
+    rows = usage_table(get_settings().cache_dir, since)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    headers = ["day", "key", *MEASURES, "jobs"]
+    cells = []
+    for r in rows:
+        jobs = " ".join(f"{status} {n}" for status, n in sorted(r["jobs"].items())) or "-"
+        numbers = (int(r[m]) if float(r[m]).is_integer() else round(float(r[m]), 3) for m in MEASURES)
+        cells.append([r["day"], r["key_name"], *numbers, jobs])
+    print(_table(headers, cells) if rows else "no usage recorded yet")
+    return EXIT_OK
+
+
 def cmd_serve(_args: argparse.Namespace) -> int:
     import app
 
@@ -275,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     train_tiny.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     train_tiny.add_argument("--init", help="continue from this saved tiny-shapes folder (its VAE kept; logs appended)")
     train_tiny.set_defaults(func=cmd_train_tiny)
+    usage = sub.add_parser("usage", help="usage per API key per day (the usage table and the job store)")
+    usage.add_argument("--days", type=int, default=0, metavar="N", help="the last N days only (default: all)")
+    usage.add_argument("--json", action="store_true", help="machine-readable rows")
+    usage.set_defaults(func=cmd_usage)
     serve = sub.add_parser("serve", help="start the web app (same as python app.py)")
     serve.set_defaults(func=cmd_serve)
     doctor = sub.add_parser("doctor", help="check this machine's Neuron stack; exit 0 only when serving would work")

@@ -104,6 +104,15 @@ class Conflict(AppError):
     default_code = "conflict"
 
 
+class Cancelled(AppError):
+    """Its caller stopped it (DELETE on a running job, the page's Stop): it ended at the next denoising step, and
+    its images were never kept. Raised by the caller's progress callback, inside the pipeline's step callback."""
+
+    kind = "refused"
+    http_status = 409
+    default_code = "cancelled"
+
+
 # --- unavailable: the server cannot take it now ------------------------------------------------------
 class Unavailable(AppError):
     """The server cannot do it now (loading, shutting down, no device); the caller may retry later."""

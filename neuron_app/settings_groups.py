@@ -286,6 +286,12 @@ class FleetSettings(BaseModel):
         description="Ray cluster to join ('auto', 'host:port', 'ray://...'); unset: with replicas > 1 the app "
         "starts a local Ray instance itself and stops it on exit.",
     )
+    ray_serve_app: Literal["deploy", "attach"] = Field(
+        "deploy",
+        description='With ray_address: "deploy" deploys the replicas from this process; "attach" serves through '
+        "the replicas a KubeRay RayService deployed (serveConfigV2 import_path neuron_app.scale.serve_app:app), "
+        "waiting for them, and leaves them running on exit.",
+    )
     cores_per_replica: int = Field(
         1,
         ge=1,
@@ -377,6 +383,11 @@ class ServerSettings(BaseModel):
         "before the server closes.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
+    otel_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP endpoint for OpenTelemetry traces (e.g. http://collector:4318); unset: the standard "
+        "OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing (the SDK is not imported).",
+    )
     strict_env: bool = Field(
         False,
         description="A NEURON_APP_* variable that is not a setting stops the start (default: a warning that "

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 #: Modules that start a Ray cluster: under pytest-xdist one worker runs them one after the other (two clusters at
 #: once on the 2-core CI host starve each other's replicas past their timeouts).
-RAY_MODULES = frozenset({"test_replicas", "test_autoscale"})
+RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_serve_app"})
 
 
 #: The groups that take longest, heaviest first: rough seconds from `--durations` runs on the 2-core machine;

@@ -5,11 +5,13 @@ moment torch is first imported, the clients of the launched app, and the inpaint
 from __future__ import annotations
 
 import contextlib
+import http.server
 import io
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -262,3 +264,36 @@ def halves(image: Any) -> tuple[np.ndarray, np.ndarray]:
 
     pixels = np.asarray(image.convert("RGB")).astype(np.int16)
     return pixels[:, : PICTURE_SIZE // 2 - FEATHER_PX], pixels[:, PICTURE_SIZE // 2 :]
+
+
+# --- a collector stand-in for the traces tests -------------------------------------------------------------
+
+
+class OtlpReceiver(http.server.ThreadingHTTPServer):
+    """A collector stand-in: OTLP over HTTP, protobuf bodies on /v1/traces, decoded with the OTLP protos."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.got = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                assert self.path == "/v1/traces" and self.headers["Content-Type"] == "application/x-protobuf"
+                request = ExportTraceServiceRequest.FromString(body)
+                for resource in request.resource_spans:
+                    for scope in resource.scope_spans:
+                        outer.spans.extend(scope.spans)
+                outer.got.set()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                return None
+
+        super().__init__(("127.0.0.1", free_port()), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()

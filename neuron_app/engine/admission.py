@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from neuron_app import tracing
 from neuron_app.engine.records import RequestFailed
 from neuron_app.errors import ShuttingDown
 
@@ -86,15 +87,33 @@ def admitted(method: Callable[..., _T]) -> Callable[..., _T]:
     return wrapper
 
 
+def trace_attributes(record: Any) -> dict[str, Any]:
+    """A generation's span attributes: shape, steps, graph key (the shape that compiled it), cache, compiles."""
+    fields = {
+        "shape": record.resolution,
+        "steps": record.steps,
+        "cache": str(record.cache),
+        "compiled": record.compiled,
+        "eager_compiles": record.eager_compiles,
+        "lora": record.lora,
+        "replica": record.replica or "in-process",
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def reports_failures(method: Callable[..., _T]) -> Callable[..., _T]:
     """Report a call that raises to observers (metrics) as `RequestFailed`; successes emit their own record."""
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> _T:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            self._emit(RequestFailed.of(exc))
-            raise
+        with tracing.span(f"manager.{method.__name__}") as span:
+            try:
+                record = method(self, *args, **kwargs)
+            except Exception as exc:
+                self._emit(RequestFailed.of(exc))
+                raise
+            if span is not None:  # what the trace is searched by
+                span.set_attributes(trace_attributes(record))
+            return record
 
     return wrapper

@@ -9,7 +9,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
-from neuron_app import __version__
+from neuron_app import __version__, tracing
 from neuron_app.engine.trust.marks import Marker
 
 
@@ -67,7 +67,8 @@ def write_png(record: Any, target: Path | IO[bytes], marker: Marker | None = Non
         from neuron_app.settings import get_settings
 
         marker = Marker.for_settings(get_settings())
-    data = marker.encode(record, provenance(record))
+    with tracing.span("marks"):
+        data = marker.encode(record, provenance(record))
     if isinstance(target, Path):
         target.write_bytes(data)
     else:

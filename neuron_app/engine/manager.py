@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from neuron_app import tracing
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted, admitted, reports_failures
@@ -27,7 +28,6 @@ from neuron_app.engine.model.loader import ModelSource, load_pipeline, resolve_s
 from neuron_app.engine.model.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.model.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
 from neuron_app.engine.modes.lora import AdapterSet
-from neuron_app.engine.modes.previews import PreviewEvent
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.records import (
     CompileOutcome,
@@ -40,9 +40,11 @@ from neuron_app.engine.records import (
 from neuron_app.engine.remote.cache import RemoteCache
 from neuron_app.engine.requests import Request
 from neuron_app.engine.status_view import build_status
+from neuron_app.engine.steps import StepEvents
 from neuron_app.engine.trust.safety import SafetyChecker
 from neuron_app.environment import dist_version
 from neuron_app.errors import (
+    Cancelled,
     GenerationFailed,
     ModelLoadError,
     RequestError,
@@ -318,23 +320,23 @@ class PipelineManager(ShapeCompiler, Admitted):
         start = time.perf_counter()
         self.ensure_loaded(progress)
         self.safety.ready()  # its classifier loads before any device work: one that cannot load fails the request
-        with self._device_lock:
+        waiting = time.perf_counter()
+        with tracing.holding(self._device_lock):  # a `queue` span while another request holds the device
+            held = time.perf_counter()
             eager_before = self.backend.eager_compile_count(self.counter.graphs)
             outcome = self._compile_locked(req.resolution, progress, req.buckets)
 
-            def on_step(step: int, total: int, preview: Any = None) -> None:
-                if progress:
-                    if self.safety.enabled:  # no picture of an unchecked image reaches anyone: no step previews
-                        preview = None
-                    fields = ("denoising", str(req.resolution), step, total, f"Step {step}/{total}")
-                    progress(ProgressEvent(*fields) if preview is None else PreviewEvent(*fields, preview))
-                    if step == total:
-                        progress(ProgressEvent("decoding", str(req.resolution), step, total, "Decoding"))
-
+            # No picture of an unchecked image reaches anyone: no step previews while the safety checker is on.
+            on_step = StepEvents(progress, str(req.resolution), previews=not self.safety.enabled,
+                                 lockstep=self.lockstep is not None)  # fmt: skip
             t0 = time.perf_counter()
             try:
                 image = self._execute(req.call(), on_step)
+                on_step.raise_kept()
                 switch_s = self.adapters.last_switch_s
+            except Cancelled:
+                log.info("generation %s cancelled at step %d of %d", req.resolution, on_step.last_step, req.steps)
+                raise
             except Exception as exc:
                 log.error("generation failed %s steps=%d: %s", req.resolution, req.steps, one_line(exc))
                 if rule := rule_of(exc):
@@ -342,6 +344,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                 raise GenerationFailed(f"generation failed: {one_line(exc)}") from exc
             inference_s = time.perf_counter() - t0
             eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
+            device_s = time.perf_counter() - held
         safety = self.safety.check(image)  # host CPU, off the device lock; a flagged image raises and is dropped
         with self._state_lock:
             self._hits[outcome.resolution] = self._hits.get(outcome.resolution, 0) + 1
@@ -365,6 +368,8 @@ class PipelineManager(ShapeCompiler, Admitted):
             source=None if req.source is None else {**req.source.info(), "strength": req.strength},
             eager_compiles=eager,
             safety=safety,
+            queue_s=round(held - waiting, 4),
+            device_s=round(device_s, 4),
         )
         fmt = "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f"
         log.info(fmt, record.resolution, record.steps, record.cache, record.compile_s, record.inference_s)

@@ -12,7 +12,7 @@ from typing import Any
 
 from neuron_app.engine.cache.estimates import Estimate
 from neuron_app.engine.cache.manifest import Validity
-from neuron_app.errors import ShuttingDown, app_error_of, one_line
+from neuron_app.errors import Cancelled, ShuttingDown, app_error_of, one_line
 
 
 class ShapeState(StrEnum):
@@ -51,6 +51,62 @@ class CompileOutcome:
     eager_compiles: int = 0  # eager device ops compiled on first use by this compile (Neuron; 0 elsewhere)
 
 
+def _megapixels(size: str) -> float:
+    """ "WxH" as megapixels."""
+    width, _, height = size.partition("x")
+    return int(width) * int(height) / 1e6
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one answer cost, as the caller sees it (hosted image APIs answer `cost` and megapixels; this app answers
+    its own seconds). `compile_s > 0` exactly when the request compiled (or loaded) a graph; `device_seconds` is the
+    time it held the device (its compile and its generation)."""
+
+    queue_s: float
+    compile_s: float
+    inference_s: float
+    steps: int
+    output_megapixels: float
+    input_megapixels: float  # the references at their buckets, and a source image and its mask at the output size
+    cache: str
+    eager_compiles: int
+    device_seconds: float
+
+    @classmethod
+    def of(cls, record: GenerationRecord) -> Usage:
+        inputs = float(sum(_megapixels(ref["bucket"]) for ref in record.references))
+        if record.source is not None:
+            inputs += _megapixels(record.resolution) * (2 if record.source.get("masked") else 1)
+        return cls(
+            queue_s=round(record.queue_s, 4),
+            compile_s=max(round(record.compile_s, 4), 0.0001) if record.compiled else 0.0,
+            inference_s=round(record.inference_s, 4),
+            steps=record.steps,
+            output_megapixels=round(_megapixels(record.resolution), 6),
+            input_megapixels=round(inputs, 6),
+            cache=str(record.cache),
+            eager_compiles=record.eager_compiles,
+            device_seconds=round(record.device_s, 4),
+        )
+
+    @classmethod
+    def total(cls, usages: list[Usage]) -> Usage:
+        """Several images of one request: seconds, steps, megapixels and eager compiles add up; the cache is the
+        first image's (the one that may have compiled)."""
+        first = usages[0]
+        added = {
+            name: round(sum(getattr(u, name) for u in usages), 6)
+            for name in ("queue_s", "compile_s", "inference_s", "output_megapixels", "input_megapixels")
+        }
+        added["device_seconds"] = round(sum(u.device_seconds for u in usages), 4)
+        steps, eager = sum(u.steps for u in usages), sum(u.eager_compiles for u in usages)
+        return cls(**added, steps=steps, cache=first.cache, eager_compiles=eager)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class GenerationRecord:
     resolution: str
@@ -78,26 +134,34 @@ class GenerationRecord:
     safety: str = "off"
     #: The AI-content marks its PNG carries (engine/trust/marks.py), filled in when the PNG is written.
     marks: dict[str, str] = field(default_factory=dict)
+    queue_s: float = 0.0  # waiting for the device (another request held it), before this one's compile and run
+    device_s: float = 0.0  # holding the device: this request's compile (or graph load) and its generation
 
     def info(self) -> dict[str, Any]:
-        """The JSON-able record the API returns next to the image."""
+        """The JSON-able record the API returns next to the image, with its `usage`."""
         data = asdict(self)
         data.pop("image")
         data["cache"] = str(self.cache)
+        data["usage"] = self.usage().to_dict()
         return data
+
+    def usage(self) -> Usage:
+        return Usage.of(self)
 
 
 @dataclass(frozen=True)
 class RequestFailed:
     """A `generate` call that raised, for observers (metrics): refused = invalid request, failed = the rest."""
 
-    result: str  # refused | failed
+    result: str  # refused | failed | cancelled
     error: str
 
     @classmethod
     def of(cls, exc: BaseException) -> RequestFailed:
         """Refused: the request was turned away before device work (invalid, or the server is draining)."""
         known = app_error_of(exc)
+        if isinstance(known, Cancelled):  # its caller stopped it at a step
+            return cls("cancelled", one_line(exc))
         refused = known is not None and (known.kind == "refused" or isinstance(known, ShuttingDown))
         return cls("refused" if refused else "failed", one_line(exc))
 

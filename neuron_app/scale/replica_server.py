@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from neuron_app import tracing
 from neuron_app.engine.records import (
     CompileOutcome,
     GenerationRecord,
@@ -22,6 +23,8 @@ from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: The request field that carries the front end's trace context across the handle call (W3C headers).
+TRACE_FIELD = "_trace"
 #: How often a replica publishes its status, and when a silent one is forgotten.
 PUBLISH_INTERVAL_S = 0.5
 FORGET_AFTER_S = 60.0
@@ -49,6 +52,7 @@ def prepare_replica_environment(settings: Settings) -> None:
     from neuron_app.environment import prepare_process
 
     prepare_process(settings.model_copy(update={"visible_cores": None}))
+    tracing.setup(settings)  # the replica's spans join the front end's traces
 
 
 # --- the status board (a plain Ray actor) ----------------------------------------------------------------------
@@ -147,10 +151,13 @@ class ReplicaServer:
         from ray import serve
 
         start = time.perf_counter()
-        graph_id = serve.get_multiplexed_model_id()
-        if graph_id:
-            await self._graph(graph_id)
-        record: GenerationRecord = await asyncio.to_thread(self.manager.generate, **fields)
+        carrier = fields.pop(TRACE_FIELD, None)  # the front end's trace (tracing.inject): continued here
+        with tracing.attached(carrier), tracing.span("replica.generate", replica=self.replica_id):
+            graph_id = serve.get_multiplexed_model_id()
+            if graph_id:
+                await self._graph(graph_id)
+            context = tracing.capture()
+            record: GenerationRecord = await asyncio.to_thread(self._traced_generate, context, fields)
         fresh = self._fresh.pop(graph_id, None) if graph_id else None
         if fresh is not None:  # this request paid for the compile: say so, as the in-process manager would
             record = replace(
@@ -160,9 +167,14 @@ class ReplicaServer:
                 compile_s=round(fresh.compile_s, 4),
                 graphs_compiled=fresh.graphs,
                 total_s=round(time.perf_counter() - start, 4),
+                device_s=round(record.device_s + fresh.compile_s, 4),  # the compile held this replica's device
             )
         self._publish()  # the status board follows at once, not at the next tick
         return replace(record, replica=self.replica_id)
+
+    def _traced_generate(self, context: Any, fields: dict[str, Any]) -> GenerationRecord:
+        with tracing.resumed(context):
+            return self.manager.generate(**fields)
 
     def describe(self) -> dict[str, Any]:
         return {

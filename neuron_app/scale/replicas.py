@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from neuron_app import tracing
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted
 from neuron_app.engine.cache.estimates import estimate_words, human_seconds
@@ -40,15 +41,13 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import Request
 from neuron_app.errors import GenerationFailed, ModelLoadError, SettingsError, app_error_of, one_line
-from neuron_app.scale.replica_server import ReplicaServer, StatusBoard
+from neuron_app.scale.replica_server import TRACE_FIELD, StatusBoard
+from neuron_app.scale.serve_app import APP_NAME, NAMESPACE, attach, replicas_app
 from neuron_app.scale.status_merge import merge_statuses
 from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-APP_NAME = "neuron_app"
-DEPLOYMENT_NAME = "FluxReplica"
-NAMESPACE = "neuron_app"
 #: A replica silent this long (it publishes every `PUBLISH_INTERVAL_S`) counts as unhealthy.
 UNHEALTHY_AFTER_S = 5.0
 #: Longest pause of a request that polls for a free replica (Ray Serve's default 0.5 s idles replicas).
@@ -60,9 +59,6 @@ PROGRESS_TICK_S = 1.0
 #: With replicas = "MIN-MAX", handles and replicas report their queues to Serve's controller this often (Ray's
 #: default, 10 s, would add up to 10 s to every scaling decision). Read when ray.serve is imported.
 AUTOSCALING_PUSH_S = 1.0
-#: Shortest window the load is averaged over: Ray Serve 2.58 warns (and will refuse) one not above its deprecated
-#: `metrics_interval_s` (10 s by default).
-LOOK_BACK_MIN_S = 11.0
 
 
 class ReplicaClient(Admitted):
@@ -168,6 +164,8 @@ class ReplicaClient(Admitted):
         estimate = shape_status.estimate_s if shape_status else None
         graph_id = self._graph_id(shape)
         fields = req.portable()  # references as their uploads' bytes: a local path means nothing on another node
+        if tracing.enabled():
+            fields[TRACE_FIELD] = tracing.inject()  # the replica's spans continue this trace
         for attempt in (1, 2):
             response = self.handle.options(multiplexed_model_id=graph_id).generate.remote(fields)
             try:
@@ -262,6 +260,9 @@ class ReplicaClient(Admitted):
 
         with contextlib.suppress(Exception):  # its router: with autoscaling it pushes queue metrics every second
             self.handle.shutdown()
+        if self.settings.ray_serve_app == "attach":  # the RayService's replicas and board stay
+            ray.shutdown()
+            return
         with contextlib.suppress(Exception):
             serve.delete(APP_NAME)
         if self.owns_ray:
@@ -298,41 +299,6 @@ def start_failure(exc: BaseException) -> ModelLoadError:
 
 
 # --- start ---------------------------------------------------------------------------------------------------------
-def deployment_scale(settings: Settings) -> dict[str, Any]:
-    """A fixed `num_replicas`, or for replicas = "MIN-MAX" Ray Serve's `autoscaling_config`: it adds a replica while
-    the requests per replica (running plus queued at the handles) stay above the target for the upscale delay and
-    removes one while they stay below it for the downscale delay; the load is averaged over the upscale delay
-    (LOOK_BACK_MIN_S..30 s)."""
-    if not settings.autoscaling:
-        return {"num_replicas": settings.replicas_max}
-    return {
-        "autoscaling_config": {
-            "min_replicas": settings.replicas_min,
-            "initial_replicas": settings.replicas_min,
-            "max_replicas": settings.replicas_max,
-            "target_ongoing_requests": settings.autoscale_target_ongoing,
-            "upscale_delay_s": settings.autoscale_upscale_delay_s,
-            "downscale_delay_s": settings.autoscale_downscale_delay_s,
-            "look_back_period_s": min(30.0, max(LOOK_BACK_MIN_S, settings.autoscale_upscale_delay_s)),
-        }
-    }
-
-
-def _actor_options(settings: Settings) -> dict[str, Any]:
-    """Each replica asks Ray for its own cores: NeuronCores as the `neuron_cores` resource, else GPUs or CPUs."""
-    cores = settings.cores_per_replica
-    device = settings.device
-    if device == "auto":  # without importing torch here: the Neuron SDK's presence decides; set cuda explicitly
-        import importlib.util
-
-        device = "neuron" if importlib.util.find_spec("torch_neuronx") else "cpu"
-    if device == "neuron":
-        return {"num_cpus": 1, "resources": {"neuron_cores": cores}}
-    if device == "cuda":
-        return {"num_cpus": 1, "num_gpus": cores}
-    return {"num_cpus": cores}
-
-
 def start_replicas(settings: Settings) -> ReplicaClient:
     """Start (or join) Ray, deploy `replicas` replicas and wait until they are up; returns the manager-shaped client.
 
@@ -377,26 +343,16 @@ def start_replicas(settings: Settings) -> ReplicaClient:
     else:
         ray.init(address=settings.ray_address, **init)
     try:
-        board = ray.remote(num_cpus=0)(StatusBoard).remote()
-        serve.start(proxy_location="Disabled")
-        deployment = serve.deployment(
-            ReplicaServer,
-            name=DEPLOYMENT_NAME,
-            **deployment_scale(settings),  # num_replicas, or autoscaling_config for replicas = "MIN-MAX"
-            max_ongoing_requests=1,  # one device per replica: a busy replica is skipped by the router
-            ray_actor_options=_actor_options(settings),
-            health_check_period_s=2,
-            health_check_timeout_s=60,
-            graceful_shutdown_timeout_s=settings.shutdown_grace_s,
-            max_constructor_retry_count=1,
-            # No per-request access line: it costs each request a log write in the replica, a hop through Ray's
-            # log monitor and a print in the driver; errors still reach the log.
-            logging_config={"enable_access_log": False, "log_level": "WARNING"},
-        )
-        handle = serve.run(deployment.bind(settings, board), name=APP_NAME, route_prefix=None)
+        if settings.ray_serve_app == "attach":  # a RayService deployed the replicas (serve_app.app): use them
+            handle, board = attach(settings)
+        else:
+            board = ray.remote(num_cpus=0)(StatusBoard).remote()
+            serve.start(proxy_location="Disabled")
+            handle = serve.run(replicas_app(settings, board), name=APP_NAME, route_prefix=None)
     except Exception as exc:
         with contextlib.suppress(Exception):
-            serve.delete(APP_NAME) if not owns_ray else serve.shutdown()
+            if settings.ray_serve_app != "attach":  # never the RayService's application
+                serve.delete(APP_NAME) if not owns_ray else serve.shutdown()
         ray.shutdown()
         raise start_failure(exc) from None
     client = ReplicaClient(settings, handle, board, owns_ray=owns_ray)

@@ -29,12 +29,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from neuron_app import tracing
 from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressCallback, ProgressEvent
-from neuron_app.errors import Conflict, NotFound, RequestError
+from neuron_app.errors import Cancelled, Conflict, NotFound, RequestError
 from neuron_app.settings import Settings
 from neuron_app.web.job_store import Caps, JobStore
+from neuron_app.web.usage_book import UsageBook
 from neuron_app.web.webhook_pool import QUEUE_FULL, Deliveries
 from neuron_app.web.webhooks import Allowlist
 
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 
 JOB_ID = re.compile(r"imgjob_[A-Za-z0-9_-]{24}")
 ENDED = ("succeeded", "failed", "cancelled")
+#: How long a DELETE on a running job waits for it to stop at its next step (a step is well under this).
+CANCEL_WAIT_S = 30.0
 
 
 def wants_async(prefer: str) -> bool:
@@ -64,6 +68,12 @@ class Live:
     event: ProgressEvent | None = None
     since: float = 0.0  # when the current phase began (monotonic)
     estimate: dict[str, Any] | None = None  # the shape's compile (or load) estimate when it started compiling
+    key_name: str | None = None  # whose usage it is
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)  # DELETE while it runs
+    ended: threading.Event = dataclasses.field(default_factory=threading.Event)
+    queued_at: float = dataclasses.field(default_factory=time.monotonic)
+    waited_s: float = 0.0  # queued, until a worker took it
+    trace: Any = dataclasses.field(default_factory=tracing.capture)  # the submitting request's trace
 
 
 class Jobs:
@@ -91,6 +101,7 @@ class Jobs:
             settings.jobs_per_key, settings.jobs_stored_per_key, settings.job_images_max, settings.job_images_max_bytes
         )
         self.store = JobStore(settings.cache_dir / "jobs.sqlite3", self.files, settings.job_ttl_s, caps)
+        self.usage = UsageBook(settings.cache_dir / "usage.sqlite3")
         self.store.start_pruning()  # TTL and image caps, on its own thread: never on a submit or the event loop
         self._lock = threading.Lock()
         self._live: dict[str, Live] = {}
@@ -146,7 +157,7 @@ class Jobs:
             stack.__exit__(*sys.exc_info())  # left with the error: the key's images are given back
             raise
         with self._lock:
-            self._live[job_id] = Live(job_id, work, stack, url_for)
+            self._live[job_id] = Live(job_id, work, stack, url_for, key_name=key_name)
             self._start_workers()
         self._pending.put(job_id)
         log.info("job %s queued (%s x%d)", job_id, size, count)
@@ -167,9 +178,11 @@ class Jobs:
                 if live is None or live.state != "queued":
                     continue  # cancelled while it waited
                 live.state, live.since = "running", time.monotonic()
+                live.waited_s = live.since - live.queued_at
             try:
                 self.store.update(job_id, status="running", started=time.time())
-                self._run(live)
+                with tracing.resumed(live.trace), tracing.span("job", job_id=job_id):
+                    self._run(live)
             except Exception:  # the store itself failed (disk full): logged, and the worker lives on
                 log.exception("job %s could not be recorded", job_id)
 
@@ -178,12 +191,17 @@ class Jobs:
             with live.stack:  # leaving it gives the key's images back on failure and frees the queue place
                 records = live.work(lambda event: self._progress(live, event))
                 items = [self._item(live, record, i) for i, record in enumerate(records)]
+        except Cancelled as exc:  # at the next step: nothing was stored, the key's images were given back
+            log.info("job %s %s", live.id, exc)
+            error = json.dumps(self.error_of(exc))  # says at which step it stopped
+            self.store.update(live.id, status="cancelled", error=error, finished=time.time())
         except Exception as exc:
             error = self.error_of(exc)
             log.info("job %s failed: %s", live.id, error["message"])
             self.store.update(live.id, status="failed", error=json.dumps(error), finished=time.time())
         else:
             result = {"data": items, "size": records[0].resolution, "output_format": "png"}
+            result["usage"] = self.usage.charge(live.key_name, records, live.waited_s)
             stored = [f.stat().st_size for f in (self.files / live.id).glob("*.png")]
             self.store.update(
                 live.id, status="succeeded", result=json.dumps(result), finished=time.time(),
@@ -194,10 +212,14 @@ class Jobs:
             log.info("job %s succeeded (%d image(s))", live.id, len(items))
         with self._lock:
             self._live.pop(live.id, None)
+        live.ended.set()
         self._announce(live.id)
 
     def _progress(self, live: Live, event: ProgressEvent) -> None:
-        """The manager's progress event for this job (the page's own): its phase, and the estimate when compiling."""
+        """The manager's progress event for this job (the page's own): its phase, and the estimate when compiling.
+        After a DELETE, the next step's event stops the job there (engine/steps.py)."""
+        if live.stop.is_set() and event.phase in ("denoising", "decoding"):
+            raise Cancelled("the job was cancelled")
         current = live.event
         if current is None or (event.phase, event.resolution) != (current.phase, current.resolution):
             estimate = live.estimate
@@ -286,16 +308,22 @@ class Jobs:
         return ahead.index(job_id) if job_id in ahead else 0
 
     def cancel(self, job_id: str, key_name: str | None) -> dict[str, Any]:
-        """Cancel a queued job (its charge given back, its queue place freed); a running one is a 409: the device
-        work cannot be cut safely mid-call. An ended job answers as it is."""
+        """Cancel a job. Queued: its charge given back, its queue place freed. Running: it stops at its next
+        denoising step (its images never stored, the device free for the next request, every graph kept); the
+        answer waits up to CANCEL_WAIT_S for that. An ended job answers as it is."""
         row = self._row(job_id, key_name)
         with self._lock:
             live = self._live.get(job_id)
-            if live is not None and live.state == "running":
-                raise Conflict("the job is running and cannot be cancelled; it ends on its own", code="job_running")
-            if live is not None:
+            running = live is not None and live.state == "running"
+            if running:
+                live.stop.set()
+            elif live is not None:
                 live.state = "cancelled"
                 self._live.pop(job_id)
+        if running:
+            if not live.ended.wait(CANCEL_WAIT_S):
+                log.info("job %s: cancel asked, still in its step after %.0f s", job_id, CANCEL_WAIT_S)
+            return self.view(job_id, key_name, images=False)
         if live is None:
             if row["status"] in ENDED:
                 return self.view(job_id, key_name, images=False)
@@ -330,6 +358,7 @@ class Jobs:
     def close(self) -> None:
         self.deliveries.close()
         self.store.close()
+        self.usage.close()
 
 
 def _estimate_of(shape: Any) -> dict[str, Any] | None:

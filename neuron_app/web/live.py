@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from neuron_app.engine.records import ManagerStatus, ProgressCallback, ProgressEvent, ShapeStatus
+from neuron_app.errors import Cancelled
 from neuron_app.web.views import progress_markdown
 
 #: How often the elapsed time in the output area moves on (seconds).
@@ -29,11 +30,16 @@ def live(
     tick_s: float = TICK_S,
 ) -> Generator[Any, None, Any]:
     """Run `work(on_event)` in a worker thread; yield `wrap(markdown)` on every event and every `tick_s`;
-    return what `work` returned, or raise what it raised. Events also go to `forward` (Gradio's progress)."""
+    return what `work` returned, or raise what it raised. Events also go to `forward` (Gradio's progress).
+    Closing this generator (the page's Stop: Gradio closes a cancelled event's iterator) stops the work at its
+    next denoising step (engine/steps.py)."""
     events: queue.Queue[Any] = queue.Queue()
     outcome: dict[str, Any] = {}
+    stop = threading.Event()
 
     def on_event(event: ProgressEvent) -> None:
+        if stop.is_set() and event.phase in ("denoising", "decoding"):
+            raise Cancelled("stopped on the page")
         forward(event)
         events.put(event)
 
@@ -68,7 +74,11 @@ def live(
                     shape = status().shapes.get(item.resolution or "")  # its state and estimate, as the table
             current = item
         if current is not None:
-            yield wrap(progress_markdown(current, shape, time.monotonic() - since, compiled_s))
+            try:
+                yield wrap(progress_markdown(current, shape, time.monotonic() - since, compiled_s))
+            except GeneratorExit:  # the page's Stop: the worker ends at its next step, its images never kept
+                stop.set()
+                raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

@@ -22,7 +22,7 @@ from neuron_app.engine.records import CompileOutcome, GenerationRecord, RequestF
 log = logging.getLogger(__name__)
 
 PREFIX = "neuron_app"
-REQUEST_RESULTS = ("ok", "refused", "failed")
+REQUEST_RESULTS = ("ok", "refused", "failed", "cancelled")
 CACHE_KINDS = ("miss", "memory", "disk", "remote")
 #: Tiny CPU images take ~0.2 s, a 1 MP image on a NeuronCore a few seconds, big shapes with many steps a minute.
 GENERATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
@@ -137,7 +137,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             f"{PREFIX}_requests",
-            "Generation requests by result: ok, refused (invalid request), failed (load, compile or run error).",
+            "Generation requests by result: ok, refused (invalid request), failed (load, compile or run error), "
+            "cancelled (stopped at a step by its caller).",
             ["result"],
             registry=self.registry,
         )
@@ -168,6 +169,21 @@ class Metrics:
             buckets=COMPILE_BUCKETS,
             registry=self.registry,
         )
+        self.queue_seconds = Histogram(
+            f"{PREFIX}_queue_seconds",
+            "Seconds successful requests waited for the device (another request held it), per shape.",
+            ["shape"],
+            buckets=GENERATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.device_seconds = Histogram(
+            f"{PREFIX}_device_seconds",
+            "Seconds successful requests held the device (their compile or graph load and their generation), "
+            "per shape.",
+            ["shape"],
+            buckets=GENERATION_BUCKETS + COMPILE_BUCKETS[COMPILE_BUCKETS.index(600) :],
+            registry=self.registry,
+        )
         self.cache_results = Counter(
             f"{PREFIX}_cache_results",
             "What each successful request found: miss (compiled now), memory (compiled earlier in this "
@@ -189,6 +205,8 @@ class Metrics:
             self.requests.labels("ok").inc()
             self.generation_seconds.labels(event.resolution).observe(event.inference_s)
             self.request_seconds.labels(event.resolution).observe(event.total_s)
+            self.queue_seconds.labels(event.resolution).observe(event.queue_s)
+            self.device_seconds.labels(event.resolution).observe(event.device_s)
             self.cache_results.labels(str(event.cache)).inc()
         elif isinstance(event, CompileOutcome):
             if event.compiled:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from neuron_app import tracing
 from neuron_app.engine import requests
 from neuron_app.engine.contract import Manager
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressCallback, ProgressEvent
@@ -26,9 +27,10 @@ def validate_many(
     manager: Manager, prompt: Any, resolution: Any, steps: Any, seed: Any, n: Any, **options: Any
 ) -> tuple[Request, int]:
     """All the checks of `n` generations at once (the manager's own `validate`): the first image's request, and n."""
-    count = requests.check_images(n, manager.settings.max_images)
-    first = requests.check_seed_run(seed, count)
-    return manager.validate(prompt, resolution, steps, first, **options), count
+    with tracing.span("validation", n=str(n)):
+        count = requests.check_images(n, manager.settings.max_images)
+        first = requests.check_seed_run(seed, count)
+        return manager.validate(prompt, resolution, steps, first, **options), count
 
 
 def _numbered(progress: ProgressCallback | None, index: int, count: int) -> ProgressCallback | None:

@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from neuron_app import tracing
 from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
@@ -44,6 +45,7 @@ from neuron_app.web.jobs import Jobs, wants_async
 from neuron_app.web.multi_image import offered_shapes, run_many, validate_many
 from neuron_app.web.openai_errors import ApiError, check_size, failure, read_body, refusal
 from neuron_app.web.ops import gradio_queue_length
+from neuron_app.web.traced import traced
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class OpenAIImages:
         self._in_flight = 0
         # Prefer: respond-async (web/jobs.py): the same checks, charge and queue place, run by a job worker.
         self.jobs = Jobs(settings, manager, self.marker, self.urls.save, lambda exc: failure(exc).body())
+        self.usage = self.jobs.usage  # usage per key per day (web/usage_book.py): /metrics and `neuron_app usage`
 
     @property
     def in_flight(self) -> int:
@@ -249,10 +252,11 @@ class OpenAIImages:
                 raise failure(exc) from None
         # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
         try:
-            data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
+            data = await run_in_threadpool(self.image_items, request, records, response_format)
         except Exception as exc:  # a full disk is a 507 (errors.StorageFull), anything else a one-line 500
             raise failure(exc) from None
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
+        answer["usage"] = await run_in_threadpool(self.usage.charge, request.state.api_key_name, records)
         return JSONResponse(answer)
 
     def refused(self, exc: RequestError) -> ApiError:
@@ -266,6 +270,10 @@ class OpenAIImages:
             return await run_in_threadpool(validate_many, *check, **options)
         except RequestError as exc:
             raise self.refused(exc) from None
+
+    def image_items(self, request: Request, records: list[GenerationRecord], response_format: str) -> list[Any]:
+        with tracing.span("response", images=len(records), response_format=response_format):
+            return [self.image_item(request, r, response_format) for r in records]
 
     def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:
         """One image of the answer; `provenance` (ignored by the OpenAI SDK's parsing) says how it was made."""
@@ -367,7 +375,7 @@ class OpenAIImages:
         return FileResponse(path, media_type="image/png")
 
     async def job(self, request: Request) -> Response:
-        """An asynchronous job (web/jobs.py): GET reads it, DELETE cancels it while it is queued."""
+        """An asynchronous job (web/jobs.py): GET reads it, DELETE cancels it (queued, or at its next step)."""
         try:
             name = self.check_auth(request)
             if request.method == "DELETE":
@@ -389,8 +397,8 @@ class OpenAIImages:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/images/generations", self.generations, methods=["POST"]),
-            Route("/v1/images/edits", self.edits, methods=["POST"]),
+            Route("/v1/images/generations", traced(self.generations), methods=["POST"]),  # web/traced.py
+            Route("/v1/images/edits", traced(self.edits), methods=["POST"]),
             Route("/v1/images/files/{name}", self.image_file, methods=["GET"], name="openai_image_file"),
             Route("/v1/images/jobs/{id}", self.job, methods=["GET", "DELETE"]),
         ]

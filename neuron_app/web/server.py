@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_app import tracing
 from neuron_app.engine.contract import Manager
 from neuron_app.errors import AppError, SettingsError
 from neuron_app.settings import Settings
@@ -69,6 +70,7 @@ def build_app(settings: Settings, manager: Manager) -> App:
     from neuron_app.engine.images import ImageStore
     from neuron_app.engine.trust.marks import Marker
     from neuron_app.web.access import Access
+    from neuron_app.web.cancel_tool import add_cancel_job
     from neuron_app.web.openai_api import OpenAIImages
     from neuron_app.web.ops import Ops
     from neuron_app.web.ui import build_ui
@@ -78,13 +80,16 @@ def build_app(settings: Settings, manager: Manager) -> App:
     # downloadable (`allowed_paths`); ImageStore keeps it bounded.
     gr.set_static_paths([settings.outputs_dir])
     access = Access(settings)  # API keys, per-key and per-address limits, their counts (one per app)
+    tracing.setup(settings)  # OpenTelemetry, only with an endpoint set (neuron_app/tracing.py)
     # Every image is marked as AI-made (watermark, IPTC, signed C2PA): the signer is checked here, at start.
     marker = Marker.for_settings(settings)
     demo = build_ui(manager, ImageStore(settings.outputs_dir, marker=marker), access)
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.device_lanes)
     openai_api = OpenAIImages(settings, manager, demo, access)
+    add_cancel_job(demo, openai_api.jobs)  # the MCP tool cancel_job (web/cancel_tool.py)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
     ops.metrics.registry.register(access)  # its counts on /metrics, read at scrape time
+    ops.metrics.registry.register(openai_api.usage.collector())  # usage per key today, read at scrape time
     return App(settings, manager, demo, ops, closers=[openai_api.jobs.close])
 
 

@@ -293,6 +293,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                     )
                     randomize = gr.Checkbox(label="Randomize seed", value=True, elem_id="randomize")
                 generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
+                stop_btn = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")  # at the next step
                 gr.Examples(examples=[[e] for e in settings.example_prompts], inputs=[prompt])
             with gr.Column(scale=3):
                 gallery = gr.Gallery(label="Images", format="png", columns=2, interactive=False, elem_id="gallery")
@@ -309,7 +310,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         shown = gr.State(dropdown_choices(initial))
         buckets = gr.State([])
         page_inputs = [prompt, resolution, steps, seed, count, randomize, lora, lora_scale, references, buckets]
-        gr.on(
+        generating = gr.on(
             [generate_btn.click, prompt.submit],
             ui_generate,
             inputs=[*page_inputs, source, strength],
@@ -319,6 +320,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_visibility="private",
             show_progress_on=[gallery],  # the seed box keeps its number: no spinner, no error badge on it
         )
+        stop_btn.click(None, cancels=[generating])  # Gradio closes the request's generator (web/live.py)
 
         # The public API: plain inputs, validated by the manager (not by Gradio's components),
         # so scripts get the same clear errors as the page.

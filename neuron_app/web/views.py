@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_app.engine.cache.estimates import human_seconds
-from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressEvent, ShapeState, ShapeStatus
+from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressEvent, ShapeState, ShapeStatus, Usage
 
 SHAPE_COLUMNS = ["shape", "state", "estimate", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
 #: The manifest's verdicts in words (engine/cache/manifest.py Validity).
@@ -244,4 +244,11 @@ def info_markdown(record: GenerationRecord) -> str:
         + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
         + f" · safety {record.safety}"
         + (f" · marked: {', '.join(sorted(record.marks))}" if record.marks else "")
+        + "\n\n"
+        + usage_line(record.usage())
     )
+
+
+def usage_line(usage: Usage) -> str:
+    """The page's usage line: the same fields as the API's `usage`."""
+    return "usage: " + ", ".join(f"{name} {value}" for name, value in usage.to_dict().items())

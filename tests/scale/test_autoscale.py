@@ -24,7 +24,7 @@ def replica_states() -> dict[str, int]:
     """Ray Serve's own count of the app's replicas by state (STARTING, RUNNING, STOPPING, ...)."""
     from ray import serve
 
-    from neuron_app.scale.replicas import APP_NAME, DEPLOYMENT_NAME
+    from neuron_app.scale.serve_app import APP_NAME, DEPLOYMENT_NAME
 
     app = serve.status().applications.get(APP_NAME)
     return {} if app is None else dict(app.deployments[DEPLOYMENT_NAME].replica_states)

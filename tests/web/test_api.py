@@ -54,7 +54,8 @@ def test_requests_the_dropdown_would_not_offer_are_refused_clearly(client: Any, 
 
 def test_api_surface_is_the_public_contract(client: Any) -> None:
     endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    assert set(endpoints) == {"/generate", "/edit", "/inpaint", "/status"}
+    assert set(endpoints) == {"/generate", "/edit", "/inpaint", "/status", "/cancel_job"}
+    assert [p["parameter_name"] for p in endpoints["/cancel_job"]["parameters"]] == ["job_id"]  # MCP's cancel_job
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
     assert names == ["prompt", "resolution", "steps", "seed", "lora", "lora_scale"]
     defaults = {p["parameter_name"]: p.get("parameter_default") for p in endpoints["/generate"]["parameters"][4:]}

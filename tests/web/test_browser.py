@@ -329,3 +329,33 @@ def test_previews_show_in_the_image_slot_mid_generation(browser: Any, launch_tin
         assert shown[-1] == [side, side] and [side, side] not in shown[: shown.index([preview, preview])], shown
     finally:
         page.close()
+
+
+def test_stop_ends_the_generation_at_the_next_step_and_the_next_one_needs_no_compile(
+    browser: Any, launch_tiny: Any
+) -> None:
+    """Stop during the steps: the manager reports the request cancelled (never an image), and the next Generate
+    is served from the compiled graph."""
+    import threading
+
+    from neuron_app.engine.records import RequestFailed
+
+    app = launch_tiny(resolutions=["256x256"], default_resolution="256x256", max_steps=200, default_steps=200)
+    app.manager.generate("warm", "256x256", 1, 1)  # compiled before the page asks
+    compiles = app.manager.status().compiles
+    cancelled = threading.Event()
+    app.manager.subscribe(lambda e: cancelled.set() if isinstance(e, RequestFailed) and e.result == "cancelled" else 0)
+    page = open_page(browser, app.url)
+    try:
+        page.locator("#prompt textarea").fill("a harbour at night")
+        page.locator("#generate").click()
+        page.locator("#info").filter(has_text=re.compile(r"256x256 - step ([2-9]|\d\d+)/200")).wait_for()
+        page.locator("#stop").click()
+        assert cancelled.wait(60), "the manager never reported the request cancelled"
+        assert "cache:" not in page.locator("#info").inner_text()  # no record: no image was made
+        page.locator("#generate").click()
+        info = page.locator("#info").filter(has_text="256x256,").filter(has_text="cache: memory")
+        info.wait_for()
+        assert "compile_s 0.0" in info.inner_text() and app.manager.status().compiles == compiles
+    finally:
+        page.close()

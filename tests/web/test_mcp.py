@@ -42,7 +42,7 @@ def test_mcp_client_lists_and_calls_generate(launched_app: Any) -> None:
         return tools, called, again, status
 
     tools, called, again, status = asyncio.run(_session(launched_app.url, work))
-    assert set(tools) == {"generate", "edit", "inpaint", "status"}
+    assert set(tools) == {"generate", "edit", "inpaint", "status", "cancel_job"}
     assert "reference images" in tools["edit"].description
     generate = tools["generate"]
     assert generate.inputSchema["required"] == ["prompt", "resolution", "steps", "seed"]

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
+from neuron_app import tracing
+
 
 class PromptCache:
     """`size` encoded prompts, least recently used evicted first; 0 disables it (every call encodes)."""
@@ -42,27 +44,37 @@ class PromptCache:
         """The prompt's embeddings, encoded by the pipeline on a miss; None when the cache is off."""
         if self.size <= 0:
             return None
-        if getattr(self._local, "off", False):
-            embeds, _text_ids = pipe.encode_prompt(
-                prompt=prompt, device=pipe._execution_device, max_sequence_length=max_sequence_length
-            )
+        with tracing.span("prompt_cache") as span:
+            embeds, hit = self._embeds(pipe, prompt, max_sequence_length)
+            if span is not None:
+                span.set_attribute("prompt_cache.hit", hit)
             return embeds
+
+    def _embeds(self, pipe: Any, prompt: str, max_sequence_length: int) -> tuple[Any, bool]:
+        if getattr(self._local, "off", False):
+            return self._encode(pipe, prompt, max_sequence_length), False
         key = (prompt, max_sequence_length, self.fingerprint)
         with self._lock:
             cached = self._entries.get(key)
             if cached is not None:
                 self._entries.move_to_end(key)
                 self.hits += 1
-                return cached
-        embeds, _text_ids = pipe.encode_prompt(
-            prompt=prompt, device=pipe._execution_device, max_sequence_length=max_sequence_length
-        )
+                return cached, True
+        embeds = self._encode(pipe, prompt, max_sequence_length)
         with self._lock:
             self.misses += 1
             self._entries[key] = embeds
             self._entries.move_to_end(key)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
+        return embeds, False
+
+    @staticmethod
+    def _encode(pipe: Any, prompt: str, max_sequence_length: int) -> Any:
+        with tracing.span("text_encoder"):
+            embeds, _text_ids = pipe.encode_prompt(
+                prompt=prompt, device=pipe._execution_device, max_sequence_length=max_sequence_length
+            )
         return embeds
 
     def snapshot(self) -> dict[str, int]:

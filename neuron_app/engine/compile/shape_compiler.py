@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from neuron_app import tracing
 from neuron_app.engine.cache.estimates import estimate, estimate_words
 from neuron_app.engine.cache.manifest import ManifestEntry
 from neuron_app.engine.compile.warmup import warm_shape_free_ops
@@ -76,6 +77,7 @@ class ShapeCompiler:
                 msg = f"Compiling {name} for the first time ({words}) - minutes on Neuron; later requests reuse it"
             progress(ProgressEvent("compiling", str(res), message=msg))
         log.info("compile start %s (%s)", name, key)
+        span = tracing.start("compile", shape=name, graph_key=str(key))  # compiles are spans of their own
         self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now
         before, graphs_before = self.probe.snapshot(), self.counter.graphs
         start = time.perf_counter()
@@ -89,7 +91,7 @@ class ShapeCompiler:
                 # The serving step count at the target shape compiles the transformer and, on Neuron, every
                 # eager op a real request runs (scheduler ops included); `_execute` waits for the device.
                 steps, blank = self.settings.default_steps, blank_references(buckets)
-                with self.prompt_cache.not_a_user_prompt():  # the counters count what people asked for
+                with self.prompt_cache.not_a_user_prompt(), tracing.using(span):  # counters: what people asked for
                     self._execute(PipelineCall(WARMUP_PROMPT, res.width, res.height, steps, 0, references=blank))
                     if not buckets and self.backend.compiles_eager_ops_per_shape:
                         self._execute(source_warmup_call(res, steps))
@@ -98,6 +100,7 @@ class ShapeCompiler:
             with self._state_lock:
                 graph.state, graph.error = ShapeState.FAILED, one_line(exc)
             log.error("compile failed %s after %.1fs: %s", name, time.perf_counter() - start, graph.error)
+            tracing.end(span, error=graph.error)
             self._emit(CompileOutcome(name, CacheResult.MISS, False, time.perf_counter() - start, 0))
             if rule := rule_of(exc):
                 raise rule from exc  # the message starts "neuron rule:", as the emulator worded it
@@ -112,6 +115,7 @@ class ShapeCompiler:
             cache = CacheResult.MEMORY  # nothing new was compiled: dynamo already had this graph
         cache = self.remote.verdict(name, cache)  # a disk hit on pulled artifacts is a remote one
         outcome = CompileOutcome(name, cache, graphs > 0 or eager > 0, elapsed, graphs, eager)
+        tracing.end(span, cache=str(cache), graphs=graphs, eager_compiles=eager)
         with self._state_lock:
             graph.state, graph.compile_s, graph.graphs, graph.cache = ShapeState.READY, elapsed, graphs, cache
             graph.eager_compiles, graph.fallback_ops = eager, fallen_back

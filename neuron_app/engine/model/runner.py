@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from neuron_app import tracing
 from neuron_app.engine.modes import img2img
 from neuron_app.engine.modes.masks import composite
 from neuron_app.engine.modes.previews import latent_preview
@@ -49,10 +50,14 @@ def run_call(
     generator = torch.Generator(device="cpu").manual_seed(call.seed)
     start: Any = None
     total = call.steps
+    spans: dict[str, Any] = {}  # the denoising loop, then the decode (tracing.py; None while off)
 
     def step_end(_pipe: Any, step: int, _t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         if start is not None:
             kwargs["latents"] = start.blend(step, kwargs["latents"])
+        if step + 1 == total:  # the loop's last step: what follows in the pipeline is the VAE decode
+            tracing.end(spans.pop("denoise", None), steps=total)
+            spans["decode"] = tracing.start("decode")
         if on_step is not None:
             preview = latent_preview(kwargs["latents"], call.width, call.height) if call.previews else None
             on_step(step + 1, total, preview)
@@ -65,19 +70,24 @@ def run_call(
             extra, total = {"latents": start.latents, "sigmas": start.sigmas}, start.steps_run
         embeds = None if prompt_cache is None else prompt_cache.embeds(pipe, call.prompt, max_sequence_length)
         text = {"prompt": call.prompt} if embeds is None else {"prompt_embeds": embeds}
-        out = pipe(
-            **extra,
-            **text,
-            image=list(call.references) or None,
-            width=call.width,
-            height=call.height,
-            num_inference_steps=call.steps,
-            guidance_scale=guidance_scale,
-            max_sequence_length=max_sequence_length,
-            generator=generator,
-            output_type=call.output_type,
-            callback_on_step_end=step_end,
-        )
+        spans["denoise"] = tracing.start("denoise", steps=total)
+        try:
+            out = pipe(
+                **extra,
+                **text,
+                image=list(call.references) or None,
+                width=call.width,
+                height=call.height,
+                num_inference_steps=call.steps,
+                guidance_scale=guidance_scale,
+                max_sequence_length=max_sequence_length,
+                generator=generator,
+                output_type=call.output_type,
+                callback_on_step_end=step_end,
+            )
+        finally:  # a cancel (engine/steps.py) or an error ends them too
+            for name in list(spans):
+                tracing.end(spans.pop(name))
     image = out.images[0]
     if call.mask is not None and call.output_type == "pil":
         image = composite(image, call.init_image, call.mask)  # outside the mask: the source's pixels

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from neuron_app import tracing
 from neuron_app.errors import ContentRefused, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,10 @@ class SafetyChecker:
 
     def check(self, image: Any) -> str:
         """'passed' or 'off'; a flagged image raises `ContentRefused` (the caller drops the image)."""
+        with tracing.span("safety", checker="on" if self.enabled else "off"):
+            return self._check(image)
+
+    def _check(self, image: Any) -> str:
         if not self.enabled:
             return "off"
         start = time.perf_counter()

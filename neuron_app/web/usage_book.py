@@ -1,0 +1,144 @@
+"""Usage per API key per day: a small SQLite table beside the job store, read by /metrics and `python -m neuron_app
+usage`.
+
+Each answered OpenAI-API request (synchronous or a job) adds its `usage` to its key's row of the day (UTC); a
+request without a key counts as "-". No server of its own: the table is a file in the cache folder, so the
+command reads it whether the app runs or not (and, next to it, the jobs by status from jobs.sqlite3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from neuron_app.engine.records import GenerationRecord, Usage
+
+PREFIX = "neuron_app"
+NO_KEY = "-"
+#: What a row adds up, in the order the command prints them.
+MEASURES = ("requests", "images", "output_megapixels", "input_megapixels", "compile_s", "inference_s", "device_seconds")
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS usage (day TEXT NOT NULL, key_name TEXT NOT NULL, "
+    + ", ".join(f"{m} REAL NOT NULL DEFAULT 0" for m in MEASURES)
+    + ", PRIMARY KEY (day, key_name))"
+)
+
+
+def today(stamp: float | None = None) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(time.time() if stamp is None else stamp))
+
+
+class UsageBook:
+    """The usage table; one connection behind a lock (autocommit, WAL), like the job store."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(SCHEMA)
+
+    def add(self, key_name: str | None, usage: Usage, images: int, *, day: str | None = None) -> None:
+        """One answered request of `images` images that cost `usage` (summed over its images)."""
+        values = {
+            "requests": 1,
+            "images": images,
+            "output_megapixels": usage.output_megapixels,
+            "input_megapixels": usage.input_megapixels,
+            "compile_s": usage.compile_s,
+            "inference_s": usage.inference_s,
+            "device_seconds": usage.device_seconds,
+        }
+        names = ", ".join(values)
+        updates = ", ".join(f"{m} = {m} + excluded.{m}" for m in values)
+        sql = (
+            f"INSERT INTO usage (day, key_name, {names}) VALUES (?, ?, {', '.join('?' * len(values))}) "
+            f"ON CONFLICT (day, key_name) DO UPDATE SET {updates}"
+        )
+        with self._lock:
+            self._db.execute(sql, (day or today(), key_name or NO_KEY, *values.values()))
+
+    def charge(self, key_name: str | None, records: list[GenerationRecord], waited_s: float = 0.0) -> dict[str, Any]:
+        """The answer's `usage` (its images summed; `waited_s` before the device queue added), booked to the key."""
+        usage = Usage.total([r.usage() for r in records])
+        if waited_s:
+            usage = dataclasses.replace(usage, queue_s=round(usage.queue_s + waited_s, 4))
+        self.add(key_name, usage, len(records))
+        return usage.to_dict()
+
+    def rows(self, since: str | None = None) -> list[dict[str, Any]]:
+        """Every (day, key) row from `since` (a YYYY-MM-DD day) on, oldest first."""
+        with self._lock:
+            cursor = self._db.execute(
+                "SELECT * FROM usage WHERE day >= ? ORDER BY day, key_name", (since or "0000-00-00",)
+            )
+            names = [c[0] for c in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def collector(self) -> UsageCollector:
+        return UsageCollector(self)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class UsageCollector:
+    """/metrics: today's usage per key, `neuron_app_key_usage_today{key, day, measure}` (resets at 00:00 UTC)."""
+
+    def __init__(self, book: UsageBook) -> None:
+        self.book = book
+
+    def collect(self) -> Iterator[Metric]:
+        day = today()
+        family = GaugeMetricFamily(
+            f"{PREFIX}_key_usage_today",
+            "Usage of the OpenAI API per key today (UTC): requests, images, megapixels, compile, inference and "
+            "device seconds.",
+            labels=["key", "day", "measure"],
+        )
+        for row in self.book.rows(since=day):
+            for measure in MEASURES:
+                family.add_metric([row["key_name"], day, measure], row[measure])
+        yield family
+
+
+def job_counts(path: Path, since: str | None = None) -> dict[tuple[str, str], dict[str, int]]:
+    """(day, key) -> jobs by status, from the job store (jobs.sqlite3), read-only; empty when there is none."""
+    if not path.is_file():
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = db.execute("SELECT created, key_name, status FROM jobs").fetchall()
+    finally:
+        db.close()
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for created, key_name, status in rows:
+        day = today(created)
+        if since is None or day >= since:
+            per = counts.setdefault((day, key_name or NO_KEY), {})
+            per[status] = per.get(status, 0) + 1
+    return counts
+
+
+def usage_table(cache_dir: Path, since: str | None = None) -> list[dict[str, Any]]:
+    """The command's rows: the usage table joined with the jobs by status, per day and key."""
+    path = cache_dir / "usage.sqlite3"
+    rows: list[dict[str, Any]] = []
+    if path.is_file():
+        book = UsageBook(path)
+        rows, _ = book.rows(since), book.close()
+    jobs = job_counts(cache_dir / "jobs.sqlite3", since)
+    seen = {(r["day"], r["key_name"]) for r in rows}
+    rows += [{"day": d, "key_name": k} | dict.fromkeys(MEASURES, 0) for d, k in jobs if (d, k) not in seen]
+    for row in rows:
+        row["jobs"] = jobs.get((row["day"], row["key_name"]), {})
+    return sorted(rows, key=lambda r: (r["day"], r["key_name"]))

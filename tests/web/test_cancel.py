@@ -1,0 +1,98 @@
+"""Cancel at the next step through the interfaces: DELETE on a running job (the job made with the `openai` SDK,
+the DELETE in raw HTTP: the SDK has no jobs), and MCP's `cancel_job` tool (the `mcp` SDK). The manager's side, on
+cpu and neuron-emulated, is tests/engine/test_cancel.py; the page's Stop is in tests/web/test_browser.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamablehttp_client
+from openai import OpenAI
+
+from tests.support import openai_client
+
+#: Steps (the most max_steps allows): a job long enough to be caught running (a tiny 64x64 step is milliseconds).
+LONG = 200
+
+
+@pytest.fixture(scope="module")
+def app(launch_tiny: Callable[..., Any]) -> Any:
+    return launch_tiny(max_steps=LONG)
+
+
+@pytest.fixture(scope="module")
+def client(app: Any) -> OpenAI:
+    return openai_client(app)
+
+
+def job(app: Any, job_id: str) -> dict[str, Any]:
+    return httpx.get(f"{app.url}v1/images/jobs/{job_id}", timeout=30).json()
+
+
+def submit(client: OpenAI, steps: int) -> str:
+    created = client.images.generate(
+        prompt="a long job",
+        size="64x64",
+        extra_body={"num_inference_steps": steps, "seed": 3},
+        extra_headers={"Prefer": "respond-async"},
+    )
+    return created.model_dump()["id"]
+
+
+def test_delete_on_a_running_job_stops_it_at_the_next_step_and_the_next_request_needs_no_compile(
+    app: Any, client: OpenAI
+) -> None:
+    warm = client.images.generate(prompt="warm", size="64x64", extra_body={"num_inference_steps": 2})
+    assert warm.model_dump()["usage"]["compile_s"] > 0  # the shape is compiled now
+    job_id = submit(client, LONG)
+    deadline = time.monotonic() + 300
+    while (view := job(app, job_id)).get("progress", {}).get("step", 0) < 2:
+        assert view["status"] in ("queued", "running") and time.monotonic() < deadline, view
+        time.sleep(0.01)
+    reply = httpx.delete(f"{app.url}v1/images/jobs/{job_id}", timeout=60)
+    assert reply.status_code == 200
+    answer = reply.json()
+    assert answer["status"] == "cancelled" and answer["error"]["code"] == "cancelled", answer
+    stopped = int(re.fullmatch(r"cancelled at step (\d+) of 200", answer["error"]["message"]).group(1))
+    assert 2 < stopped < LONG and "data" not in answer
+    assert not (app.settings.outputs_dir / "jobs" / job_id).exists()  # its images were never stored
+    assert job(app, job_id)["status"] == "cancelled"
+    again = client.images.generate(prompt="next", size="64x64", extra_body={"num_inference_steps": 8})
+    usage = again.model_dump()["usage"]
+    assert usage["compile_s"] == 0 and usage["cache"] == "memory"  # the device is free, every graph kept
+    metrics = httpx.get(app.url + "metrics", timeout=10).text
+    assert re.search(r'^neuron_app_requests_total\{result="cancelled"\} [1-9]', metrics, re.M)
+
+
+async def _mcp(url: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    async with (
+        streamablehttp_client(url + "gradio_api/mcp/") as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        return [await session.call_tool(name, args) for name, args in calls]
+
+
+def test_mcps_cancel_job_tool_cancels_a_queued_job_and_names_an_unknown_one(app: Any, client: OpenAI) -> None:
+    with app.manager._device_lock:  # the device held (as by a long compile): the first job runs, the second waits
+        first = submit(client, 1)
+        second = submit(client, 1)
+        cancelled, unknown = asyncio.run(
+            _mcp(app.url, [("cancel_job", {"job_id": second}), ("cancel_job", {"job_id": "imgjob_" + "x" * 24})])
+        )
+    assert not cancelled.isError, cancelled.content
+    assert json.loads(cancelled.content[0].text)["status"] == "cancelled"
+    assert unknown.isError and "no job" in unknown.content[0].text
+    deadline = time.monotonic() + 120
+    while job(app, first)["status"] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert job(app, first)["status"] == "succeeded" and job(app, second)["status"] == "cancelled"

@@ -18,6 +18,7 @@ from typing import Any
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted, admitted, reports_failures
+from neuron_app.engine.cache.load_times import LoadTimes
 from neuron_app.engine.cache.manifest import FolderSize, Manifest, fingerprint_of
 from neuron_app.engine.cache.prompt_cache import PromptCache
 from neuron_app.engine.compile.compiler import CountingBackend, apply_compile, recompile_room
@@ -71,6 +72,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         tiles_by_default = self.backend.tiles_vae_by_default
         self.vae_compiled = not self.vae_on_host and vae_compiled(settings.vae_compile, tiles_by_default)
         self.manifest = Manifest(settings.cache_dir)
+        self.load_times = LoadTimes(settings.cache_dir, f"{settings.model}@{self.backend.name}")
         self.adapters = AdapterSet(settings)  # LoRA styles; bad adapter files stop the start here
         self.fingerprint_fields = self._fingerprint_fields()
         self.fingerprint = fingerprint_of(self.fingerprint_fields)
@@ -175,12 +177,12 @@ class PipelineManager(ShapeCompiler, Admitted):
     def ensure_loaded(self, progress: ProgressCallback | None = None) -> Any:
         if self._pipe is not None:
             return self._pipe
+        if progress:  # also while another thread (load_on_start) loads: this request waits on it
+            progress(ProgressEvent("loading", message=self.load_times.words(), estimate=self.load_times.estimate()))
         with self._load_lock:
             if self._pipe is not None:
                 return self._pipe
             self.remote.pull_once()  # what the remote holds for this fingerprint, before anything compiles
-            if progress:
-                progress(ProgressEvent("loading", message=f"Loading {self.settings.model}"))
             with self._state_lock:
                 self._loading = True
             start = time.perf_counter()
@@ -217,6 +219,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                 self._pipe = pipe
                 self._load_s = time.perf_counter() - start
                 self._load_error = None
+            self.load_times.record(self._load_s)  # the next start's "loading the model (~N s)"
             log.info(
                 "loaded %s on %s (%s, compile %s/%s) in %.1fs",
                 self.settings.model,

@@ -36,6 +36,8 @@ class ProgressEvent:
     step: int = 0
     total: int = 0
     message: str = ""
+    graph: str = ""  # the graph compiling or loading ("256x256 + 1 ref"), when it is not `resolution` alone
+    estimate: Estimate | None = None  # what that compile, graph load or model load should take
 
 
 ProgressCallback = Callable[[ProgressEvent], None]

@@ -315,6 +315,7 @@ class PipelineManager(ShapeCompiler, Admitted):
 
     def _run(self, req: Request, progress: ProgressCallback | None) -> GenerationRecord:
         start = time.perf_counter()
+        self.safety.refuse_if_failed()  # a checker that could not load: refused at once, before the model loads
         self.ensure_loaded(progress)
         self.safety.ready()  # its classifier loads before any device work: one that cannot load fails the request
         with self._device_lock:
@@ -375,7 +376,8 @@ class PipelineManager(ShapeCompiler, Admitted):
         return self.warmup.order()
 
     def start_warmup(self) -> threading.Thread | None:
-        """Compile the warm-up shapes in a background thread; pages answer meanwhile."""
+        """Compile the warm-up shapes in a background thread; pages answer meanwhile (the safety checker too)."""
+        self.safety.at_start()  # `on`: the classifier loads now; a failure shows in status before any click
         return self.warmup.start()
 
     def close(self) -> None:

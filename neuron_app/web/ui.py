@@ -23,7 +23,7 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
-from neuron_app.web import edit_controls, tool_docs
+from neuron_app.web import edit_controls, page_notes, tool_docs
 from neuron_app.web import inpaint as painting
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.live import live
@@ -253,7 +253,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                     placeholder="Describe the image, press Enter",
                     lines=1,
                     max_lines=6,
-                    max_length=settings.max_prompt_chars,
+                    info=page_notes.prompt_info(0, settings.max_prompt_chars),  # counts; says when it cut
                     elem_id="prompt",
                 )
                 references = edit_controls.reference_input(settings)
@@ -272,6 +272,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                         maximum=settings.max_steps,
                         step=1,
                         value=settings.default_steps,
+                        info=page_notes.steps_info(settings.max_steps),
                         elem_id="steps",
                     )
                 with gr.Row(visible=bool(settings.loras)):  # LoRA styles, switched without recompiling
@@ -373,6 +374,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         # Status never waits behind a compile: its own unlimited lane, outside the queue.
         status_btn.click(status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)
 
+        page_notes.count_prompt(prompt, settings.max_prompt_chars)
         references.change(
             references_changed,
             inputs=[references, resolution],

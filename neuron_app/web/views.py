@@ -167,6 +167,8 @@ def safety_markdown(status: ManagerStatus) -> str:
     safety = status.safety or {}
     if safety.get("checker") != "on":
         return "\n\n**Safety checker** off" if safety else ""
+    if safety.get("error"):
+        return f"\n\n**Safety checker** on, **not loaded**: {safety['error']}. Every request is refused."
     return f"\n\n**Safety checker** on (`{safety['model']}`): {safety['passed']} passed, {safety['flagged']} refused"
 
 

@@ -154,6 +154,23 @@ def test_a_refused_request_says_why_in_the_output_area_and_leaves_the_seed_box_a
     assert "Error" not in seed.inner_text() and seed.locator(".error, .eta-bar, .progress-text").count() == 0
 
 
+def test_the_prompt_box_counts_and_names_a_text_over_the_limit_and_steps_say_their_range(page: Any) -> None:
+    """A 3000-character paste is not cut without a word (the browser's maxlength did): the counter names it and
+    Generate refuses it as the API does; the steps slider says its range and what a larger number typed becomes."""
+    limit = 2000  # max_prompt_chars' default
+    box, prompt = page.locator("#prompt textarea"), page.locator("#prompt")
+    box.fill("fox " * 750)
+    prompt.filter(has_text=f"3000 / {limit} characters: 1000 over max_prompt_chars").wait_for()
+    assert len(box.input_value()) == 3000
+    page.locator("#generate").click()
+    page.locator("#info").filter(has_text="Not generated:").filter(has_text=f"the limit is {limit}").wait_for()
+    box.fill("a fox")
+    prompt.filter(has_text=f"5 / {limit} characters").wait_for()
+    assert "over" not in prompt.inner_text()
+    steps = page.locator("#steps").inner_text()
+    assert f"1 to {TINY_OVERRIDES['max_steps']} (max_steps)" in steps and "is set to" in steps
+
+
 def test_upload_a_reference_edit_and_use_the_result_as_the_next_reference(page: Any, tmp_path: Path) -> None:
     """Upload a wide reference, pick `auto` (offered only while references are uploaded), edit, then put the
     result back as a second reference."""

@@ -323,7 +323,9 @@ class Jobs:
     def _progress_view(self, live: Live) -> dict[str, Any]:
         event = live.event
         view: dict[str, Any] = {"elapsed_s": round(time.monotonic() - live.since, 1)}
-        if event is not None:
+        if event is None:  # running, before the manager's first event: the device lane is being taken
+            view |= {"phase": "starting", "message": "started: taking the device, then the steps"}
+        else:
             view |= {"phase": event.phase, "resolution": event.resolution, "message": event.message}
             if event.total:
                 view |= {"step": event.step, "total": event.total}

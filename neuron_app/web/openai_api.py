@@ -197,7 +197,10 @@ class OpenAIImages:
         response_format = fields.get("response_format") or "b64_json"
         if response_format not in RESPONSE_FORMATS:
             raise ApiError(
-                400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}", param="response_format"
+                400,
+                f"response_format must be one of {', '.join(RESPONSE_FORMATS)}",
+                param="response_format",
+                code="invalid_value",
             )
         try:
             n, steps = fields.get("n"), fields.get("num_inference_steps")  # absent or null: the defaults

@@ -329,13 +329,13 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         # The public API: plain inputs, validated by the manager (not by Gradio's components),
         # so scripts get the same clear errors as the page.
         with gr.Group(visible=False):
-            api_prompt = gr.Textbox()
-            api_resolution = gr.Textbox()
+            api_prompt = gr.Textbox(label="prompt")  # view_api()'s labels: the names, not parameter_36
+            api_resolution = gr.Textbox(label="resolution")
             api_steps = whole_number("steps")
             api_seed = whole_number("seed")
-            api_lora = gr.Textbox(value="none")  # optional: 4-argument callers keep working
-            api_lora_scale = gr.Number(value=1.0)
-            api_references = gr.File(file_count="multiple")  # any file: the manager says why one is not an image
+            api_lora = gr.Textbox(value="none", label="lora")  # optional: 4-argument callers keep working
+            api_lora_scale = gr.Number(value=1.0, label="lora_scale")
+            api_references = gr.File(file_count="multiple", label="images")  # any file: the manager says why
             api_image = gr.Image(type="filepath", format="png", label="image")
             api_info = gr.JSON(label="record")
             api_status_out = gr.JSON(label="status")
@@ -344,7 +344,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             edit_btn = gr.Button()
             api_source = gr.File(label="image")  # any file: the manager says why one is not an image
             api_mask = gr.File(label="mask")
-            api_strength = gr.Number(value=1.0)
+            api_strength = gr.Number(value=1.0, label="strength")
             inpaint_btn = gr.Button()
         api_btn.click(
             generate,

@@ -294,6 +294,7 @@ def test_a_queued_job_is_cancelled_and_a_running_one_is_409(jobs_app: Any) -> No
         assert second["status"] == "queued" and second["queue_position"] == 0
         running = client.get(f"v1/images/jobs/{first}").json()
         assert running["status"] == "running" and running["progress"]["elapsed_s"] >= 0
+        assert running["progress"]["phase"] == "starting" and running["progress"]["message"]  # even before events
         reply = client.delete(f"v1/images/jobs/{first}")
         assert reply.status_code == 409 and reply.json()["error"]["code"] == "job_running"
         reply = client.delete(f"v1/images/jobs/{second['id']}")

@@ -19,6 +19,7 @@ from typing import Any
 from neuron_app.engine.trust.marks import (
     DIGITAL_SOURCE_TYPE,
     SOFTWARE,
+    WATERMARK_MIN_SIDE,
     read_source_type,
     read_watermark,
     watermark_fits,
@@ -117,6 +118,8 @@ def verify_file(path: Path, payload: bytes) -> Report:
     if found is None:
         note = image.info.get("watermark")
         size = f"{image.size[0]}x{image.size[1]}"
+        if not watermark_fits(*image.size):  # say why: dwtDct needs 256 px on both sides
+            size += f": under the watermark's {WATERMARK_MIN_SIDE} px minimum side, so none was written"
         report.lines.append(f"watermark: not readable ({size})" + (f"; PNG says: {note}" if note else ""))
     elif found == payload:
         report.lines.append(f"watermark: {found.decode('ascii')} (dwtDct): this server's payload")

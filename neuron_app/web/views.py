@@ -234,6 +234,17 @@ def remote_markdown(status: ManagerStatus) -> str:
     return text
 
 
+def source_words(source: dict[str, Any] | None) -> str:
+    """What an inpaint or image-to-image started from: the source's size, the mask's share, the strength."""
+    if not source:
+        return ""
+    if source.get("masked"):
+        what = f"inpaint of a {source['size']} source, mask {100 * source['edit_fraction']:.0f}% of the image"
+    else:
+        what = f"image-to-image from a {source['size']} source"
+    return f" · {what}, strength {source.get('strength', 1.0):g}"
+
+
 def info_markdown(record: GenerationRecord) -> str:
     if record.compiled:
         words = {"disk": "from the persistent cache", "remote": "from artifacts pulled from cache_remote"}
@@ -247,6 +258,7 @@ def info_markdown(record: GenerationRecord) -> str:
         f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
         + (f" · LoRA {record.lora} x{record.lora_scale:g}" if record.lora != "none" else "")
         + (f" · references {refs}" if refs else "")
+        + source_words(record.source)
         + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
         + f" · safety {record.safety}"
         + (f" · marked: {', '.join(sorted(record.marks))}" if record.marks else "")

@@ -52,3 +52,17 @@ def test_loading_the_model_says_its_last_load_time_even_while_another_thread_loa
     assert event.phase == "loading" and event.estimate is not None and event.estimate.seconds > 0
     line = progress_markdown(event, None, 2.0)
     assert line.startswith("**Loading the model (~") and "elapsed" in line, line
+
+
+def test_the_result_line_names_the_source_mask_and_strength(make_settings: Any) -> None:
+    """An inpaint's and an image-to-image's line say what they started from, not only the shape and seed."""
+    from neuron_app.web.views import info_markdown
+    from tests.support import left_half_mask, png, source_image
+
+    manager = PipelineManager(make_settings())
+    picture = png(source_image())
+    inpainted = manager.generate("paint", "64x64", 2, 1, image=picture, mask=left_half_mask(), strength=0.5)
+    line = info_markdown(inpainted)
+    assert f"inpaint of a {inpainted.source['size']} source, mask 50% of the image, strength 0.5" in line, line
+    redrawn = manager.generate("paint", "64x64", 2, 1, image=picture)
+    assert f"image-to-image from a {redrawn.source['size']} source, strength 1" in info_markdown(redrawn)

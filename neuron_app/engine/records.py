@@ -80,6 +80,8 @@ class GenerationRecord:
     safety: str = "off"
     #: The AI-content marks its PNG carries (engine/trust/marks.py), filled in when the PNG is written.
     marks: dict[str, str] = field(default_factory=dict)
+    #: size_policy nearest: the size the image was resized and cropped to from `resolution` (engine/sizing.py).
+    resized_to: str | None = None
 
     def info(self) -> dict[str, Any]:
         """The JSON-able record the API returns next to the image."""

@@ -240,7 +240,7 @@ class Jobs:
             log.info("job %s failed: %s", live.id, error["message"])
             self.store.update(live.id, status="failed", error=json.dumps(error), finished=time.time())
         else:
-            result = {"data": items, "size": records[0].resolution, "output_format": "png"}
+            result = {"data": items, "size": records[0].resized_to or records[0].resolution, "output_format": "png"}
             self.store.update(live.id, status="succeeded", result=json.dumps(result), finished=time.time())
             log.info("job %s succeeded (%d image(s))", live.id, len(items))
         with self._lock:

@@ -35,9 +35,11 @@ from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
 from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
+from neuron_app.engine.sizing import fit_record
 from neuron_app.engine.trust.marks import Marker
 from neuron_app.errors import AppError, RequestError, ShuttingDown
 from neuron_app.settings import Settings
+from neuron_app.web import sizes
 from neuron_app.web.access import Access
 from neuron_app.web.image_urls import UrlStore
 from neuron_app.web.jobs import Jobs, wants_async
@@ -210,6 +212,8 @@ class OpenAIImages:
                 size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
             else:  # an edit: "auto" follows the first reference's aspect ratio (engine/requests.py)
                 size = fields.get("size") or AUTO_SIZE
+            size_plan = sizes.plan_for(self.settings, fields, offered, options)  # size_policy = nearest
+            size = size_plan.served if size_plan else size
             check_size(size, offered)
             steps = self.settings.default_steps if steps is None else steps
             seed = fields.get("seed")
@@ -241,7 +245,7 @@ class OpenAIImages:
             if wants_async(prefer):  # the job holds the charge and the queue place from here until it ends
                 view = self.jobs.submit(
                     request.state.api_key_name,
-                    lambda progress: run_many(self.manager, job, count, progress),
+                    lambda progress: [fit_record(r, size_plan) for r in run_many(self.manager, job, count, progress)],
                     stack.pop_all(),
                     size=str(job.resolution),
                     count=count,
@@ -252,12 +256,14 @@ class OpenAIImages:
                 return JSONResponse(view, status_code=202, headers={"Location": f"/v1/images/jobs/{view['id']}"})
             try:
                 records = await run_in_threadpool(run_many, self.manager, job, count, on_progress)
+                records = [fit_record(r, size_plan) for r in records]  # off the loop below, with the marks
             except Exception as exc:
                 self.access.observe_error(exc, "openai")
                 raise failure(exc) from None
         # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
         data = await run_in_threadpool(lambda: [self.image_item(request, r, response_format) for r in records])
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
+        answer |= sizes.answer_fields(size_plan)
         return JSONResponse(answer)
 
     def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:

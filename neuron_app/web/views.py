@@ -259,6 +259,7 @@ def info_markdown(record: GenerationRecord) -> str:
         + (f" · LoRA {record.lora} x{record.lora_scale:g}" if record.lora != "none" else "")
         + (f" · references {refs}" if refs else "")
         + source_words(record.source)
+        + (f" · resized to {record.resized_to} (size_policy nearest)" if record.resized_to else "")
         + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
         + f" · safety {record.safety}"
         + (f" · marked: {', '.join(sorted(record.marks))}" if record.marks else "")

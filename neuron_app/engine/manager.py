@@ -327,7 +327,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                     if self.safety.enabled:  # no picture of an unchecked image reaches anyone: no step previews
                         preview = None
                     fields = ("denoising", str(req.resolution), step, total, f"Step {step}/{total}")
-                    progress(ProgressEvent(*fields) if preview is None else PreviewEvent(*fields, preview))
+                    progress(ProgressEvent(*fields) if preview is None else PreviewEvent(*fields, preview=preview))
                     if step == total:
                         progress(ProgressEvent("decoding", str(req.resolution), step, total, "Decoding"))
 

@@ -23,7 +23,7 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
-from neuron_app.web import edit_controls, page_notes, tool_docs
+from neuron_app.web import edit_controls, history, page_notes, tool_docs
 from neuron_app.web import inpaint as painting
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.live import live
@@ -132,7 +132,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                 return generate_many(manager, prompt, resolution, steps, seed, count, progress=on_event, **options)
 
         def line(text: str) -> tuple[Any, ...]:
-            return previews.gallery(), text, gr.update(), gr.update()
+            return previews.gallery(), text, gr.update(), gr.update(), gr.update()
 
         try:
             records = yield from live(work, manager.status, progress_bridge(progress), line)
@@ -150,6 +150,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             "\n\n".join(info_markdown(record) for record in records),
             records[0].seed,
             gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value))),
+            [history.entry(record, path) for record, path in zip(records, paths, strict=True)],  # for the history
         )
 
     def choices_for(status: ManagerStatus, buckets: list[str] | None) -> list[tuple[str, str]]:
@@ -312,14 +313,18 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                 headers=SHAPE_COLUMNS, value=shapes_table(initial), interactive=False, elem_id="shapes"
             )
 
+        past, last = (
+            history.panel(settings.max_references > 0),
+            gr.State([]),
+        )  # this session's images, and the last Generate's
         shown = gr.State(dropdown_choices(initial))
         buckets = gr.State([])
         page_inputs = [prompt, resolution, steps, seed, count, randomize, lora, lora_scale, references, buckets]
-        gr.on(
+        generated = gr.on(
             [generate_btn.click, prompt.submit],
             ui_generate,
             inputs=[*page_inputs, source, strength],
-            outputs=[gallery, info, seed, resolution],
+            outputs=[gallery, info, seed, resolution, last],
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,
             api_visibility="private",
@@ -375,6 +380,8 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         status_btn.click(status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)
 
         page_notes.count_prompt(prompt, settings.max_prompt_chars)
+        form = [prompt, resolution, steps, seed, randomize, lora, lora_scale]
+        history.wire(generated, past, last, form, references, settings.max_references)
         references.change(
             references_changed,
             inputs=[references, resolution],

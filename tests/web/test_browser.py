@@ -228,6 +228,36 @@ def assert_agree(page: Any) -> dict[str, tuple[str, list[str]]]:
     return {shape: (labels[shape], rows[shape]) for shape in labels}
 
 
+def test_the_history_shows_this_sessions_images_and_a_click_reuses_one(page: Any) -> None:
+    """Two generations land in the history, newest first, each with its prompt, shape, steps, seed and cache
+    result; a click puts the older one's settings back (seed fixed) and "use as reference" takes it."""
+    thumbnails = page.locator("#history .thumbnail-item")
+    before = thumbnails.count()
+    page.locator("#randomize input").uncheck()
+    count = page.locator("#images input[type='number']")  # one image a click (an earlier test asked for two)
+    count.fill("1")
+    count.press("Tab")
+    for prompt, seed in (("a red kite over dunes", "11"), ("a blue boat at dusk", "12")):
+        page.locator("#prompt textarea").fill(prompt)
+        page.locator("#seed input").fill(seed)
+        page.locator("#generate").click()
+        page.locator("#history .caption-label", has_text=f"{prompt} · ").wait_for()
+    assert thumbnails.count() == before + 2
+    captions = page.locator("#history .caption-label")
+    assert captions.nth(0).inner_text().startswith("a blue boat at dusk · ")
+    older = captions.nth(1).inner_text()
+    assert older.startswith("a red kite over dunes · ") and "steps, seed 11" in older and "· cache " in older
+    page.locator("#prompt textarea").fill("something else")
+    page.locator("#seed input").fill("99")
+    thumbnails.nth(1).click()
+    page.wait_for_function("() => document.querySelector('#prompt textarea').value === 'a red kite over dunes'")
+    assert page.locator("#seed input").input_value() == "11"
+    assert not page.locator("#randomize input").is_checked()
+    references = page.locator("#references img").count()
+    page.locator("#history-use-as-reference").click()
+    page.wait_for_function(f"() => document.querySelectorAll('#references img').length === {references + 1}")
+
+
 def test_dropdown_and_table_agree_before_and_after_a_restart(browser: Any, tmp_path: Path, shared_models: Path) -> None:
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings

@@ -41,13 +41,14 @@ def main() -> None:
         raise SystemExit(serve_distributed(serve_page, prepare_page))
 
     from neuron_app.settings import get_settings
-    from neuron_app.web.server import build_app, configure_logging, launch
+    from neuron_app.web.server import build_app, check_port, configure_logging, launch
 
     settings = get_settings()
     check_single_process(settings)  # tp_degree > 1 needs torchrun
     configure_logging(settings)
     prepare_process(settings)  # NEFF cache, fallback switches, cores: before anything imports torch
     prepare_page(settings)
+    check_port(settings)  # a port in use is one line now, not a traceback after the imports
 
     from neuron_app.scale import make_manager
     from neuron_app.web.server import install_signal_handlers

@@ -21,8 +21,9 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as PydanticSettingsError
 
-from neuron_app.errors import SettingsError, ShapeError
+from neuron_app.errors import SettingsError, ShapeError, one_line
 from neuron_app.settings_groups import (  # noqa: F401 (re-exported: callers import them from here)
     DEFAULT_KEY_NAME,
     MAX_REFERENCE_AREA,
@@ -38,6 +39,7 @@ from neuron_app.settings_groups import (  # noqa: F401 (re-exported: callers imp
     _check_webhook_secret,
     parse_s3_url,
 )
+from neuron_app.settings_sources import FriendlyEnvSource, check_settings_file, did_you_mean
 from neuron_app.settings_stored import StoredStateSettings
 from neuron_app.shapes import Resolution
 
@@ -86,7 +88,9 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 def settings_file() -> Path:
     """The TOML file in force: `$NEURON_APP_SETTINGS`, else `settings.toml` at the project root."""
     override = os.environ.get(SETTINGS_FILE_ENV)
-    return Path(override).expanduser().resolve() if override else PROJECT_ROOT / "settings.toml"
+    if not override:
+        return PROJECT_ROOT / "settings.toml"
+    return check_settings_file(Path(override).expanduser().resolve(), SETTINGS_FILE_ENV)
 
 
 def _default_cache_dir() -> Path:
@@ -247,7 +251,8 @@ class Settings(
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _TomlWithoutSecrets(settings_cls, toml_file=settings_file()))
+        toml = _TomlWithoutSecrets(settings_cls, toml_file=settings_file())
+        return (init_settings, FriendlyEnvSource(settings_cls), toml)
 
     @field_validator("resolutions")
     @classmethod
@@ -460,8 +465,15 @@ def load_settings(**overrides: Any) -> Settings:
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "(settings)"
             env = f"{ENV_PREFIX}{field.split('.')[0].upper()}" if err["loc"] else "NEURON_APP_*"
+            if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:  # only a file or code can pass one
+                hint = did_you_mean(field, Settings.model_fields)
+                lines.append(f"{field} is not a setting; {hint} (in {settings_file()})")
+                continue
             lines.append(f"{field}: {err['msg']} (from {settings_file()} or ${env})")
         raise SettingsError("invalid settings - " + "; ".join(lines + unknown_env_vars())) from None
+    except PydanticSettingsError as exc:  # a source that could not read a value: its reason, on one line
+        cause = f": {one_line(exc.__cause__)}" if exc.__cause__ else ""
+        raise SettingsError(f"invalid settings - {exc}{cause}") from None
     _check_env_names(settings.strict_env)
     return settings
 

@@ -107,6 +107,12 @@ class InterfaceSettings(BaseModel):
         "With page auth and no key the API refuses every request.",
     )
     max_images: int = Field(4, ge=1, le=16, description="Most images one request may ask for (n; one after another).")
+    size_policy: Literal["exact", "nearest"] = Field(
+        "exact",
+        description="A `size` (or `aspect_ratio`, `output_megapixels`) that is not a served shape: exact = refused "
+        "(400); nearest = made at the served shape nearest in aspect ratio and area, then resized and "
+        "center-cropped to it, never compiling a new shape.",
+    )
     image_url_ttl_s: float = Field(
         3600.0, ge=600.0, description="How long images returned as `url` by the OpenAI API stay downloadable."
     )

@@ -24,6 +24,7 @@ from neuron_app.engine.trust.marks import (
     DIGITAL_SOURCE_TYPE,
     SOFTWARE,
     WATERMARK_METHOD,
+    WATERMARK_MIN_SIDE,
     keyed_id,
     read_source_type,
     read_watermark,
@@ -178,6 +179,8 @@ def verify_file(path: Path, payload: bytes, signer: Signer | None = None, key: b
     if found is None:
         note = image.info.get("watermark")
         size = f"{image.size[0]}x{image.size[1]}"
+        if not watermark_fits(*image.size):  # say why: dwtDct needs 256 px on both sides
+            size += f": under the watermark's {WATERMARK_MIN_SIDE} px minimum side, so none was written"
         report.lines.append(f"watermark: not readable ({size})" + (f"; PNG says: {note}" if note else ""))
     elif key is not None and keyed_id(key, found) is not None:
         image_id = found[:3].hex()

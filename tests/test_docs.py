@@ -53,3 +53,16 @@ def test_relative_links_resolve() -> None:
                 continue
             path = (page.parent / target.split("#", 1)[0]).resolve()
             assert path.exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+
+
+def test_api_docs_say_how_to_see_a_429_at_once_and_why_networkidle_never_fires() -> None:
+    """The openai SDKs retry 429s (a limited key waits a minute); the page's 2 s poll keeps the network busy."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    assert "max_retries=0" in text and "maxRetries: 0" in text
+    assert "networkidle" in text and "**From Node.**" in text
+
+
+def test_the_readme_has_a_two_minute_api_block_with_measured_first_hour_times() -> None:
+    text = README.read_text()
+    assert "**Try the APIs in two minutes**" in text and "python scripts/first_hour.py" in text
+    assert (ROOT / "scripts" / "first_hour.py").is_file()

@@ -167,3 +167,54 @@ def test_tiny_shapes_serves_its_own_shapes_unless_told_otherwise() -> None:
     )
     assert (chosen.resolutions, chosen.max_sequence_length) == (["64x64"], 64)
     assert load_settings().resolutions[0] == "1024x1024"  # the 4B keeps its own
+
+
+# --- the first hour: a missing file, lists in the environment, a misspelled key in a file ---------------------
+
+
+def test_a_missing_settings_file_is_an_error_naming_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Silently falling back to the built-in defaults (the Hub model, 1024 px) surprises an offline user later."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NEURON_APP_SETTINGS", "nosuch.toml")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    message = str(info.value)
+    assert str(tmp_path / "nosuch.toml") in message and "NEURON_APP_SETTINGS" in message
+    assert len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["256x256,128x128", " 256x256 , 128x128 ", '["256x256", "128x128"]'])
+def test_lists_in_the_environment_take_json_or_commas(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("NEURON_APP_RESOLUTIONS", value)
+    monkeypatch.setenv("NEURON_APP_DEFAULT_RESOLUTION", "256x256")
+    assert load_settings().resolutions == ["256x256", "128x128"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("NEURON_APP_RESOLUTIONS", '["256x256", 128x128]', "NEURON_APP_RESOLUTIONS: not a JSON list or a,b,c"),
+        ("NEURON_APP_LORAS", "ghibli=/x.safetensors", "NEURON_APP_LORAS: not JSON (an object)"),
+        ("NEURON_APP_RESOLUTIONS", "256x256,100x100", "multiple of 16"),
+    ],
+)
+def test_every_settings_error_from_the_environment_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, fragment: str
+) -> None:
+    """pydantic-settings raises its own multi-line error for an undecodable value: here it is one line."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    message = str(info.value)
+    assert fragment in message and len(message.splitlines()) == 1, message
+
+
+def test_an_unknown_key_in_the_settings_file_gets_did_you_mean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toml = tmp_path / "typo.toml"
+    toml.write_text('resoluton = ["64x64"]\nxyzzy = 1\n')
+    monkeypatch.setenv("NEURON_APP_SETTINGS", str(toml))
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    message = str(info.value)
+    assert "resoluton is not a setting; did you mean resolutions?" in message, message
+    assert "xyzzy is not a setting; see docs/configuration.md" in message and str(toml) in message

@@ -19,6 +19,7 @@ from neuron_app import tracing
 from neuron_app.backends import DeviceBackend, resolve_backend
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted, admitted, reports_failures
+from neuron_app.engine.cache.load_times import LoadTimes
 from neuron_app.engine.cache.manifest import FolderSize, Manifest, fingerprint_of
 from neuron_app.engine.cache.prompt_cache import PromptCache
 from neuron_app.engine.compile.compiler import CountingBackend, apply_compile, recompile_room
@@ -73,6 +74,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         tiles_by_default = self.backend.tiles_vae_by_default
         self.vae_compiled = not self.vae_on_host and vae_compiled(settings.vae_compile, tiles_by_default)
         self.manifest = Manifest(settings.cache_dir)
+        self.load_times = LoadTimes(settings.cache_dir, f"{settings.model}@{self.backend.name}")
         self.adapters = AdapterSet(settings)  # LoRA styles; bad adapter files stop the start here
         self.fingerprint_fields = self._fingerprint_fields()
         self.fingerprint = fingerprint_of(self.fingerprint_fields)
@@ -177,12 +179,12 @@ class PipelineManager(ShapeCompiler, Admitted):
     def ensure_loaded(self, progress: ProgressCallback | None = None) -> Any:
         if self._pipe is not None:
             return self._pipe
+        if progress:  # also while another thread (load_on_start) loads: this request waits on it
+            progress(ProgressEvent("loading", message=self.load_times.words(), estimate=self.load_times.estimate()))
         with self._load_lock:
             if self._pipe is not None:
                 return self._pipe
             self.remote.pull_once()  # what the remote holds for this fingerprint, before anything compiles
-            if progress:
-                progress(ProgressEvent("loading", message=f"Loading {self.settings.model}"))
             with self._state_lock:
                 self._loading = True
             start = time.perf_counter()
@@ -219,6 +221,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                 self._pipe = pipe
                 self._load_s = time.perf_counter() - start
                 self._load_error = None
+            self.load_times.record(self._load_s)  # the next start's "loading the model (~N s)"
             log.info(
                 "loaded %s on %s (%s, compile %s/%s) in %.1fs",
                 self.settings.model,
@@ -318,6 +321,7 @@ class PipelineManager(ShapeCompiler, Admitted):
 
     def _run(self, req: Request, progress: ProgressCallback | None) -> GenerationRecord:
         start = time.perf_counter()
+        self.safety.refuse_if_failed()  # a checker that could not load: refused at once, before the model loads
         self.ensure_loaded(progress)
         self.safety.ready()  # its classifier loads before any device work: one that cannot load fails the request
         waiting = time.perf_counter()
@@ -381,7 +385,8 @@ class PipelineManager(ShapeCompiler, Admitted):
         return self.warmup.order()
 
     def start_warmup(self) -> threading.Thread | None:
-        """Compile the warm-up shapes in a background thread; pages answer meanwhile."""
+        """Compile the warm-up shapes in a background thread; pages answer meanwhile (the safety checker too)."""
+        self.safety.at_start()  # `on`: the classifier loads now; a failure shows in status before any click
         return self.warmup.start()
 
     def close(self) -> None:

@@ -36,6 +36,8 @@ class ProgressEvent:
     step: int = 0
     total: int = 0
     message: str = ""
+    graph: str = ""  # the graph compiling or loading ("256x256 + 1 ref"), when it is not `resolution` alone
+    estimate: Estimate | None = None  # what that compile, graph load or model load should take
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -136,6 +138,8 @@ class GenerationRecord:
     marks: dict[str, str] = field(default_factory=dict)
     queue_s: float = 0.0  # waiting for the device (another request held it), before this one's compile and run
     device_s: float = 0.0  # holding the device: this request's compile (or graph load) and its generation
+    #: size_policy nearest: the size the image was resized and cropped to from `resolution` (engine/sizing.py).
+    resized_to: str | None = None
 
     def info(self) -> dict[str, Any]:
         """The JSON-able record the API returns next to the image, with its `usage`."""

@@ -114,7 +114,7 @@ def validate(
     steps = check_int("steps", steps, 1, settings.max_steps)
     seed = check_int("seed", seed, 0, MAX_SEED)
     lora = check_lora(lora, ["none", *settings.loras])
-    lora_scale = check_float("lora_scale", lora_scale, 0.0, settings.max_lora_scale)
+    lora_scale = check_float("lora_scale", 1.0 if lora_scale is None else lora_scale, 0.0, settings.max_lora_scale)
     strength = check_strength(strength, steps, image is not None)
     loaded = refs.check_references(settings, references)  # last: no image is decoded for a bad request
     source = None
@@ -220,6 +220,8 @@ def edit_target(manager: Any, resolution: Any, references: Sequence[Any]) -> tup
 
 def check_int(name: str, value: Any, low: int, high: int) -> int:
     """Integers only (an integral float such as 4.0 is accepted: JSON clients send those)."""
+    if value is None:  # a client that pads missing inputs with None (@gradio/client's positional predict)
+        raise RequestError(f"{name} must be a whole number between {low} and {high}; it is missing (null)", param=name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         message = f"{name} must be a whole number between {low} and {high}, got {type(value).__name__}"
         raise RequestError(message, param=name)

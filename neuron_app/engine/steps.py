@@ -33,7 +33,7 @@ class StepEvents:
         fields = ("denoising", self.resolution, step, total, f"Step {step}/{total}")
         try:
             shown = preview is not None and self.previews
-            self.progress(PreviewEvent(*fields, preview) if shown else ProgressEvent(*fields))
+            self.progress(PreviewEvent(*fields, preview=preview) if shown else ProgressEvent(*fields))
             if step == total:
                 self.progress(ProgressEvent("decoding", self.resolution, step, total, "Decoding"))
         except Cancelled as exc:

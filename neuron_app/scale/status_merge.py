@@ -78,7 +78,8 @@ def _merged_safety(parts: list[dict[str, Any]]) -> dict[str, Any]:
     if not parts or not parts[0]:
         return {}
     counts = _summed([{k: part.get(k, 0) for k in ("passed", "flagged")} for part in parts])
-    return {"checker": parts[0].get("checker"), "model": parts[0].get("model")} | counts
+    error = next((part["error"] for part in parts if part.get("error")), None)  # one replica's failure shows
+    return {"checker": parts[0].get("checker"), "model": parts[0].get("model"), "error": error} | counts
 
 
 def _merged_rules(parts: list[dict[str, Any]]) -> dict[str, Any] | None:

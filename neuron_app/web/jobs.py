@@ -200,7 +200,7 @@ class Jobs:
             log.info("job %s failed: %s", live.id, error["message"])
             self.store.update(live.id, status="failed", error=json.dumps(error), finished=time.time())
         else:
-            result = {"data": items, "size": records[0].resolution, "output_format": "png"}
+            result = {"data": items, "size": records[0].resized_to or records[0].resolution, "output_format": "png"}
             result["usage"] = self.usage.charge(live.key_name, records, live.waited_s)
             stored = [f.stat().st_size for f in (self.files / live.id).glob("*.png")]
             self.store.update(
@@ -294,7 +294,9 @@ class Jobs:
     def _progress_view(self, live: Live) -> dict[str, Any]:
         event = live.event
         view: dict[str, Any] = {"elapsed_s": round(time.monotonic() - live.since, 1)}
-        if event is not None:
+        if event is None:  # running, before the manager's first event: the device lane is being taken
+            view |= {"phase": "starting", "message": "started: taking the device, then the steps"}
+        else:
             view |= {"phase": event.phase, "resolution": event.resolution, "message": event.message}
             if event.total:
                 view |= {"step": event.step, "total": event.total}

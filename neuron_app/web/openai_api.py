@@ -36,9 +36,11 @@ from neuron_app.engine.contract import Manager
 from neuron_app.engine.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
 from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
+from neuron_app.engine.sizing import fit_record
 from neuron_app.engine.trust.marks import Marker
 from neuron_app.errors import AppError, RequestError, ShuttingDown
 from neuron_app.settings import Settings
+from neuron_app.web import sizes
 from neuron_app.web.access import Access
 from neuron_app.web.image_urls import UrlStore
 from neuron_app.web.jobs import Jobs, wants_async
@@ -187,7 +189,10 @@ class OpenAIImages:
         response_format = fields.get("response_format") or "b64_json"
         if response_format not in RESPONSE_FORMATS:
             raise ApiError(
-                400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}", param="response_format"
+                400,
+                f"response_format must be one of {', '.join(RESPONSE_FORMATS)}",
+                param="response_format",
+                code="invalid_value",
             )
         try:
             n, steps = fields.get("n"), fields.get("num_inference_steps")  # absent or null: the defaults
@@ -197,6 +202,8 @@ class OpenAIImages:
                 size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
             else:  # an edit: "auto" follows the first reference's aspect ratio (engine/requests.py)
                 size = fields.get("size") or AUTO_SIZE
+            size_plan = sizes.plan_for(self.settings, fields, offered, options)  # size_policy = nearest
+            size = size_plan.served if size_plan else size
             check_size(size, offered)
             steps = self.settings.default_steps if steps is None else steps
             seed = fields.get("seed")
@@ -234,7 +241,9 @@ class OpenAIImages:
                     view = await run_in_threadpool(
                         self.jobs.submit,
                         request.state.api_key_name,
-                        lambda progress: run_many(self.manager, job, count, progress),
+                        lambda progress: [
+                            fit_record(r, size_plan) for r in run_many(self.manager, job, count, progress)
+                        ],
                         stack.pop_all(),
                         size=str(job.resolution),
                         count=count,
@@ -247,6 +256,7 @@ class OpenAIImages:
                 return JSONResponse(view, status_code=202, headers={"Location": f"/v1/images/jobs/{view['id']}"})
             try:
                 records = await run_in_threadpool(run_many, self.manager, job, count, on_progress)
+                records = [fit_record(r, size_plan) for r in records]  # off the loop below, with the marks
             except Exception as exc:
                 self.access.observe_error(exc, "openai")
                 raise failure(exc) from None
@@ -257,6 +267,7 @@ class OpenAIImages:
             raise failure(exc) from None
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
         answer["usage"] = await run_in_threadpool(self.usage.charge, request.state.api_key_name, records)
+        answer |= sizes.answer_fields(size_plan)
         return JSONResponse(answer)
 
     def refused(self, exc: RequestError) -> ApiError:

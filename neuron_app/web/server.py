@@ -41,6 +41,27 @@ def prepare_environment(settings: Settings) -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
+def check_port(settings: Settings) -> None:
+    """Refuse a port in use before the heavy imports (seconds each try), naming the setting that moves it: Gradio's
+    own traceback would suggest GRADIO_SERVER_PORT, which the app overrides."""
+    import socket
+
+    host, port = settings.server_name, settings.server_port
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return  # an unresolvable name: Gradio's bind says so
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError:
+            raise SettingsError(
+                f"port {port} on {host} is in use: set NEURON_APP_SERVER_PORT to a free port "
+                f"(e.g. NEURON_APP_SERVER_PORT={port + 1 if port < 65535 else port - 1} python app.py)"
+            ) from None
+
+
 def resolve_auth(settings: Settings) -> tuple[str, str] | None:
     """Basic auth from the environment; a public share link needs it unless explicitly waived."""
     auth = settings.auth

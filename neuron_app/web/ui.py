@@ -23,7 +23,7 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
-from neuron_app.web import edit_controls, tool_docs
+from neuron_app.web import edit_controls, history, page_notes, tool_docs
 from neuron_app.web import inpaint as painting
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.live import live
@@ -127,7 +127,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                 return generate_many(manager, prompt, resolution, steps, seed, count, progress=on_event, **options)
 
         def line(text: str) -> tuple[Any, ...]:
-            return previews.gallery(), text, gr.update(), gr.update()
+            return previews.gallery(), text, gr.update(), gr.update(), gr.update()
 
         try:
             records = yield from live(work, manager.status, progress_bridge(progress), line)
@@ -145,6 +145,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             "\n\n".join(info_markdown(record) for record in records),
             records[0].seed,
             gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value))),
+            [history.entry(record, path) for record, path in zip(records, paths, strict=True)],  # for the history
         )
 
     def choices_for(status: ManagerStatus, buckets: list[str] | None) -> list[tuple[str, str]]:
@@ -248,7 +249,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                     placeholder="Describe the image, press Enter",
                     lines=1,
                     max_lines=6,
-                    max_length=settings.max_prompt_chars,
+                    info=page_notes.prompt_info(0, settings.max_prompt_chars),  # counts; says when it cut
                     elem_id="prompt",
                 )
                 references = edit_controls.reference_input(settings)
@@ -267,6 +268,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                         maximum=settings.max_steps,
                         step=1,
                         value=settings.default_steps,
+                        info=page_notes.steps_info(settings.max_steps),
                         elem_id="steps",
                     )
                 with gr.Row(visible=bool(settings.loras)):  # LoRA styles, switched without recompiling
@@ -307,31 +309,35 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                 headers=SHAPE_COLUMNS, value=shapes_table(initial), interactive=False, elem_id="shapes"
             )
 
+        past, last = (
+            history.panel(settings.max_references > 0),
+            gr.State([]),
+        )  # this session's images, and the last Generate's
         shown = gr.State(dropdown_choices(initial))
         buckets = gr.State([])
         page_inputs = [prompt, resolution, steps, seed, count, randomize, lora, lora_scale, references, buckets]
-        generating = gr.on(
+        generated = gr.on(
             [generate_btn.click, prompt.submit],
             ui_generate,
             inputs=[*page_inputs, source, strength],
-            outputs=[gallery, info, seed, resolution],
+            outputs=[gallery, info, seed, resolution, last],
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,
             api_visibility="private",
             show_progress_on=[gallery],  # the seed box keeps its number: no spinner, no error badge on it
         )
-        stop_btn.click(None, cancels=[generating])  # Gradio closes the request's generator (web/live.py)
+        stop_btn.click(None, cancels=[generated])  # Gradio closes the request's generator (web/live.py)
 
         # The public API: plain inputs, validated by the manager (not by Gradio's components),
         # so scripts get the same clear errors as the page.
         with gr.Group(visible=False):
-            api_prompt = gr.Textbox()
-            api_resolution = gr.Textbox()
+            api_prompt = gr.Textbox(label="prompt")  # view_api()'s labels: the names, not parameter_36
+            api_resolution = gr.Textbox(label="resolution")
             api_steps = whole_number("steps")
             api_seed = whole_number("seed")
-            api_lora = gr.Textbox(value="none")  # optional: 4-argument callers keep working
-            api_lora_scale = gr.Number(value=1.0)
-            api_references = gr.File(file_count="multiple")  # any file: the manager says why one is not an image
+            api_lora = gr.Textbox(value="none", label="lora")  # optional: 4-argument callers keep working
+            api_lora_scale = gr.Number(value=1.0, label="lora_scale")
+            api_references = gr.File(file_count="multiple", label="images")  # any file: the manager says why
             api_image = gr.Image(type="filepath", format="png", label="image")
             api_info = gr.JSON(label="record")
             api_status_out = gr.JSON(label="status")
@@ -340,7 +346,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             edit_btn = gr.Button()
             api_source = gr.File(label="image")  # any file: the manager says why one is not an image
             api_mask = gr.File(label="mask")
-            api_strength = gr.Number(value=1.0)
+            api_strength = gr.Number(value=1.0, label="strength")
             inpaint_btn = gr.Button()
         api_btn.click(
             generate,
@@ -370,6 +376,9 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         # Status never waits behind a compile: its own unlimited lane, outside the queue.
         status_btn.click(status, outputs=[api_status_out], api_name="status", queue=False, concurrency_limit=None)
 
+        page_notes.count_prompt(prompt, settings.max_prompt_chars)
+        form = [prompt, resolution, steps, seed, randomize, lora, lora_scale]
+        history.wire(generated, past, last, form, references, settings.max_references)
         references.change(
             references_changed,
             inputs=[references, resolution],

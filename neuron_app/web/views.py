@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_app.engine.cache.estimates import human_seconds
+from neuron_app.engine.cache.estimates import Estimate, human_seconds
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressEvent, ShapeState, ShapeStatus, Usage
 
 SHAPE_COLUMNS = ["shape", "state", "estimate", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
@@ -33,12 +33,16 @@ def _is_load(shape: ShapeStatus) -> bool:
 
 def estimate_text(shape: ShapeStatus) -> str:
     """What making the shape ready should take and how sure that is (engine/cache/estimates.py `estimate`)."""
-    verb = "loads from the cache" if _is_load(shape) else "compiles"
-    found = shape.estimate
+    return estimate_phrase(shape.estimate, _is_load(shape), shape.estimate_s)
+
+
+def estimate_phrase(found: Estimate | None, load: bool, seconds: float | None = None) -> str:
+    """`estimate_text` for any graph (a shape's row, or an edit graph's compile event)."""
+    verb = "loads from the cache" if load else "compiles"
     if found is None:
-        if shape.estimate_s is None:  # e.g. merged from replicas: the seconds without their basis
+        if seconds is None:  # e.g. merged from replicas: the seconds without their basis
             return f"{verb}; no history for an estimate"
-        return f"{verb} in about {human_seconds(shape.estimate_s)}"
+        return f"{verb} in about {human_seconds(seconds)}"
     bound = "at most" if found.sure == "upper bound" else "about"
     sure = ", rough" if found.sure == "rough" else ""  # the basis says the rest ("measured", "scaled from ...")
     return f"{verb} in {bound} {human_seconds(found.seconds)} ({found.basis}{sure})"
@@ -78,13 +82,18 @@ def progress_markdown(
     name = event.resolution or ""
     took = f"{human_seconds(elapsed_s)} elapsed"
     if event.phase == "loading":
-        return f"**Loading the model** (first request) · {took}"
+        found = event.estimate
+        about = f" (~{human_seconds(found.seconds)})" if found is not None else " (first request; no load measured yet)"
+        return f"**Loading the model{about}** · {took}"
     if event.phase == "compiling":
-        if shape is not None and _is_load(shape):
-            what = "loading its precompiled graph (first use)"
+        if event.graph and event.graph != name:  # an edit graph: its own compile, not the shape's row
+            name, found = event.graph, event.estimate
+            load = found is not None and found.kind == "load"
+            estimate = estimate_phrase(found, load)
         else:
-            what = "compiling (first use)"
-        estimate = estimate_text(shape) if shape is not None else "no history for an estimate"
+            load = shape is not None and _is_load(shape)
+            estimate = estimate_text(shape) if shape is not None else "no history for an estimate"
+        what = "loading its precompiled graph (first use)" if load else "compiling (first use)"
         return (
             f"**{name} - {what}** · {took} · {estimate}\n\n"
             "Each shape compiles once (minutes on Neuron); later requests reuse it."
@@ -163,6 +172,8 @@ def safety_markdown(status: ManagerStatus) -> str:
     safety = status.safety or {}
     if safety.get("checker") != "on":
         return "\n\n**Safety checker** off" if safety else ""
+    if safety.get("error"):
+        return f"\n\n**Safety checker** on, **not loaded**: {safety['error']}. Every request is refused."
     return f"\n\n**Safety checker** on (`{safety['model']}`): {safety['passed']} passed, {safety['flagged']} refused"
 
 
@@ -228,6 +239,17 @@ def remote_markdown(status: ManagerStatus) -> str:
     return text
 
 
+def source_words(source: dict[str, Any] | None) -> str:
+    """What an inpaint or image-to-image started from: the source's size, the mask's share, the strength."""
+    if not source:
+        return ""
+    if source.get("masked"):
+        what = f"inpaint of a {source['size']} source, mask {100 * source['edit_fraction']:.0f}% of the image"
+    else:
+        what = f"image-to-image from a {source['size']} source"
+    return f" · {what}, strength {source.get('strength', 1.0):g}"
+
+
 def info_markdown(record: GenerationRecord) -> str:
     if record.compiled:
         words = {"disk": "from the persistent cache", "remote": "from artifacts pulled from cache_remote"}
@@ -241,6 +263,8 @@ def info_markdown(record: GenerationRecord) -> str:
         f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
         + (f" · LoRA {record.lora} x{record.lora_scale:g}" if record.lora != "none" else "")
         + (f" · references {refs}" if refs else "")
+        + source_words(record.source)
+        + (f" · resized to {record.resized_to} (size_policy nearest)" if record.resized_to else "")
         + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
         + f" · safety {record.safety}"
         + (f" · marked: {', '.join(sorted(record.marks))}" if record.marks else "")

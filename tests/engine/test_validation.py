@@ -58,12 +58,15 @@ BAD_INPUTS: dict[str, tuple[tuple[Any, Any, Any, Any], str]] = {
     "steps-fraction": (("x", "64x64", 4.5, 0), "steps must be a whole number between 1 and 8, got 4.5"),
     # gradio's Number (no precision, no bounds on the API input) passes a string through unchanged
     "steps-string": (("x", "64x64", "4", 0), "steps must be a whole number between 1 and 8, got str"),
-    "steps-null": (("x", "64x64", None, 0), "steps must be a whole number between 1 and 8, got NoneType"),
+    "steps-null": (("x", "64x64", None, 0), "steps must be a whole number between 1 and 8; it is missing (null)"),
     "seed-negative": (("x", "64x64", 4, -1), "seed must be between 0 and 4294967295, got -1"),
     "seed-2**32": (("x", "64x64", 4, 2**32), "seed must be between 0 and 4294967295, got 4294967296"),
     "seed-fraction": (("x", "64x64", 4, 1.5), "seed must be a whole number between 0 and 4294967295, got 1.5"),
     "seed-string": (("x", "64x64", 4, "7"), "seed must be a whole number between 0 and 4294967295, got str"),
-    "seed-null": (("x", "64x64", 4, None), "seed must be a whole number between 0 and 4294967295, got NoneType"),
+    "seed-null": (
+        ("x", "64x64", 4, None),
+        "seed must be a whole number between 0 and 4294967295; it is missing (null)",
+    ),
 }
 
 

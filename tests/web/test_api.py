@@ -71,3 +71,36 @@ def test_api_surface_is_the_public_contract(client: Any) -> None:
     for name in ("/generate", "/edit"):
         types = {p["parameter_name"]: p["python_type"]["type"] for p in endpoints[name]["parameters"]}
         assert types["steps"] == types["seed"] == "int", types
+
+
+def call_raw(url: str, endpoint: str, data: list[Any]) -> tuple[str, str]:
+    """Gradio's HTTP API as @gradio/client speaks it: a positional `data` list padded with nulls, no defaults
+    filled in by the client (gradio_client fills them). Returns (the SSE event, its data)."""
+    import httpx
+
+    event_id = httpx.post(f"{url}gradio_api/call/{endpoint}", json={"data": data}, timeout=30).json()["event_id"]
+    text = httpx.get(f"{url}gradio_api/call/{endpoint}/{event_id}", timeout=300).text
+    blocks = [b for b in text.split("\n\n") if b.startswith("event: ") and "heartbeat" not in b]
+    event, _, payload = blocks[-1].partition("\ndata: ")
+    return event.removeprefix("event: "), payload
+
+
+def test_optional_inputs_sent_as_null_take_their_defaults(launched_app: Any) -> None:
+    """@gradio/client's positional predict("/generate", ["a fox", "64x64", 4, 7]) sends null for lora and
+    lora_scale: the defaults, not "lora_scale must be a number, got NoneType"; a required one says it is missing."""
+    import json
+
+    event, payload = call_raw(launched_app.url, "generate", ["a fox", "64x64", 1, 7, None, None])
+    assert event == "complete", payload
+    record = json.loads(payload)[1]
+    assert (record["lora"], record["lora_scale"]) == ("none", 1.0)
+    event, payload = call_raw(launched_app.url, "generate", ["a fox", "64x64", None, 7, None, None])
+    assert event == "error" and "steps must be a whole number between 1 and 8; it is missing" in payload, payload
+
+
+def test_view_api_labels_are_the_parameter_names(client: Any) -> None:
+    """Not Gradio's `parameter_36`: a client that shows labels (view_api(), @gradio/client) shows the names."""
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    for name in ("/generate", "/edit", "/inpaint"):
+        for parameter in endpoints[name]["parameters"]:
+            assert parameter["label"] == parameter["parameter_name"], (name, parameter)

@@ -154,6 +154,23 @@ def test_a_refused_request_says_why_in_the_output_area_and_leaves_the_seed_box_a
     assert "Error" not in seed.inner_text() and seed.locator(".error, .eta-bar, .progress-text").count() == 0
 
 
+def test_the_prompt_box_counts_and_names_a_text_over_the_limit_and_steps_say_their_range(page: Any) -> None:
+    """A 3000-character paste is not cut without a word (the browser's maxlength did): the counter names it and
+    Generate refuses it as the API does; the steps slider says its range and what a larger number typed becomes."""
+    limit = 2000  # max_prompt_chars' default
+    box, prompt = page.locator("#prompt textarea"), page.locator("#prompt")
+    box.fill("fox " * 750)
+    prompt.filter(has_text=f"3000 / {limit} characters: 1000 over max_prompt_chars").wait_for()
+    assert len(box.input_value()) == 3000
+    page.locator("#generate").click()
+    page.locator("#info").filter(has_text="Not generated:").filter(has_text=f"the limit is {limit}").wait_for()
+    box.fill("a fox")
+    prompt.filter(has_text=f"5 / {limit} characters").wait_for()
+    assert "over" not in prompt.inner_text()
+    steps = page.locator("#steps").inner_text()
+    assert f"1 to {TINY_OVERRIDES['max_steps']} (max_steps)" in steps and "is set to" in steps
+
+
 def test_upload_a_reference_edit_and_use_the_result_as_the_next_reference(page: Any, tmp_path: Path) -> None:
     """Upload a wide reference, pick `auto` (offered only while references are uploaded), edit, then put the
     result back as a second reference."""
@@ -209,6 +226,36 @@ def assert_agree(page: Any) -> dict[str, tuple[str, list[str]]]:
             assert f"about {short.group(1)}" in row[2] or f"at most {short.group(1)}" in row[2], (label, row)
         assert "_" not in row[1] + row[2] + row[3], row  # words, not enum names (not_compiled)
     return {shape: (labels[shape], rows[shape]) for shape in labels}
+
+
+def test_the_history_shows_this_sessions_images_and_a_click_reuses_one(page: Any) -> None:
+    """Two generations land in the history, newest first, each with its prompt, shape, steps, seed and cache
+    result; a click puts the older one's settings back (seed fixed) and "use as reference" takes it."""
+    thumbnails = page.locator("#history .thumbnail-item")
+    before = thumbnails.count()
+    page.locator("#randomize input").uncheck()
+    count = page.locator("#images input[type='number']")  # one image a click (an earlier test asked for two)
+    count.fill("1")
+    count.press("Tab")
+    for prompt, seed in (("a red kite over dunes", "11"), ("a blue boat at dusk", "12")):
+        page.locator("#prompt textarea").fill(prompt)
+        page.locator("#seed input").fill(seed)
+        page.locator("#generate").click()
+        page.locator("#history .caption-label", has_text=f"{prompt} · ").wait_for()
+    assert thumbnails.count() == before + 2
+    captions = page.locator("#history .caption-label")
+    assert captions.nth(0).inner_text().startswith("a blue boat at dusk · ")
+    older = captions.nth(1).inner_text()
+    assert older.startswith("a red kite over dunes · ") and "steps, seed 11" in older and "· cache " in older
+    page.locator("#prompt textarea").fill("something else")
+    page.locator("#seed input").fill("99")
+    thumbnails.nth(1).click()
+    page.wait_for_function("() => document.querySelector('#prompt textarea').value === 'a red kite over dunes'")
+    assert page.locator("#seed input").input_value() == "11"
+    assert not page.locator("#randomize input").is_checked()
+    references = page.locator("#references img").count()
+    page.locator("#history-use-as-reference").click()
+    page.wait_for_function(f"() => document.querySelectorAll('#references img').length === {references + 1}")
 
 
 def test_dropdown_and_table_agree_before_and_after_a_restart(browser: Any, tmp_path: Path, shared_models: Path) -> None:

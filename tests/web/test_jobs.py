@@ -295,6 +295,7 @@ def test_a_queued_job_is_cancelled_and_gives_its_place_back(jobs_app: Any) -> No
         assert second["status"] == "queued" and second["queue_position"] == 0
         running = client.get(f"v1/images/jobs/{first}").json()
         assert running["status"] == "running" and running["progress"]["elapsed_s"] >= 0
+        assert running["progress"]["phase"] == "starting" and running["progress"]["message"]  # even before events
         reply = client.delete(f"v1/images/jobs/{second['id']}")
         assert reply.status_code == 200 and reply.json()["status"] == "cancelled"
     assert wait_for(jobs_app, first)["status"] == "succeeded"

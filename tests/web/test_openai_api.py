@@ -167,6 +167,7 @@ def test_bad_requests_are_400_with_the_reason_and_compile_nothing(api_app: Any, 
     error = caught.value.body
     assert caught.value.status_code == 400 and message in error["message"]
     assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert error["code"], error  # every 400 has a machine-readable code (response_format had none)
     assert api_app.manager.status().compiles == compiles
     assert api_app.manager.status().shapes["128x128"].state == "not_compiled"
 

@@ -34,52 +34,67 @@ class Estimate:
     sure: Literal["measured", "interpolated", "scaled", "rough", "upper bound"]
 
 
-def _measured(entries: dict[str, ManifestEntry], fingerprint: str, cache: str) -> list[tuple[int, ManifestEntry]]:
-    """Entries under `fingerprint` whose time was a `cache` kind ("miss": a compile, "disk": a load), by tokens."""
-    rows = [(_tokens(e.resolution), e) for e in entries.values() if e.fingerprint == fingerprint and e.cache == cache]
-    return [(t, e) for t, e in rows if t]
+Row = tuple[int, float, str]  # image tokens, seconds, the shape measured
 
 
-def _scaled(rows: list[tuple[int, ManifestEntry]], tokens: int) -> tuple[float, str]:
+def _compiles(entries: dict[str, ManifestEntry], fingerprint: str) -> list[Row]:
+    """Measured compiles from scratch under `fingerprint`, by tokens."""
+    mine = [e for e in entries.values() if e.fingerprint == fingerprint and e.compiled_here]
+    rows = [(_tokens(e.resolution), e.compile_s, e.resolution) for e in mine]
+    return [(t, s, r) for t, s, r in rows if t]
+
+
+def _loads(entries: dict[str, ManifestEntry], fingerprint: str) -> list[Row]:
+    """Measured loads (disk, remote) under `fingerprint`, by tokens."""
+    rows = [(_tokens(e.resolution), _load_s(e), e.resolution) for e in entries.values() if e.fingerprint == fingerprint]
+    return [(t, s, r) for t, s, r in rows if t and s is not None]
+
+
+def _load_s(entry: ManifestEntry) -> float | None:
+    """Its measured load: `load_s`, or (a manifest written before `load_s`) a load recorded as its only time."""
+    return entry.load_s if entry.load_s is not None else (None if entry.compiled_here else entry.compile_s)
+
+
+def _scaled(rows: list[Row], tokens: int) -> tuple[float, str]:
     """Seconds at `tokens` from measured shapes: between the nearest below and above (linear in tokens),
     or the nearest one scaled by the token ratio (clamped to 0.5x..2x: compile time grows slower than tokens)."""
     below = max((r for r in rows if r[0] <= tokens), key=lambda r: r[0], default=None)
     above = min((r for r in rows if r[0] >= tokens), key=lambda r: r[0], default=None)
     if below and above and below[0] != above[0]:
         share = (tokens - below[0]) / (above[0] - below[0])
-        seconds = below[1].compile_s + share * (above[1].compile_s - below[1].compile_s)
-        return seconds, f"interpolated between {below[1].resolution} and {above[1].resolution}"
-    nearest_tokens, nearest = below or above or min(rows, key=lambda r: abs(r[0] - tokens))
+        seconds = below[1] + share * (above[1] - below[1])
+        return seconds, f"interpolated between {below[2]} and {above[2]}"
+    nearest_tokens, seconds, nearest = below or above or min(rows, key=lambda r: abs(r[0] - tokens))
     if nearest_tokens == tokens:
-        return nearest.compile_s, f"as {nearest.resolution} (same size)"
-    return nearest.compile_s * min(2.0, max(0.5, tokens / nearest_tokens)), f"scaled from {nearest.resolution}"
+        return seconds, f"as {nearest} (same size)"
+    return seconds * min(2.0, max(0.5, tokens / nearest_tokens)), f"scaled from {nearest}"
 
 
 def estimate(entries: dict[str, ManifestEntry], resolution: str, fingerprint: str) -> Estimate | None:
     """Predict what making `resolution` ready costs, from the manifest's history (compiles measured here count
     the moment they finish: the manager records them there).
 
-    Precompiled under this fingerprint: a load, its own measured load ("disk") time, else loads of other shapes
-    scaled by tokens, else at most its compile time. Otherwise a compile: the measured compiles from scratch
-    nearest in image tokens (`_scaled`); else the mean of compiles under other settings (rough).
-    None when there is no history at all.
+    Precompiled under this fingerprint: a load, its own measured load, else loads of other shapes scaled by
+    tokens, else at most its compile time. Otherwise a compile, from compiles only (a load says nothing of a
+    compile's minutes): those measured under this fingerprint nearest in image tokens (`_scaled`); else the mean
+    of compiles under other settings (rough: only when the fingerprint differs). None without such history.
     """
     tokens = _tokens(resolution)
     own = entries.get(resolution)
     if own is not None and own.fingerprint == fingerprint:
-        if own.cache == "disk":
-            return Estimate(own.compile_s, "load", "its last load, measured", "measured")
-        loads = _measured(entries, fingerprint, "disk")
+        if (own_load := _load_s(own)) is not None:
+            return Estimate(own_load, "load", "its last load, measured", "measured")
+        loads = _loads(entries, fingerprint)
         if tokens and loads:
             seconds, basis = _scaled(loads, tokens)
             sure = "interpolated" if basis.startswith("interpolated") else "scaled"
             return Estimate(min(seconds, own.compile_s), "load", f"loads {basis}", sure)
         return Estimate(own.compile_s, "load", "at most its compile time; no load measured yet", "upper bound")
-    rows = _measured(entries, fingerprint, "miss")
+    rows = _compiles(entries, fingerprint)
     if tokens and rows:
         seconds, basis = _scaled(rows, tokens)
         return Estimate(seconds, "compile", basis, "interpolated" if basis.startswith("interpolated") else "scaled")
-    others = [e.compile_s for e in entries.values() if e.cache == "miss"] or [e.compile_s for e in entries.values()]
+    others = [e.compile_s for e in entries.values() if e.compiled_here and e.fingerprint != fingerprint]
     if not others:
         return None
     return Estimate(

@@ -75,7 +75,7 @@ class ShapeCompiler:
                 msg = f"Loading {name}'s precompiled graph from the cache ({words}); later requests reuse it"
             else:
                 msg = f"Compiling {name} for the first time ({words}) - minutes on Neuron; later requests reuse it"
-            progress(ProgressEvent("compiling", str(res), message=msg))
+            progress(ProgressEvent("compiling", str(res), message=msg, graph=name, estimate=found))
         log.info("compile start %s (%s)", name, key)
         span = tracing.start("compile", shape=name, graph_key=str(key))  # compiles are spans of their own
         self.remote.before_compile(name)  # a shape the manifest lacks: the remote may have it by now

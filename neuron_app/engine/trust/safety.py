@@ -91,11 +91,24 @@ def ensure_tiny_safety(models_dir: Path) -> Path:
     return folder
 
 
+def clip(text: str, limit: int = 400) -> str:
+    """`text` up to `limit` characters, cut between words with an ellipsis (a message cut mid-word reads broken)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(" ,;:(") + " ..."
+
+
 class SafetyChecker:
-    """Loads the classifier on first use (under a lock), classifies, counts passed and flagged images."""
+    """Loads the classifier (at start when `on`, in the background at first use when `auto`), classifies, counts
+    passed and flagged images. A load that failed is remembered: later requests are refused at once with its
+    message, and status shows it."""
 
     def __init__(self, settings: Any) -> None:
         self.enabled = settings.safety_on
+        self.eager = settings.safety_checker == "on"  # asked for by name: load it at start, not at the first click
+        self.error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
         self.model_id = settings.safety_model
         self.threshold = settings.safety_threshold
         self.models_dir = settings.cache_dir / "models"
@@ -110,17 +123,52 @@ class SafetyChecker:
     def state(self) -> str:
         return "on" if self.enabled else "off"
 
-    def ready(self) -> None:
-        """Load the classifier when the checker is on (once); raises `ModelLoadError` when it cannot be."""
-        if self.enabled:
+    def start(self) -> threading.Thread | None:
+        """Begin loading in the background (once); a failure lands in `error`, for status and the next request."""
+        with self._start_lock:  # not the load's lock: a load in progress must not make this wait
+            if not self.enabled or self._loaded is not None or self.error or self._thread is not None:
+                return None
+            self._thread = threading.Thread(target=self._load_quietly, name="safety-load", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def at_start(self) -> None:
+        """At the app's start: `on` loads now, beside the page; `auto` waits for the first request."""
+        if self.eager:
+            self.start()
+
+    def _load_quietly(self) -> None:
+        try:
             self.load()
+        except ModelLoadError as exc:
+            log.error("%s", exc)
+
+    def refuse_if_failed(self) -> None:
+        """A checker that could not load refuses at once (before any model work), with the whole message."""
+        if self.enabled and self.error:
+            raise ModelLoadError(self.error)
+
+    def ready(self) -> None:
+        """Before device work: `on` waits for the classifier (raises `ModelLoadError` when it cannot load); `auto`
+        starts its load beside the model's work, and `check` waits for it."""
+        if not self.enabled:
+            return
+        if self.eager:
+            self.load()
+        else:
+            self.start()
 
     def load(self) -> tuple[Any, Any, int]:
         if self._loaded is not None:
             return self._loaded
         with self._lock:
+            self.refuse_if_failed()
             if self._loaded is None:
-                self._loaded = self._load()
+                try:
+                    self._loaded = self._load()
+                except ModelLoadError as exc:
+                    self.error = str(exc)
+                    raise
         return self._loaded
 
     def _load(self) -> tuple[Any, Any, int]:
@@ -131,10 +179,10 @@ class SafetyChecker:
             processor = AutoImageProcessor.from_pretrained(source, token=self.hf_token, backend="pil")
             model = AutoModelForImageClassification.from_pretrained(source, token=self.hf_token).eval()
         except Exception as exc:  # offline, gated, not a classifier: the checker cannot run, so nothing is served
+            reason = clip(" ".join(str(exc).split()))
             raise ModelLoadError(
                 f"the safety checker's model {self.model_id!r} could not be loaded ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); set safety_model to a local folder, "
-                "or safety_checker = off"
+                f"{reason}); set safety_model to a local folder, or safety_checker = off"
             ) from exc
         labels = {str(name).lower(): int(i) for i, name in model.config.id2label.items()}
         if FLAG_LABEL not in labels:
@@ -182,4 +230,5 @@ class SafetyChecker:
             "model": self.model_id if self.enabled else None,
             "passed": self.passed,
             "flagged": self.flagged,
+            "error": self.error if self.enabled else None,
         }

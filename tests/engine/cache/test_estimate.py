@@ -140,3 +140,33 @@ def test_replica_statuses_merge_into_the_managers_contract(module_manager: Any) 
     assert merged.compiles == ready.compiles + cold.compiles
     data = merged.to_dict()
     assert data["replicas"] == rows and data["shapes"]["64x64"]["state"] == "ready"
+
+
+def test_a_load_after_a_restart_keeps_the_measured_compile(tmp_path: Any) -> None:
+    """The manifest keeps a shape's compile (25 s) beside its load (3.8 s): the next shape is estimated from the
+    compile, under this fingerprint, not "~4 s" and not "under other settings"."""
+    from neuron_app.engine.cache.manifest import Manifest
+
+    manifest = Manifest(tmp_path)
+    manifest.record(_entry("256x256", 25.0))
+    manifest.record(_entry("256x256", 3.8, cache="disk"))  # the restart's load
+    (entry,) = Manifest(tmp_path).entries().values()
+    assert (entry.compile_s, entry.load_s, entry.cache) == (25.0, 3.8, "miss")
+    entries = manifest.entries()
+    assert estimate(entries, "256x256", "fp") == Estimate(3.8, "load", "its last load, measured", "measured")
+    cold = estimate(entries, "512x256", "fp")  # twice the tokens: the compile scaled, clamped to 2x
+    assert cold == Estimate(50.0, "compile", "scaled from 256x256", "scaled")
+    manifest.record(_entry("256x256", 30.0))  # compiled again: the new compile, the load kept
+    (entry,) = manifest.entries().values()
+    assert (entry.compile_s, entry.load_s) == (30.0, 3.8)
+
+
+def test_other_settings_only_when_the_fingerprint_differs() -> None:
+    """Loads under this fingerprint say nothing about a compile: no number, rather than a load's seconds
+    worded as "compiles under other settings"."""
+    loads_only = {"256x256": _entry("256x256", 3.8, cache="disk")}
+    assert estimate(loads_only, "512x256", "fp") is None
+    other = loads_only | {"128x128": _entry("128x128", 20.0, fingerprint="old")}
+    assert estimate(other, "512x256", "fp") == Estimate(
+        20.0, "compile", "mean of 1 compile(s) under other settings", "rough"
+    )

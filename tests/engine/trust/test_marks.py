@@ -300,3 +300,11 @@ def test_mcp_generate_carries_every_mark(marked_app: Any) -> None:
     assert_marked(base64.b64decode(image.data))
     (record,) = [json.loads(c.text) for c in result.content if c.type == "text"]
     assert set(record["marks"]) == {"c2pa", "iptc", "watermark"}
+
+
+def test_verify_names_the_watermarks_minimum_side(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A 320x240 image is under dwtDct's 256 px side: "not readable" says why, not only the size."""
+    small = tmp_path / "small.png"
+    Image.new("RGB", (320, 240), (90, 120, 30)).save(small)
+    assert verify(capsys, small) == 1
+    assert "watermark: not readable (320x240: under the watermark's 256 px minimum side" in capsys.readouterr().out

@@ -52,7 +52,7 @@ def test_the_stand_in_classifier_flags_magenta_and_passes_noise(make_settings: C
     with pytest.raises(ContentRefused, match="flagged by this server's safety checker") as caught:
         checker.check(Image.new("RGB", (256, 256), TINY_FLAGGED_COLOUR))
     assert caught.value.code == "content_policy_violation" and caught.value.param is None
-    assert checker.snapshot() == {"checker": "on", "model": "tiny", "passed": 2, "flagged": 1}
+    assert checker.snapshot() == {"checker": "on", "model": "tiny", "passed": 2, "flagged": 1, "error": None}
     folder = make_settings().cache_dir / "models"
     assert any((p / "config.json").is_file() and (p / "preprocessor_config.json").is_file() for p in folder.iterdir())
     off = SafetyChecker(make_settings(safety_checker="off", safety_model="tiny"))
@@ -74,7 +74,7 @@ def test_every_entry_says_passed_when_the_checker_is_on(safe_app: Any) -> None:
     result = client.images.generate(prompt="a calm lake", size="64x64", n=2, extra_body={"num_inference_steps": 2})
     assert [d.model_extra["provenance"]["safety"] for d in result.data] == ["passed", "passed"]
     status = safe_app.manager.status().safety
-    assert status == {"checker": "on", "model": "tiny", "passed": 3, "flagged": 0}
+    assert status == {"checker": "on", "model": "tiny", "passed": 3, "flagged": 0, "error": None}
     assert metric(safe_app, 'neuron_app_safety_images_total{result="passed"}') == 3
 
 
@@ -127,3 +127,44 @@ def test_no_step_preview_leaves_before_the_check(make_settings: Callable[..., An
     record = manager.run(replace(manager.validate("a calm lake", "64x64", 2, 1), previews=True), progress=events.append)
     assert record.safety == "passed" and [e.step for e in events if e.phase == "denoising"] == [1, 2]
     assert not any(isinstance(e, PreviewEvent) for e in events)
+
+
+def test_a_checker_that_cannot_load_shows_at_start_and_refuses_at_once_in_full(
+    make_settings: Callable[..., Any], tmp_path: Path
+) -> None:
+    """`on` loads the classifier at start: its failure is in status and on the page before any click, and every
+    request is refused at once (no model load, no second try) with the whole message, not one cut mid-word."""
+    import time
+
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.errors import ModelLoadError
+    from neuron_app.web.views import safety_markdown
+    from tests.support import wait_for
+
+    empty = tmp_path / ("an-empty-folder-with-a-long-name-" + "x" * 150)
+    empty.mkdir()
+    manager = PipelineManager(make_settings(safety_checker="on", safety_model=str(empty)))
+    assert manager.status().safety["error"] is None
+    manager.start_warmup()
+    error = wait_for(lambda: manager.status().safety["error"], 120, "the safety checker's load error in status")
+    assert error.endswith("set safety_model to a local folder, or safety_checker = off"), error
+    assert " ..." in error or len(error) < 400  # a long reason is cut between words
+    assert f"**not loaded**: {error}" in safety_markdown(manager.status())
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError) as info:
+        manager.generate("a calm lake", "64x64", 2, 1)
+    assert str(info.value) == error and not manager.loaded  # refused before the model loads
+    assert time.monotonic() - start < 5  # no second try of the load (offline, that is 99 s of retries)
+
+
+def test_auto_loads_the_checker_in_the_background_at_first_use(make_settings: Callable[..., Any]) -> None:
+    """auto (on because others can reach it) loads nothing at start; the first request starts it beside the model
+    and its image is still checked."""
+    from neuron_app.engine.manager import PipelineManager
+
+    manager = PipelineManager(make_settings(safety_checker="auto", safety_model="tiny", server_name="0.0.0.0"))
+    assert manager.safety.enabled and not manager.safety.eager
+    manager.start_warmup()
+    assert manager.safety._thread is None and manager.safety._loaded is None
+    record = manager.generate("a calm lake", "64x64", 1, 1)
+    assert record.safety == "passed" and manager.safety._thread is not None

@@ -1,0 +1,55 @@
+"""`python app.py` on a port in use: one line naming the port and the variable that moves it, exit 2, before
+the imports that take seconds (torch, gradio)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import ROOT
+
+#: Runs app.py; stops with "HEAVY <name>" (exit 3) the moment torch or gradio is first imported.
+GUARD = """
+import os, runpy, sys
+class Guard:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch", "gradio", "diffusers"):
+            print("HEAVY " + name, flush=True)
+            os._exit(3)
+        return None
+sys.meta_path.insert(0, Guard())
+sys.argv = [%(app)r]
+runpy.run_path(%(app)r, run_name="__main__")
+"""
+
+
+def test_a_port_in_use_is_one_line_naming_the_variable_before_heavy_imports(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
+        env |= {"NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+        env |= {"NEURON_APP_SERVER_PORT": str(port), "NEURON_APP_RESOLUTIONS": "64x64"}
+        env |= {"NEURON_APP_DEFAULT_RESOLUTION": "64x64"}
+        done = subprocess.run(
+            [sys.executable, "-c", GUARD % {"app": str(ROOT / "app.py")}],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "HEAVY" not in done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: port {port} on 127.0.0.1 is in use") and "NEURON_APP_SERVER_PORT" in lines[0]
+
+
+def test_the_quick_start_names_the_port_variable() -> None:
+    quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "NEURON_APP_SERVER_PORT" in quick

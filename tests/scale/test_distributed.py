@@ -23,12 +23,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from neuron_app.engine.model.shapes_world import judge
 from neuron_app.errors import SettingsError
 from neuron_app.scale.distributed import check_single_process, check_tp_degree, settings_for_world, transformer_heads
 from neuron_app.settings import get_settings
 from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models, pid_alive
 
-PROMPT = "a lighthouse on a cliff"
+PROMPT = "a red circle on a blue background"  # tiny-shapes: the ranks must draw the same scene
 SHAPES = ["64x64", "128x64"]
 LORAS = {"red": "tiny:1"}  # followers must switch to the style rank 0 sends with each call
 START_TIMEOUT_S = 180  # generous: the 2 cores may be shared; an idle machine starts in ~20 s
@@ -40,6 +41,7 @@ STOP_TIMEOUT_S = 40  # torchrun itself SIGKILLs its ranks 30 s after forwarding 
 def tp_env(cache_dir: Path, port: int, settings_file: Path) -> dict[str, str]:
     """The tiny model's settings as NEURON_APP_* variables, loopback only."""
     values = TINY_OVERRIDES | {
+        "model": "tiny-shapes",
         "device": DEVICE,
         "resolutions": SHAPES,
         "cache_dir": str(cache_dir),
@@ -113,7 +115,8 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
         # The single-process reference, computed while the ranks start (same settings, same seed).
         # Its own cache folder: the emulated NEFF-style artifacts it leaves would make the ranks' compile a disk hit.
         single_cache = link_models(tmp_path / "single", shared_models)
-        overrides = {"device": DEVICE, "resolutions": SHAPES, "cache_dir": single_cache, "loras": LORAS}
+        overrides = {"model": "tiny-shapes", "device": DEVICE, "resolutions": SHAPES, "cache_dir": single_cache}
+        overrides |= {"loras": LORAS}
         single = PipelineManager(load_settings(**(TINY_OVERRIDES | overrides)))
         expected = np.asarray(single.generate(PROMPT, "64x64", 2, 7).image.convert("RGB"))
         styled = np.asarray(single.generate(PROMPT, "64x64", 2, 7, lora="red", lora_scale=0.5).image.convert("RGB"))
@@ -125,6 +128,7 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
         got = np.asarray(Image.open(path).convert("RGB"))
         assert got.shape == expected.shape == (64, 64, 3)
         assert np.array_equal(got, expected), f"max pixel difference {np.abs(got.astype(int) - expected).max()}"
+        assert judge(Image.fromarray(got)) == judge(Image.fromarray(expected))  # the same scene, read back
         assert info["cache"] == "miss" and info["compiled"] is True
         path, info = Client(url, verbose=False).predict(PROMPT, "64x64", 2, 7, "red", 0.5, api_name="/generate")
         assert info["lora"] == "red" and info["compiled"] is False

@@ -80,6 +80,8 @@ def settings_of(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> 
     for name, value in env.items():
         if name.startswith(ENV_PREFIX) and name not in NON_SETTING_VARS:
             monkeypatch.setenv(name, value)
+    # What the Secret neuron-app-secrets holds (docs/kubernetes.md): the shared cache's signing secret.
+    monkeypatch.setenv("NEURON_APP_CACHE_REMOTE_SECRET", "a" * 32)
     return load_settings()
 
 
@@ -159,6 +161,7 @@ def test_manifests_and_settings_agree(
         (container,) = spec["containers"]
         assert container["image"] == IMAGE, where
         assert {"configMapRef": {"name": "neuron-app-env"}} in container["envFrom"], where
+        assert {"secretRef": {"name": "neuron-app-secrets"}} in container["envFrom"], where  # the signing secret
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         assert str(settings.cache_dir) in mounts, where
         assert spec["securityContext"]["runAsNonRoot"] is True, where

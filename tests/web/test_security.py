@@ -178,7 +178,8 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
     (page included) takes an input that could pick the model, its revision,
     a token, the device or a path."""
     api = auth_client.view_api(return_format="dict", print_info=False)
-    assert set(api["named_endpoints"]) == {"/generate", "/edit", "/inpaint", "/status"}
+    assert set(api["named_endpoints"]) == {"/generate", "/edit", "/inpaint", "/status", "/cancel_job"}
+    assert [p["parameter_name"] for p in api["named_endpoints"]["/cancel_job"]["parameters"]] == ["job_id"]
     assert not api["unnamed_endpoints"]
     params = api["named_endpoints"]["/generate"]["parameters"]
     assert [(p["parameter_name"], p["component"]) for p in params] == [
@@ -317,6 +318,7 @@ def test_app_py_keeps_secrets_out_of_its_output_and_files_at_home(
     # c2pa/: the per-install signing chain (engine/trust/c2pa_signing.py); jobs.sqlite3: the OpenAI API's async jobs
     state = {"c2pa", "jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm", "jobs.sqlite3-journal"}
     state |= {"load-times.json"}  # the model's last load time, for "loading the model (~N s)": no secret in it
+    state |= {"usage.sqlite3", "usage.sqlite3-wal", "usage.sqlite3-shm"}  # usage per key per day (web/usage_book.py)
     expected = {"models", "outputs", "gradio-tmp", "manifest.json", "manifest.json.lock", *ARTIFACT_DIRS, *state}
     assert written <= expected, written
     assert list(tmpdir.iterdir()) == []

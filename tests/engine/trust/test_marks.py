@@ -306,5 +306,5 @@ def test_verify_names_the_watermarks_minimum_side(capsys: pytest.CaptureFixture[
     """A 320x240 image is under dwtDct's 256 px side: "not readable" says why, not only the size."""
     small = tmp_path / "small.png"
     Image.new("RGB", (320, 240), (90, 120, 30)).save(small)
-    assert verify(capsys, small) == 1
+    assert verify(capsys, tmp_path / "cache", small) == 1
     assert "watermark: not readable (320x240: under the watermark's 256 px minimum side" in capsys.readouterr().out

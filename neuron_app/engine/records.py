@@ -138,7 +138,7 @@ class GenerationRecord:
     marks: dict[str, str] = field(default_factory=dict)
     queue_s: float = 0.0  # waiting for the device (another request held it), before this one's compile and run
     device_s: float = 0.0  # holding the device: this request's compile (or graph load) and its generation
-    #: size_policy nearest: the size the image was resized and cropped to from `resolution` (engine/sizing.py).
+    #: size_policy nearest: the size the image was resized and cropped to from `resolution` (engine/modes/sizing.py).
     resized_to: str | None = None
 
     def info(self) -> dict[str, Any]:

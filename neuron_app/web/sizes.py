@@ -1,12 +1,12 @@
 """The OpenAI API's sizes under `size_policy`: which served shape a `size`, `aspect_ratio` or `output_megapixels`
-is made at (engine/sizing.py), and what the answer says about it."""
+is made at (engine/modes/sizing.py), and what the answer says about it."""
 
 from __future__ import annotations
 
 import io
 from typing import Any
 
-from neuron_app.engine import sizing
+from neuron_app.engine.modes import sizing
 from neuron_app.engine.requests import AUTO_SIZE
 from neuron_app.errors import RequestError
 from neuron_app.settings import Settings

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from neuron_app.engine import sizing
+from neuron_app.engine.modes import sizing
 from neuron_app.errors import RequestError
 from neuron_app.shapes import Resolution
 from tests.support import openai_client

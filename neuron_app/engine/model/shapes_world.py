@@ -143,8 +143,8 @@ def _distance(a: Any, b: Any) -> float:
     return sum((float(x) - float(y)) ** 2 for x, y in zip(a, b, strict=True)) ** 0.5
 
 
-def nearest_colour(rgb: Any) -> str:
-    return min(COLOURS, key=lambda name: _distance(rgb, COLOURS[name]))
+def nearest_colour(rgb: Any, exclude: str | None = None) -> str:
+    return min((c for c in COLOURS if c != exclude), key=lambda name: _distance(rgb, COLOURS[name]))
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,11 @@ def judge(image: Any, threshold: float = 90.0) -> Reading:
     if mask.sum() < 0.004 * width * height:
         return Reading(bg_name, None, None, None, 0.0, False, 0.0)
     ys, xs = np.nonzero(mask)
-    colour = nearest_colour(np.median(pixels[mask], axis=0))
+    # The shape's colour from its core: the masked pixels farthest from the background (a soft edge mixes the two
+    # colours), named by the nearest palette colour other than the background's.
+    distance = np.sqrt(((pixels[mask] - background) ** 2).sum(axis=1))
+    core = pixels[mask][distance >= np.percentile(distance, 75)]
+    colour = nearest_colour(np.median(core, axis=0), exclude=bg_name)
     x0, x1 = (int(v) for v in np.percentile(xs, [1, 99]))
     y0, y1 = (int(v) for v in np.percentile(ys, [1, 99]))
     inside = mask[y0 : y1 + 1, x0 : x1 + 1]

@@ -166,10 +166,11 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         seed: float,
         lora: str = "none",
         lora_scale: float = 1.0,
+        loras: list[dict[str, Any]] | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
-        record = run(prompt, resolution, steps, seed, progress, request, lora=lora, lora_scale=lora_scale)
+        record = run(prompt, resolution, steps, seed, progress, request, lora=lora, lora_scale=lora_scale, loras=loras)
         return str(images.save(record)), record.info()
 
     def edit(
@@ -180,10 +181,11 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         seed: float,
         lora: str = "none",
         lora_scale: float = 1.0,
+        loras: list[dict[str, Any]] | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
-        options = {"lora": lora, "lora_scale": lora_scale, "references": list(images or [])}
+        options = {"lora": lora, "lora_scale": lora_scale, "loras": loras, "references": list(images or [])}
         record = run(prompt, resolution, steps, seed, progress, request, **options)
         return str(store.save(record)), record.info()
 
@@ -197,6 +199,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         lora: str = "none",
         lora_scale: float = 1.0,
         strength: float = 1.0,
+        loras: list[dict[str, Any]] | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
@@ -205,6 +208,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         if mask is None:
             raise gr.Error("mask is required: a PNG the image's size (transparent = redraw)", print_exception=False)
         options = {"lora": lora, "lora_scale": lora_scale, "image": image, "mask": mask, "strength": strength}
+        options["loras"] = loras
         record = run(prompt, resolution, steps, seed, progress, request, **options)
         return str(store.save(record)), record.info()
 
@@ -337,6 +341,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_seed = whole_number("seed")
             api_lora = gr.Textbox(value="none", label="lora")  # optional: 4-argument callers keep working
             api_lora_scale = gr.Number(value=1.0, label="lora_scale")
+            api_loras = gr.JSON(value=None, label="loras")  # optional, last: [{"name", "scale"}], several styles
             api_references = gr.File(file_count="multiple", label="images")  # any file: the manager says why
             api_image = gr.Image(type="filepath", format="png", label="image")
             api_info = gr.JSON(label="record")
@@ -348,9 +353,10 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_mask = gr.File(label="mask")
             api_strength = gr.Number(value=1.0, label="strength")
             inpaint_btn = gr.Button()
+        api_styles = [api_lora, api_lora_scale, api_loras]
         api_btn.click(
             generate,
-            inputs=[api_prompt, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
+            inputs=[api_prompt, api_resolution, api_steps, api_seed, *api_styles],
             outputs=[api_image, api_info],
             api_name="generate",
             concurrency_id=DEVICE_QUEUE,
@@ -358,7 +364,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         )
         edit_btn.click(
             edit,
-            inputs=[api_prompt, api_references, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
+            inputs=[api_prompt, api_references, api_resolution, api_steps, api_seed, *api_styles],
             outputs=[api_image, api_info],
             api_name="edit",
             concurrency_id=DEVICE_QUEUE,
@@ -367,7 +373,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         api_rest = [api_resolution, api_steps, api_seed, api_lora, api_lora_scale, api_strength]
         inpaint_btn.click(
             inpaint,
-            inputs=[api_prompt, api_source, api_mask, *api_rest],
+            inputs=[api_prompt, api_source, api_mask, *api_rest, api_loras],
             outputs=[api_image, api_info],
             api_name="inpaint",
             concurrency_id=DEVICE_QUEUE,

@@ -23,7 +23,7 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
-from neuron_app.web import edit_controls, history, page_notes, tool_docs
+from neuron_app.web import edit_controls, history, lora_controls, page_notes, tool_docs
 from neuron_app.web import inpaint as painting
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.live import live
@@ -112,12 +112,14 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         strength: float = 1.0,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
+        more_styles: list[Any] | None = None,
     ) -> Iterator[tuple[Any, ...]]:
         """The page's Generate: the output area says what runs and for how long (web/live.py), then the images."""
         if randomize:  # room for the consecutive seeds of the most images a request may ask for
             seed = random.randint(0, MAX_SEED - (settings.max_images - 1))
         refs = edit_controls.reference_paths(references)
-        options = {"lora": lora, "lora_scale": lora_scale, "references": refs, "previews": settings.previews}
+        options = {**lora_controls.page_styles(lora, lora_scale, more_styles), "references": refs}
+        options["previews"] = settings.previews
         options |= painting.editor_source(source, strength)  # an image in the brush editor: inpaint or img2img
         previews = painting.Previews(settings.previews)  # each step's preview in the gallery while it runs
 
@@ -287,6 +289,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                         value=1.0,
                         elem_id="lora-scale",
                     )
+                more_styles = lora_controls.extra_pairs(settings)  # one pair per further slot (several at once)
                 with gr.Row():
                     seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed")
                     count = gr.Slider(
@@ -322,8 +325,8 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         page_inputs = [prompt, resolution, steps, seed, count, randomize, lora, lora_scale, references, buckets]
         generated = gr.on(
             [generate_btn.click, prompt.submit],
-            ui_generate,
-            inputs=[*page_inputs, source, strength],
+            lora_controls.with_extra_pairs(ui_generate, len(more_styles)),
+            inputs=[*page_inputs, source, strength, *more_styles],
             outputs=[gallery, info, seed, resolution, last],
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,

@@ -18,7 +18,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 from PIL import Image
 
-from tests.support import openai_client
+from tests.support import openai_client, page_generate
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2", "green": "tiny:3"}
 PROMPT, SHAPE, STEPS, SEED = "a red barn in snow", "64x64", 2, 11
@@ -103,3 +103,20 @@ def test_mcp_generate_has_a_typed_loras_argument(app: Any, gradio_images: dict[s
     np.testing.assert_array_equal(rgb(base64.b64decode(image.data)), gradio_images["both"])
     (text,) = [c.text for c in called.content if c.type == "text"]
     assert json.loads(text)["loras"] == BOTH
+
+
+def test_the_page_combines_its_style_pairs(app: Any) -> None:
+    """The page shows one (style, scale) pair per slot (two here); its Generate sends both, the result line names
+    both, and a style chosen twice is the engine's one clear refusal."""
+    labels = [b.label for b in app.demo.blocks.values() if getattr(b, "elem_id", None) in ("lora", "lora-2")]
+    assert sorted(labels) == ["Style (LoRA)", "Style 2 (LoRA)"]
+    form = [PROMPT, SHAPE, STEPS, SEED, 1, False]
+    message = page_generate(app, form, style=("red", 1.0), more=("blue", 0.5))
+    assert message["success"] is True, message
+    assert "LoRA red x1 + blue x0.5" in message["output"]["data"][1]
+    refused = page_generate(app, form, style=("red", 1.0), more=("red", 0.5))
+    assert refused["success"] is False and "'red' is listed twice" in refused["output"]["error"]
+    single = page_generate(app, form, style=("blue", 1.0))
+    assert (
+        "LoRA blue x1" in single["output"]["data"][1] and "+" not in single["output"]["data"][1].split("LoRA")[1][:12]
+    )

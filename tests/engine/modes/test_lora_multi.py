@@ -144,3 +144,21 @@ def test_bad_style_lists_are_one_clear_error_before_any_model_work(case: str, ma
         manager.generate(PROMPT, SHAPE, STEPS, SEED, **options)
     assert message in str(caught.value) and "\n" not in str(caught.value)
     assert caught.value.param in {"loras", "lora"} and not manager.loaded
+
+
+def test_the_call_followers_replay_carries_every_style(make_settings: Any) -> None:
+    """Tensor-parallel followers get the pickled `PipelineCall` (scale/distributed.py) and fill their slots from
+    its `loras` in `device_step`, as rank 0 does; the logs name each style, never the prompt."""
+    import pickle
+
+    from neuron_app.engine import requests
+    from neuron_app.scale.distributed import describe_call
+
+    settings = make_settings(loras=LORAS, max_loras_per_request=2)
+    req = requests.validate(
+        settings, [SHAPE], PROMPT, SHAPE, STEPS, SEED, loras=[{"name": "blue", "scale": 0.5}, "red"]
+    )
+    call = pickle.loads(pickle.dumps(req.call()))
+    assert call.loras == (("red", 1.0), ("blue", 0.5))
+    assert describe_call(call) == "64x64 steps=2 seed=11 lora=red x1+blue x0.5"
+    assert req.portable()["loras"] == [{"name": "red", "scale": 1.0}, {"name": "blue", "scale": 0.5}]  # replicas

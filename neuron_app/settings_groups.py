@@ -365,6 +365,12 @@ class LoraSettings(BaseModel):
         64, ge=1, le=1024, description="Hotswap target rank: every adapter is padded to it; higher ranks are refused."
     )
     max_lora_scale: float = Field(2.0, gt=0.0, le=100.0, description="Largest LoRA scale a request may ask for.")
+    max_loras_per_request: int = Field(
+        3,
+        ge=1,
+        le=8,
+        description="Most LoRA styles one request may combine: one compiled slot each (at most the number of loras).",
+    )
 
 
 class ServerSettings(BaseModel):

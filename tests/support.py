@@ -216,17 +216,24 @@ def openai_client(app: Any, key: str = "unused", timeout: float = 300) -> Any:
 
 
 def page_generate(
-    app: Any, data: list[Any], timeout: float = 60.0, style: tuple[Any, Any] = ("none", 1.0)
+    app: Any,
+    data: list[Any],
+    timeout: float = 60.0,
+    style: tuple[Any, Any] = ("none", 1.0),
+    more: tuple[Any, ...] = (),
 ) -> dict[str, Any]:
     """Send the page's own Generate event (private to the API, sent by the browser through the queue).
     `data` is prompt, resolution, steps, seed, images, randomize; `style` the LoRA dropdown and scale slider; then
-    no reference images (and no reference buckets), no image in the brush editor, strength 1."""
+    no reference images (and no reference buckets), no image in the brush editor, strength 1; then `more`: the
+    further style and scale pairs (web/lora_controls.py), those not given left at none."""
     from neuron_app.bench.wire import WireClient
 
     fn_index = next(fid for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")
+    sent = [*data, *style, None, [], None, 1.0, *more]
+    pairs = len(app.demo.fns[fn_index].inputs) - len(sent)
     wire = WireClient(app.url, timeout=timeout)
     try:
-        return wire.event(fn_index, [*data, *style, None, [], None, 1.0])
+        return wire.event(fn_index, sent + ["none", 1.0] * (pairs // 2))
     finally:
         wire.close()
 

@@ -53,6 +53,8 @@ def provenance(record: Any) -> dict[str, str]:
         "lora_scale": record.lora_scale,
         "software": f"neuron-app {__version__}",
     }
+    if len(record.loras) > 1:  # several styles: all of them (lora and lora_scale name the first)
+        fields["loras"] = json.dumps(record.loras)
     if record.references:  # an edit: which references (buckets and hashes) made it
         fields["references"] = json.dumps([{"bucket": r["bucket"], "sha256": r["sha256"]} for r in record.references])
     if record.source:  # image-to-image or inpainting: which image, how much of it was redrawn

@@ -256,7 +256,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         this, so the ranks cannot drift apart."""
         try:
             with self.backend.device_work(), recompile_room(len(self.resolutions)):
-                self.adapters.activate(call.lora, call.lora_scale)  # in place: the graph never changes
+                self.adapters.activate_all(call.loras)  # in place: the graph never changes
                 result = run_call(
                     self._pipe,
                     call,
@@ -367,6 +367,7 @@ class PipelineManager(ShapeCompiler, Admitted):
             image=image,
             lora=req.lora,
             lora_scale=req.lora_scale,
+            loras=[{"name": name, "scale": scale} for name, scale in req.loras],
             lora_switch_s=round(switch_s, 6),
             references=[r.info() for r in req.references],
             source=None if req.source is None else {**req.source.info(), "strength": req.strength},

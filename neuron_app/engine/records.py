@@ -125,6 +125,9 @@ class GenerationRecord:
     image: Any = field(default=None, repr=False)
     lora: str = "none"
     lora_scale: float = 1.0
+    loras: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # every style of the call: name and scale (lora = the first)
     lora_switch_s: float = 0.0  # the in-place LoRA switch before this call (0 when the slot already held it)
     replica: str | None = None  # which replica served it (Ray Serve); None in-process
     references: list[dict[str, str]] = field(default_factory=list)  # an edit: {"size", "bucket", "sha256"} each

@@ -6,6 +6,7 @@ through `validate`: a refusal reads the same everywhere and costs no model work.
 
 from __future__ import annotations
 
+import json
 import math
 import unicodedata
 from collections.abc import Sequence
@@ -31,12 +32,20 @@ class Request:
     resolution: Resolution
     steps: int
     seed: int
-    lora: str = "none"
-    lora_scale: float = 1.0
+    loras: tuple[tuple[str, float], ...] = ()  # the styles and their scales, in configured order (check_loras)
     references: tuple[refs.Reference, ...] = ()  # an edit: normalized to their buckets
     source: masks.InpaintSource | None = None  # image-to-image, or inpaint with its mask (engine/modes/img2img.py)
     strength: float = 1.0
     previews: bool = False  # the page's live previews (engine/modes/previews.py)
+
+    @property
+    def lora(self) -> str:
+        """The first style (or `none`): what single-style readers show."""
+        return self.loras[0][0] if self.loras else "none"
+
+    @property
+    def lora_scale(self) -> float:
+        return self.loras[0][1] if self.loras else 1.0
 
     @property
     def buckets(self) -> tuple[Resolution, ...]:
@@ -50,8 +59,7 @@ class Request:
             "resolution": str(self.resolution),
             "steps": self.steps,
             "seed": self.seed,
-            "lora": self.lora,
-            "lora_scale": self.lora_scale,
+            "loras": [{"name": name, "scale": scale} for name, scale in self.loras] or None,
             "references": [r.upload for r in self.references] if self.references else None,
             **(self._portable_source() if self.source else {}),
         }
@@ -69,8 +77,7 @@ class Request:
             res.height,
             self.steps,
             self.seed,
-            lora=self.lora,
-            lora_scale=self.lora_scale,
+            loras=self.loras,
             references=images,
             init_image=None if self.source is None else self.source.image,
             mask=None if self.source is None else self.source.mask,
@@ -89,6 +96,7 @@ def validate(
     *,
     lora: Any = "none",
     lora_scale: Any = 1.0,
+    loras: Any = None,
     references: Sequence[Any] | None = None,
     image: Any = None,
     mask: Any = None,
@@ -100,7 +108,8 @@ def validate(
     `references` None is text-to-image; a sequence is an edit (see `engine/modes/references.py`), where `resolution`
     may be "auto": the offered shape nearest in aspect ratio to the first reference. `image` starts from that
     image (image-to-image at `strength`, 0 < strength <= 1, default 1); with `mask` only the masked part is
-    redrawn (engine/modes/masks.py); "auto" then follows the image. `previews` True: a preview per step (the page)."""
+    redrawn (engine/modes/masks.py); "auto" then follows the image. `previews` True: a preview per step (the page).
+    `loras` (a list of {"name", "scale"}) combines styles; the single `lora`/`lora_scale` is a list of one."""
     prompt = check_prompt(prompt, settings.max_prompt_chars)
     check_blocked(prompt, settings.blocked_terms, settings.blocked_terms_file)  # ContentRefused, before any work
     auto = resolution == "auto"
@@ -113,8 +122,7 @@ def validate(
     res = None if auto else check_resolution(resolution, offered)
     steps = check_int("steps", steps, 1, settings.max_steps)
     seed = check_int("seed", seed, 0, MAX_SEED)
-    lora = check_lora(lora, ["none", *settings.loras])
-    lora_scale = check_float("lora_scale", 1.0 if lora_scale is None else lora_scale, 0.0, settings.max_lora_scale)
+    styles = check_loras(settings, lora, lora_scale, loras)
     strength = check_strength(strength, steps, image is not None)
     loaded = refs.check_references(settings, references)  # last: no image is decoded for a bad request
     source = None
@@ -123,7 +131,7 @@ def validate(
         source = masks.load_source(settings, image, mask, lambda w, h: res or refs.nearest(w, h, shapes))
         res = res or Resolution(source.image.width, source.image.height)
     res = res or refs.auto_resolution(loaded[0], offered)
-    options = {"lora": lora, "lora_scale": lora_scale, "references": loaded, "source": source, "strength": strength}
+    options = {"loras": styles, "references": loaded, "source": source, "strength": strength}
     return Request(prompt, res, steps, seed, previews=previews is True, **options)
 
 
@@ -141,14 +149,55 @@ def check_strength(strength: Any, steps: int, has_image: bool) -> float:
     return value
 
 
-def check_lora(lora: Any, offered: list[str]) -> str:
+def check_lora(lora: Any, offered: list[str], param: str = "lora") -> str:
     """A configured style name (or `none`); an unknown one is refused with the list of styles."""
     if lora is None:
         return "none"
     if not isinstance(lora, str) or lora.strip() not in offered:
         shown = repr(lora) if isinstance(lora, str) and len(lora) <= 80 else f"a {type(lora).__name__}"
-        raise RequestError(f"LoRA style {shown} is not offered; choose one of {', '.join(offered)}", param="lora")
+        raise RequestError(f"LoRA style {shown} is not offered; choose one of {', '.join(offered)}", param=param)
     return lora.strip()
+
+
+def check_loras(settings: Settings, lora: Any, lora_scale: Any, loras: Any) -> tuple[tuple[str, float], ...]:
+    """The styles of a request, as (name, scale) in configured order (slots add, so the order asked for does not
+    change the image; one order makes it the same bits). `loras`: [{"name", "scale"}, ...] (scale optional,
+    default 1; a JSON text of that list is read too; `none` entries are skipped); without it, `lora` and
+    `lora_scale` are a list of one. Unknown names, duplicates, too many and scales out of range are refused."""
+    offered = ["none", *settings.loras]
+    single = check_lora(lora, offered)
+    if isinstance(loras, str) and loras.strip():
+        try:
+            loras = json.loads(loras)
+        except ValueError:
+            raise RequestError('loras must be a JSON list of {"name": ..., "scale": ...}', param="loras") from None
+    if loras is None or loras == "" or loras == []:
+        scale = check_float("lora_scale", 1.0 if lora_scale is None else lora_scale, 0.0, settings.max_lora_scale)
+        return () if single == "none" else ((single, scale),)
+    if single != "none":
+        raise RequestError("give either lora (one style) or loras (a list), not both", param="loras")
+    if not isinstance(loras, (list, tuple)):
+        raise RequestError(f"loras must be a list of {{name, scale}}, got {type(loras).__name__}", param="loras")
+    chosen: dict[str, float] = {}
+    for item in loras:
+        name, scale = (item, 1.0) if isinstance(item, str) else (None, None)
+        if isinstance(item, dict):
+            unknown = sorted(set(item) - {"name", "scale"})
+            if unknown:
+                raise RequestError(f"loras entries take name and scale, not {unknown[0]!r}", param="loras")
+            name, scale = item.get("name"), item.get("scale", 1.0)
+        if name is None:
+            raise RequestError('each loras entry is {"name": ..., "scale": ...} (or a name)', param="loras")
+        name = check_lora(name, offered, param="loras")
+        scale = check_float("loras", 1.0 if scale is None else scale, 0.0, settings.max_lora_scale)
+        if name in chosen:
+            raise RequestError(f"LoRA style {name!r} is listed twice in loras", param="loras")
+        if name != "none":
+            chosen[name] = scale
+    most = min(settings.max_loras_per_request, len(settings.loras))
+    if len(chosen) > most:
+        raise RequestError(f"loras lists {len(chosen)} styles; this server combines at most {most}", param="loras")
+    return tuple((name, chosen[name]) for name in settings.loras if name in chosen)
 
 
 def check_float(name: str, value: Any, low: float, high: float) -> float:

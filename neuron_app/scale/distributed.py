@@ -75,7 +75,7 @@ class RankInfo:
 
 def describe_call(call: PipelineCall) -> str:
     """How a call appears in the logs: the shape and numbers, never the prompt."""
-    style = f" lora={call.lora} x{call.lora_scale:g}" if call.lora != "none" else ""
+    style = (" lora=" + "+".join(f"{name} x{scale:g}" for name, scale in call.loras)) if call.loras else ""
     return f"{call.width}x{call.height} steps={call.steps} seed={call.seed}{style}"
 
 

@@ -146,7 +146,7 @@ def mend_input_schemas(server: Any) -> None:
 
     def get_input_schema(tool_name: str, parameters: dict[str, str] | None = None) -> Any:
         schema, positions = original(tool_name, parameters)
-        return inline_refs(schema), positions
+        return typed_loras(inline_refs(schema)), positions
 
     get_input_schema._mended = True  # type: ignore[attr-defined]
     server.get_input_schema = get_input_schema
@@ -156,6 +156,26 @@ def mend_input_schemas(server: Any) -> None:
         return convert(value, [found for position in positions for found in _expand(value, position)])
 
     server.convert_strings_to_filedata = convert_strings_to_filedata
+
+
+#: The `loras` argument as MCP clients should send it (Gradio types a JSON input as any object).
+LORAS_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "scale": {"type": "number"}},
+        "required": ["name"],
+    },
+}
+
+
+def typed_loras(schema: Any) -> Any:
+    """A tool schema whose `loras` is the list of {name, scale} it is (its description kept)."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if isinstance(properties, dict) and "loras" in properties:
+        described = {k: v for k, v in properties["loras"].items() if k in ("description", "default", "title")}
+        properties["loras"] = {**LORAS_SCHEMA, **described}
+    return schema
 
 
 def _expand(value: Any, position: list[str | int]) -> list[list[str | int]]:

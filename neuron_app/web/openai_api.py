@@ -65,8 +65,9 @@ MAX_EDIT_IMAGES = 16
 RESPONSE_FORMATS = ("b64_json", "url")
 #: OpenAI parameters accepted and without effect here (FLUX.2-klein has no such knobs).
 IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
-#: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength).
-EXTENSIONS = ("lora", "lora_scale")
+#: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength;
+#: `loras`: several styles, [{"name", "scale"}], #32).
+EXTENSIONS = ("lora", "lora_scale", "loras")
 
 
 def _content_type(request: Request) -> str:

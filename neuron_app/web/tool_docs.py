@@ -17,6 +17,9 @@ def _style_lines(settings: Settings) -> list[str]:
     return [
         f"    lora: The LoRA style, one of {', '.join(['none', *settings.loras])} (optional, default none).",
         f"    lora_scale: The style's strength, from 0 to {settings.max_lora_scale:g} (optional, default 1).",
+        f"    loras: Several styles at once, instead of lora (optional): a list of up to"
+        f' {settings.max_loras_per_request} {{"name": ..., "scale": ...}}, names as for lora, scales from 0 to'
+        f" {settings.max_lora_scale:g}.",
     ]
 
 

@@ -23,7 +23,7 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.errors import app_error_of, one_line
-from neuron_app.web import edit_controls, history, page_notes, tool_docs
+from neuron_app.web import edit_controls, history, lora_controls, page_notes, tool_docs
 from neuron_app.web import inpaint as painting
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.live import live
@@ -112,12 +112,14 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         strength: float = 1.0,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
+        more_styles: list[Any] | None = None,
     ) -> Iterator[tuple[Any, ...]]:
         """The page's Generate: the output area says what runs and for how long (web/live.py), then the images."""
         if randomize:  # room for the consecutive seeds of the most images a request may ask for
             seed = random.randint(0, MAX_SEED - (settings.max_images - 1))
         refs = edit_controls.reference_paths(references)
-        options = {"lora": lora, "lora_scale": lora_scale, "references": refs, "previews": settings.previews}
+        options = {**lora_controls.page_styles(lora, lora_scale, more_styles), "references": refs}
+        options["previews"] = settings.previews
         options |= painting.editor_source(source, strength)  # an image in the brush editor: inpaint or img2img
         previews = painting.Previews(settings.previews)  # each step's preview in the gallery while it runs
 
@@ -166,10 +168,11 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         seed: float,
         lora: str = "none",
         lora_scale: float = 1.0,
+        loras: list[dict[str, Any]] | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
-        record = run(prompt, resolution, steps, seed, progress, request, lora=lora, lora_scale=lora_scale)
+        record = run(prompt, resolution, steps, seed, progress, request, lora=lora, lora_scale=lora_scale, loras=loras)
         return str(images.save(record)), record.info()
 
     def edit(
@@ -180,10 +183,11 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         seed: float,
         lora: str = "none",
         lora_scale: float = 1.0,
+        loras: list[dict[str, Any]] | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
-        options = {"lora": lora, "lora_scale": lora_scale, "references": list(images or [])}
+        options = {"lora": lora, "lora_scale": lora_scale, "loras": loras, "references": list(images or [])}
         record = run(prompt, resolution, steps, seed, progress, request, **options)
         return str(store.save(record)), record.info()
 
@@ -197,6 +201,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         lora: str = "none",
         lora_scale: float = 1.0,
         strength: float = 1.0,
+        loras: list[dict[str, Any]] | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),
     ) -> tuple[str, dict[str, Any]]:
@@ -205,6 +210,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         if mask is None:
             raise gr.Error("mask is required: a PNG the image's size (transparent = redraw)", print_exception=False)
         options = {"lora": lora, "lora_scale": lora_scale, "image": image, "mask": mask, "strength": strength}
+        options["loras"] = loras
         record = run(prompt, resolution, steps, seed, progress, request, **options)
         return str(store.save(record)), record.info()
 
@@ -283,6 +289,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                         value=1.0,
                         elem_id="lora-scale",
                     )
+                more_styles = lora_controls.extra_pairs(settings)  # one pair per further slot (several at once)
                 with gr.Row():
                     seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, maximum=MAX_SEED, elem_id="seed")
                     count = gr.Slider(
@@ -318,8 +325,8 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         page_inputs = [prompt, resolution, steps, seed, count, randomize, lora, lora_scale, references, buckets]
         generated = gr.on(
             [generate_btn.click, prompt.submit],
-            ui_generate,
-            inputs=[*page_inputs, source, strength],
+            lora_controls.with_extra_pairs(ui_generate, len(more_styles)),
+            inputs=[*page_inputs, source, strength, *more_styles],
             outputs=[gallery, info, seed, resolution, last],
             concurrency_id=DEVICE_QUEUE,
             concurrency_limit=lanes,
@@ -337,6 +344,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_seed = whole_number("seed")
             api_lora = gr.Textbox(value="none", label="lora")  # optional: 4-argument callers keep working
             api_lora_scale = gr.Number(value=1.0, label="lora_scale")
+            api_loras = gr.JSON(value=None, label="loras")  # optional, last: [{"name", "scale"}], several styles
             api_references = gr.File(file_count="multiple", label="images")  # any file: the manager says why
             api_image = gr.Image(type="filepath", format="png", label="image")
             api_info = gr.JSON(label="record")
@@ -348,9 +356,10 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_mask = gr.File(label="mask")
             api_strength = gr.Number(value=1.0, label="strength")
             inpaint_btn = gr.Button()
+        api_styles = [api_lora, api_lora_scale, api_loras]
         api_btn.click(
             generate,
-            inputs=[api_prompt, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
+            inputs=[api_prompt, api_resolution, api_steps, api_seed, *api_styles],
             outputs=[api_image, api_info],
             api_name="generate",
             concurrency_id=DEVICE_QUEUE,
@@ -358,7 +367,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         )
         edit_btn.click(
             edit,
-            inputs=[api_prompt, api_references, api_resolution, api_steps, api_seed, api_lora, api_lora_scale],
+            inputs=[api_prompt, api_references, api_resolution, api_steps, api_seed, *api_styles],
             outputs=[api_image, api_info],
             api_name="edit",
             concurrency_id=DEVICE_QUEUE,
@@ -367,7 +376,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         api_rest = [api_resolution, api_steps, api_seed, api_lora, api_lora_scale, api_strength]
         inpaint_btn.click(
             inpaint,
-            inputs=[api_prompt, api_source, api_mask, *api_rest],
+            inputs=[api_prompt, api_source, api_mask, *api_rest, api_loras],
             outputs=[api_image, api_info],
             api_name="inpaint",
             concurrency_id=DEVICE_QUEUE,

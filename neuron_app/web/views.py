@@ -186,6 +186,12 @@ def compile_less_markdown(status: ManagerStatus) -> str:
     return text
 
 
+def lora_words(record: GenerationRecord) -> str:
+    """The styles of an image, in its result line: ` · LoRA red x1 + blue x0.5` (nothing without one)."""
+    styles = record.loras or ([{"name": record.lora, "scale": record.lora_scale}] if record.lora != "none" else [])
+    return " · LoRA " + " + ".join(f"{s['name']} x{s['scale']:g}" for s in styles) if styles else ""
+
+
 def lora_markdown(status: ManagerStatus) -> str:
     """The configured LoRA styles with rank and source (nothing when none are configured)."""
     if not status.loras:
@@ -261,7 +267,7 @@ def info_markdown(record: GenerationRecord) -> str:
     return (
         f"**cache: {record.cache}**{compiled} · inference {record.inference_s:.2f} s"
         f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
-        + (f" · LoRA {record.lora} x{record.lora_scale:g}" if record.lora != "none" else "")
+        + lora_words(record)
         + (f" · references {refs}" if refs else "")
         + source_words(record.source)
         + (f" · resized to {record.resized_to} (size_policy nearest)" if record.resized_to else "")

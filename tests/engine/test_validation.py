@@ -84,7 +84,7 @@ def _status(client: Client) -> dict[str, Any]:
 def _rest_generate(url: str, data: list[Any], timeout: float = 60.0) -> tuple[str, Any]:
     """Call `generate` through Gradio's plain REST route, as any HTTP client can (`json.dumps` escapes lone
     surrogates as `\\udXXX`, which the server decodes back into a lone surrogate). Returns (event, data).
-    Raw HTTP sends all six inputs (lora, lora_scale included): only gradio_client fills in the defaults."""
+    Raw HTTP sends all seven inputs (lora, lora_scale, loras included): only gradio_client fills in the defaults."""
     body = json.dumps({"data": data})
     reply = httpx.post(
         f"{url}gradio_api/call/generate", content=body, headers={"content-type": "application/json"}, timeout=timeout
@@ -136,7 +136,7 @@ def test_api_lone_surrogate_is_refused_clearly(client: Client, launched_app: Any
     with pytest.raises(UnicodeEncodeError):
         client.predict("a\ud800b", "64x64", 4, 0, api_name="/generate")
     for prompt in ("a\ud800b", "\udfff", "ok \udc80 ok"):
-        event, data = _rest_generate(launched_app.url, [prompt, "64x64", 4, 0, "none", 1.0])
+        event, data = _rest_generate(launched_app.url, [prompt, "64x64", 4, 0, "none", 1.0, None])
         assert event == "error"
         assert data["error"] == "prompt contains invalid characters (unpaired surrogates)"
     assert launched_app.manager.counter.graphs == warm
@@ -147,16 +147,16 @@ def test_api_raw_json_oddities_are_refused(launched_app: Any, warm: int) -> None
     """Values no form can send but raw JSON can (NaN, a list, an object) get clear errors too; a call with
     too few inputs is refused by Gradio itself; nothing compiles."""
     url = launched_app.url
-    event, data = _rest_generate(url, ["x", "64x64", float("nan"), 0, "none", 1.0])
+    event, data = _rest_generate(url, ["x", "64x64", float("nan"), 0, "none", 1.0, None])
     assert (event, data["error"]) == ("error", "steps must be a whole number between 1 and 8, got nan")
-    event, data = _rest_generate(url, ["x", "64x64", [4], 0, "none", 1.0])
+    event, data = _rest_generate(url, ["x", "64x64", [4], 0, "none", 1.0, None])
     assert (event, data["error"]) == ("error", "steps must be a whole number between 1 and 8, got list")
-    event, data = _rest_generate(url, ["x", {"width": 64}, 4, 0, "none", 1.0])
+    event, data = _rest_generate(url, ["x", {"width": 64}, 4, 0, "none", 1.0, None])
     assert event == "error" and "is not of the form WIDTHxHEIGHT" in data["error"]
     # too few inputs: Gradio itself refuses before the app runs, and says so in one line (web/gradio_errors.py;
     # it used to answer {"error": null})
     event, data = _rest_generate(url, ["x", "64x64", 4])
-    assert event == "error" and "didn't receive enough input values (needed: 6, got: 3)" in data["error"]
+    assert event == "error" and "didn't receive enough input values (needed: 7, got: 3)" in data["error"]
     assert launched_app.manager.counter.graphs == warm
 
 
@@ -176,12 +176,14 @@ def test_api_integral_floats_are_accepted(client: Client, launched_app: Any, war
 
 
 def test_api_extra_inputs_are_ignored(client: Client, launched_app: Any, warm: int) -> None:
-    """An extra argument (say, a model id) cannot change anything: the endpoint takes six inputs (the last two,
-    LoRA style and scale, optional), a model id in the style's place is refused, and the model stays the
-    configured one."""
+    """An extra argument (say, a model id) cannot change anything: the endpoint takes seven inputs (the last three,
+    LoRA style, scale and the list of styles, optional), a model id in a style's place is refused, one past them is
+    ignored, and the model stays the configured one."""
     with pytest.raises(AppError, match="LoRA style 'evil/other-model' is not offered; choose one of none"):
         client.predict("x", "64x64", 4, 0, "evil/other-model", api_name="/generate")
-    _path, info = client.predict("x", "64x64", 4, 0, "none", 1.0, "evil/other-model", api_name="/generate")
+    with pytest.raises(AppError, match="loras must be a JSON list of"):
+        client.predict("x", "64x64", 4, 0, "none", 1.0, "evil/other-model", api_name="/generate")
+    _path, info = client.predict("x", "64x64", 4, 0, "none", 1.0, None, "evil/other-model", api_name="/generate")
     assert info["model"] == "tiny"
     assert _status(client)["model"] == "tiny"
 

@@ -57,13 +57,24 @@ def test_api_surface_is_the_public_contract(client: Any) -> None:
     assert set(endpoints) == {"/generate", "/edit", "/inpaint", "/status", "/cancel_job"}
     assert [p["parameter_name"] for p in endpoints["/cancel_job"]["parameters"]] == ["job_id"]  # MCP's cancel_job
     names = [p["parameter_name"] for p in endpoints["/generate"]["parameters"]]
-    assert names == ["prompt", "resolution", "steps", "seed", "lora", "lora_scale"]
+    assert names == ["prompt", "resolution", "steps", "seed", "lora", "lora_scale", "loras"]
     defaults = {p["parameter_name"]: p.get("parameter_default") for p in endpoints["/generate"]["parameters"][4:]}
-    assert defaults == {"lora": "none", "lora_scale": 1.0}  # optional: 4-argument callers keep working
+    assert defaults == {"lora": "none", "lora_scale": 1.0, "loras": None}  # optional: 4-argument callers keep working
     names = [p["parameter_name"] for p in endpoints["/edit"]["parameters"]]
-    assert names == ["prompt", "images", "resolution", "steps", "seed", "lora", "lora_scale"]
+    assert names == ["prompt", "images", "resolution", "steps", "seed", "lora", "lora_scale", "loras"]
     names = [p["parameter_name"] for p in endpoints["/inpaint"]["parameters"]]
-    assert names == ["prompt", "image", "mask", "resolution", "steps", "seed", "lora", "lora_scale", "strength"]
+    assert names == [
+        "prompt",
+        "image",
+        "mask",
+        "resolution",
+        "steps",
+        "seed",
+        "lora",
+        "lora_scale",
+        "strength",
+        "loras",
+    ]
     assert endpoints["/status"]["parameters"] == []
     # named outputs (not value_39), whole numbers typed int
     assert [r["label"] for r in endpoints["/generate"]["returns"]] == ["image", "record"]
@@ -86,15 +97,16 @@ def call_raw(url: str, endpoint: str, data: list[Any]) -> tuple[str, str]:
 
 
 def test_optional_inputs_sent_as_null_take_their_defaults(launched_app: Any) -> None:
-    """@gradio/client's positional predict("/generate", ["a fox", "64x64", 4, 7]) sends null for lora and
-    lora_scale: the defaults, not "lora_scale must be a number, got NoneType"; a required one says it is missing."""
+    """@gradio/client's positional predict("/generate", ["a fox", "64x64", 4, 7]) sends null for lora,
+    lora_scale and loras: the defaults, not "lora_scale must be a number, got NoneType"; a required one says it is
+    missing."""
     import json
 
-    event, payload = call_raw(launched_app.url, "generate", ["a fox", "64x64", 1, 7, None, None])
+    event, payload = call_raw(launched_app.url, "generate", ["a fox", "64x64", 1, 7, None, None, None])
     assert event == "complete", payload
     record = json.loads(payload)[1]
     assert (record["lora"], record["lora_scale"]) == ("none", 1.0)
-    event, payload = call_raw(launched_app.url, "generate", ["a fox", "64x64", None, 7, None, None])
+    event, payload = call_raw(launched_app.url, "generate", ["a fox", "64x64", None, 7, None, None, None])
     assert event == "error" and "steps must be a whole number between 1 and 8; it is missing" in payload, payload
 
 

@@ -316,7 +316,9 @@ def test_no_server_path_in_any_gradio_answer(app: Any, tmp_path: Any) -> None:
     from gradio_client import Client, handle_file
 
     started = httpx.post(
-        f"{app.url}gradio_api/call/generate", json={"data": ["a lamp", "64x64", 1, 5, "none", 1.0]}, timeout=BACKSTOP_S
+        f"{app.url}gradio_api/call/generate",
+        json={"data": ["a lamp", "64x64", 1, 5, "none", 1.0, None]},
+        timeout=BACKSTOP_S,
     )
     stream = httpx.get(f"{app.url}gradio_api/call/generate/{started.json()['event_id']}", timeout=BACKSTOP_S).text
     assert "event: complete" in stream and str(app.settings.cache_dir) not in stream

@@ -28,7 +28,7 @@ def test_the_node_clients_of_the_docs_work(launched_app: Any) -> None:
     record = seen["gradio"]["record"]  # positional, the optional inputs left out: padded with null, defaults taken
     assert (record["resolution"], record["lora"], record["lora_scale"]) == ("64x64", "none", 1.0)
     assert seen["gradio"]["refusal"] == "steps must be between 1 and 8, got 99"  # events: ["data", "status"]
-    assert seen["gradio"]["labels"] == ["prompt", "resolution", "steps", "seed", "lora", "lora_scale"]
+    assert seen["gradio"]["labels"] == ["prompt", "resolution", "steps", "seed", "lora", "lora_scale", "loras"]
     assert seen["openai"]["size"] == "64x64" and seen["openai"]["b64"] and seen["openai"]["type"] == "application/json"
     assert seen["openai"]["refusal"] == {"status": 400, "code": "invalid_value", "param": "response_format"}
     assert seen["openai"]["job"] == {"status": "succeeded", "images": 1}

@@ -173,8 +173,8 @@ def test_files_outside_the_app_folders_are_not_served(auth_app: Any) -> None:
 
 
 def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Client) -> None:
-    """The named API is exactly `generate(prompt, resolution, steps, seed[, lora, lora_scale])`, `edit(prompt,
-    images, resolution, steps, seed[, lora, lora_scale])` and `status()`; no unnamed endpoint; no event anywhere
+    """The named API is exactly `generate(prompt, resolution, steps, seed[, lora, lora_scale, loras])`, `edit(prompt,
+    images, resolution, steps, seed[, lora, lora_scale, loras])` and `status()`; no unnamed endpoint; no event anywhere
     (page included) takes an input that could pick the model, its revision,
     a token, the device or a path."""
     api = auth_client.view_api(return_format="dict", print_info=False)
@@ -189,6 +189,7 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("seed", "Number"),
         ("lora", "Textbox"),  # a configured LoRA style name, validated against the list (#15)
         ("lora_scale", "Number"),
+        ("loras", "JSON"),  # several styles: [{"name", "scale"}], validated the same way (#32)
     ]
     assert api["named_endpoints"]["/status"]["parameters"] == []
     edit = api["named_endpoints"]["/edit"]["parameters"]
@@ -200,6 +201,7 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("seed", "Number"),
         ("lora", "Textbox"),
         ("lora_scale", "Number"),
+        ("loras", "JSON"),
     ]
     inpaint = api["named_endpoints"]["/inpaint"]["parameters"]
     assert [(p["parameter_name"], p["component"]) for p in inpaint] == [
@@ -212,6 +214,7 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("lora", "Textbox"),
         ("lora_scale", "Number"),
         ("strength", "Number"),
+        ("loras", "JSON"),
     ]
     for fn in auth_app.demo.fns.values():
         for block in fn.inputs:

@@ -22,8 +22,7 @@ class PipelineCall:
     steps: int
     seed: int
     output_type: str = "pil"
-    lora: str = "none"  # the LoRA style in the adapter slot for this call (engine/modes/lora.py)
-    lora_scale: float = 1.0
+    loras: tuple[tuple[str, float], ...] = ()  # the LoRA styles for the adapter slots (engine/modes/lora.py)
     references: tuple[Any, ...] = ()  # RGB PIL images already at their bucket size (an edit)
     init_image: Any = None  # image-to-image / inpaint: the RGB source at width x height (engine/modes/img2img.py)
     mask: Any = None  # inpaint: "L" at width x height, 255 = edit; the answer is composited over the source

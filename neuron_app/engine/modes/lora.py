@@ -1,39 +1,37 @@
-"""LoRA styles switched per request by copying weights into one compiled adapter slot.
+"""LoRA styles switched per request by copying weights into compiled adapter slots, one per position.
 
 Neuron (like any torch.compile backend) compiles a graph per shape; a LoRA fused into the weights, or
 a new adapter injected after compiling, would change the graph. Instead, before the transformer is
-compiled, ONE adapter slot is injected with diffusers' hotswap preparation (`enable_lora_hotswap`:
-ranks padded to `max_lora_rank`, scalings turned into tensors) over the union of every configured
-adapter's target modules. Each configured adapter is then loaded once through diffusers'
-`load_lora_weights(..., hotswap=True)` (its format conversion, rank and alpha handling) and its slot
-weights and scalings are kept in memory. A request's switch is an in-place copy of those tensors
-into the slot, and the style `none` zeroes it: the graph's inputs change, its structure never does.
-A server with no adapters configured injects nothing and pays nothing.
+compiled, one adapter slot per position a request may fill (`max_loras_per_request`, at most the number
+of configured adapters) is injected with diffusers' hotswap preparation (`enable_lora_hotswap`: ranks
+padded to `max_lora_rank`, scalings turned into tensors) over the union of every configured adapter's
+target modules, all slots active at once (their outputs add). Each configured adapter is then loaded once
+through diffusers' `load_lora_weights(..., hotswap=True)` into slot 0 (its format conversion, rank and
+alpha handling) and its slot weights and scalings are kept in memory. A request's styles are copied in
+place into slots 0..k-1 and the other slots are zeroed: the graph's inputs change, its structure never
+does. A server with no adapters configured injects nothing and pays nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_app.engine.modes.lora_sources import AdapterSpec, header_rank, read_safetensors_header, tiny_rank
 from neuron_app.errors import LoraError, one_line
-from neuron_app.settings import MODEL_DEFAULTS, Settings, shipped_model
+from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
 
 #: The style that means "no LoRA": an all-zero slot (same graph as every other style).
 NONE = "none"
-#: The one adapter name in the transformer; every style is copied into it.
+#: Slot 0's adapter name in the transformer (slot i > 0 is `style<i>`); every style is loaded through it.
 SLOT = "style"
-#: Weight file diffusers saves a LoRA folder with (`save_lora_weights`).
-DEFAULT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 #: Bump when the tiny adapter recipe changes so older files are rebuilt.
 TINY_LORA_VERSION = 1
 #: The tiny transformer's attention projections a `tiny:<seed>` adapter targets (the usual FLUX LoRA targets).
@@ -52,85 +50,6 @@ TINY_TARGETS = (
 _LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
 
-def tiny_rank(seed: int) -> int:
-    """`tiny:<seed>` adapters have rank 4 (odd seeds) or 8 (even seeds): two ranks exercise the padding."""
-    return 4 if seed % 2 else 8
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """One configured adapter: where its weights come from, parsed without reading them."""
-
-    name: str
-    source: str  # as configured
-    kind: str  # tiny | file | hub
-    location: str  # tiny: the seed; file: an absolute .safetensors path; hub: the repo id
-    weight_name: str | None = None
-
-    @classmethod
-    def parse(cls, name: str, source: str) -> AdapterSpec:
-        """`tiny:<seed>`; a shipped model's style (`tiny-shapes:outline`); a `.safetensors` file; a folder
-        (optionally `folder:weight.safetensors`); a Hub `owner/repo` (optionally `owner/repo:weight.safetensors`)."""
-        text = source.strip()
-        model, _, style = text.partition(":")
-        if model in MODEL_DEFAULTS and style:
-            path = shipped_model(model) / "lora" / f"{style}.safetensors"
-            if not path.is_file():
-                raise LoraError(f"LoRA {name!r}: {model} ships no style {style!r}")
-            return cls(name, source, "file", str(path))
-        if text.startswith("tiny:"):
-            seed = text.removeprefix("tiny:")
-            if not seed.isdigit():
-                raise LoraError(f"LoRA {name!r}: source {source!r}: tiny adapters are written tiny:<seed>, e.g. tiny:1")
-            return cls(name, source, "tiny", seed)
-        base, _, weight = text.rpartition(":") if text.endswith(".safetensors") and ":" in text else (text, "", "")
-        base, weight = (base, weight) if base else (text, "")
-        path = Path(base).expanduser()
-        if path.is_absolute() or base.startswith(".") or path.exists():
-            if path.is_dir():
-                path = path / (weight or DEFAULT_WEIGHT_NAME)
-            elif weight:
-                raise LoraError(f"LoRA {name!r}: {path} is not a folder, so it cannot hold {weight}")
-            if not path.is_file():
-                raise LoraError(f"LoRA {name!r}: file {path} does not exist")
-            if path.suffix != ".safetensors":
-                raise LoraError(f"LoRA {name!r}: {path} is not a .safetensors file (pickled weights are refused)")
-            return cls(name, source, "file", str(path.resolve()))
-        if base.count("/") != 1:
-            raise LoraError(
-                f"LoRA {name!r}: source {source!r} is neither an existing path, a Hub id (owner/repo) nor tiny:<seed>"
-            )
-        return cls(name, source, "hub", base, weight or None)
-
-
-def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """The tensor names and shapes of a .safetensors file, without torch and without reading the weights."""
-    with path.open("rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise ValueError("file is too short to be safetensors")
-        (size,) = struct.unpack("<Q", raw)
-        if size > 100 * 2**20:
-            raise ValueError(f"header of {size} bytes is not plausible")
-        header = json.loads(fh.read(size))
-    if not isinstance(header, dict):
-        raise ValueError("header is not a JSON object")
-    header.pop("__metadata__", None)
-    return header
-
-
-def header_rank(header: dict[str, Any]) -> int:
-    """The largest LoRA rank in a header: dim 0 of the down/A matrices (diffusers, peft and kohya names)."""
-    ranks = [
-        int(info["shape"][0])
-        for key, info in header.items()
-        if (".lora_A." in key or ".lora_down." in key) and len(info.get("shape", [])) >= 2
-    ]
-    if not ranks:
-        raise ValueError("no LoRA matrices (lora_A / lora_down) in it")
-    return max(ranks)
-
-
 @dataclass
 class _Prepared:
     """An adapter's slot contents, kept in memory so a switch is a copy, not a file read."""
@@ -138,6 +57,11 @@ class _Prepared:
     rank: int
     weights: list[Any]
     scalings: list[float]
+
+
+def slot_name(position: int) -> str:
+    """The transformer's adapter name of slot `position` (slot 0 keeps the one-slot name)."""
+    return SLOT if position == 0 else f"{SLOT}{position}"
 
 
 @dataclass
@@ -148,9 +72,9 @@ class AdapterSet:
     specs: list[AdapterSpec] = field(init=False)
     ranks: dict[str, int | None] = field(init=False)
     _prepared: dict[str, _Prepared] = field(init=False, default_factory=dict)
-    _params: list[Any] = field(init=False, default_factory=list)
+    _params: list[list[Any]] = field(init=False, default_factory=list)  # per slot: every module's A and B
     _modules: list[Any] = field(init=False, default_factory=list)
-    _current: tuple[str, float] = field(init=False, default=(NONE, 1.0))
+    _current: list[tuple[str, float]] = field(init=False, default_factory=list)  # per slot
     last_switch_s: float = field(init=False, default=0.0)
     #: The backend's synchronize, so a switch is timed to its end on an asynchronous device (review M10).
     synchronize: Callable[[], None] | None = field(init=False, default=None)
@@ -180,6 +104,11 @@ class AdapterSet:
     def target_rank(self) -> int:
         return self.settings.max_lora_rank
 
+    @property
+    def slots(self) -> int:
+        """How many styles one request may combine here: one compiled slot each (0 with no adapters)."""
+        return min(self.settings.max_loras_per_request, len(self.specs))
+
     def _check_rank(self, spec: AdapterSpec, rank: int) -> None:
         if rank > self.target_rank:
             raise LoraError(
@@ -202,7 +131,8 @@ class AdapterSet:
             else:
                 shapes.add(f"hub:{spec.location}:{spec.weight_name}")
         digest = hashlib.sha256("\n".join(sorted(shapes)).encode()).hexdigest()[:16]
-        return {"target_rank": self.target_rank, "targets": digest}
+        found = {"target_rank": self.target_rank, "targets": digest}
+        return found if self.slots == 1 else {**found, "slots": self.slots}  # one slot: the old fingerprint
 
     def describe(self) -> list[dict[str, Any]]:
         """For the status panel: name, rank (None until a Hub adapter is read) and source."""
@@ -210,8 +140,9 @@ class AdapterSet:
 
     # --- preparation (before compiling) -----------------------------------------------------------------
     def prepare(self, pipe: Any) -> None:
-        """Inject the slot over every adapter's targets, load each adapter once through diffusers' hotswap
-        path, keep its slot contents in memory, and leave the slot at `none`. Must run before compiling."""
+        """Inject the slots over every adapter's targets, load each adapter once through diffusers' hotswap
+        path into slot 0, keep its slot contents in memory, and leave every slot at `none`. Must run before
+        compiling."""
         if not self.specs:
             return
         import torch
@@ -233,16 +164,24 @@ class AdapterSet:
                 module.out_features, self.target_rank, dtype=dtype
             )
         pipe.enable_lora_hotswap(target_rank=self.target_rank)
+        names = [slot_name(i) for i in range(self.slots)]
         try:
-            pipe.load_lora_weights(zero, adapter_name=SLOT)
+            for name in names:  # all at target_rank already; the first load also turns scalings into tensors
+                # Each slot its own tensors: the loader may adopt the given ones, and slots must not share storage.
+                pipe.load_lora_weights({k: v.clone() for k, v in zero.items()}, adapter_name=name)
+            transformer.set_adapter(names)  # every slot active: their outputs add
         except Exception as exc:  # e.g. diffusers refuses adapters on a tensor-parallel (sharded) transformer
             raise LoraError(f"LoRA adapters cannot be added to this transformer ({one_line(exc)})") from exc
         from peft.tuners.lora import LoraLayer
 
         self._modules = [m for m in transformer.modules() if isinstance(m, LoraLayer) and SLOT in m.lora_A]
-        self._params = []
         for module in self._modules:
-            self._params += [module.lora_A[SLOT].weight, module.lora_B[SLOT].weight]
+            for name in names[1:]:  # loaded after diffusers' one-time preparation: tensors here too (no recompile)
+                if not isinstance(module.scaling[name], torch.Tensor):
+                    module.scaling[name] = torch.tensor(float(module.scaling[name]), device=module.weight.device)
+        self._params = [
+            [p for m in self._modules for p in (m.lora_A[name].weight, m.lora_B[name].weight)] for name in names
+        ]
         for spec in self.specs:
             location, kwargs = sources[spec.name]
             try:
@@ -251,14 +190,15 @@ class AdapterSet:
                 raise LoraError(f"LoRA {spec.name!r}: cannot be hotswapped ({one_line(exc)})") from exc
             self._prepared[spec.name] = _Prepared(
                 rank=self.ranks[spec.name] or 0,
-                weights=[p.detach().clone() for p in self._params],
+                weights=[p.detach().clone() for p in self._params[0]],
                 scalings=[float(m.scaling[SLOT]) for m in self._modules],
             )
-        self._current = ("", 0.0)  # the slot holds the last adapter: force the switch below
+        self._current = [("", 0.0)] * self.slots  # slot 0 holds the last adapter: force the zeroing below
         self.activate(NONE, 1.0)
         log.info(
-            "LoRA: %d adapter(s) ready in one slot over %d module(s), rank %d, in %.2fs",
+            "LoRA: %d adapter(s) ready in %d slot(s) over %d module(s), rank %d, in %.2fs",
             len(self.specs),
+            self.slots,
             len(self._modules),
             self.target_rank,
             time.perf_counter() - start,
@@ -344,27 +284,41 @@ class AdapterSet:
 
     # --- the switch (under the device lock) ---------------------------------------------------------------
     @property
-    def active(self) -> tuple[str, float]:
-        return self._current
+    def active(self) -> tuple[tuple[str, float], ...]:
+        """The styles in the slots now, in slot order (zeroed slots left out)."""
+        return tuple(held for held in self._current if held[0] != NONE)
 
     def activate(self, name: str, scale: float) -> float:
-        """Put `name` at `scale` into the slot, in place (no graph change); returns the seconds it took."""
-        if not self.specs or (name, scale) == self._current or (name == NONE and self._current[0] == NONE):
+        """Put one style `name` at `scale` into slot 0 and zero the others; see `activate_all`."""
+        return self.activate_all(() if name == NONE else ((name, scale),))
+
+    def activate_all(self, styles: tuple[tuple[str, float], ...] | list[tuple[str, float]]) -> float:
+        """Put `styles` (name, scale) into slots 0..k-1 and zero the rest, in place (no graph change); a slot
+        that already holds its style is not touched. Returns the seconds it took."""
+        wanted = [(n, float(s)) for n, s in styles][: self.slots]
+        wanted += [(NONE, 1.0)] * (self.slots - len(wanted))
+        changed = [i for i, (held, want) in enumerate(zip(self._current, wanted, strict=True)) if held != want]
+        changed = [i for i in changed if not (wanted[i][0] == NONE and self._current[i][0] == NONE)]
+        if not self.specs or not changed:
             self.last_switch_s = 0.0
             return 0.0
         import torch
 
         start = time.perf_counter()
         with torch.no_grad():
-            if name == NONE:
-                torch._foreach_zero_(self._params)
-            else:
+            for i in changed:
+                name, scale = wanted[i]
+                if name == NONE:
+                    torch._foreach_zero_(self._params[i])
+                    continue
                 prepared = self._prepared[name]
-                if name != self._current[0]:
-                    torch._foreach_copy_(self._params, prepared.weights)
+                if name != self._current[i][0]:
+                    torch._foreach_copy_(self._params[i], prepared.weights)
+                slot = slot_name(i)
                 for module, base in zip(self._modules, prepared.scalings, strict=True):
-                    module.scaling[SLOT].fill_(base * scale)
-        self._current = (name, scale)
+                    module.scaling[slot].fill_(base * scale)
+            for i in changed:
+                self._current[i] = wanted[i]
         if self.synchronize is not None:
             self.synchronize()  # an asynchronous device (Neuron) has only queued the copies: time them done
         self.last_switch_s = time.perf_counter() - start
@@ -373,6 +327,7 @@ class AdapterSet:
     def warm(self) -> None:
         """Switch to every style once and back (on the device, after loading): where eager ops compile on first
         use (Neuron), the switch's copies and fills compile at load, not in a user's first styled request."""
-        for spec in self.specs:
-            self.activate(spec.name, 1.0)
+        for position in range(self.slots):
+            for spec in self.specs:
+                self.activate_all([(NONE, 1.0)] * position + [(spec.name, 1.0)])
         self.activate(NONE, 1.0)

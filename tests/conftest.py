@@ -47,6 +47,8 @@ HEAVY_GROUPS = {
     "ray": 200,
     "test_remote_cache": 200,
     "test_precompile": 190,
+    "test_train": 180,  # a real 2-minute train-tiny
+    "test_tiny_shapes": 150,  # two tiny-shapes managers (cpu, neuron-emulated), ~60 judged images
     "test_neuron_emulated": 90,
     "test_browser": 70,
     "test_distributed": 63,

@@ -98,7 +98,7 @@ def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
     shape, steps = harness.cfg.shapes[0], harness.cfg.steps
     client, wire = harness.client(server["url"]), WireClient(server["url"])
     client.predict(PROMPT, shape, steps, 0, api_name="/generate")  # warm the connection and the queue
-    wire.call("generate", PROMPT, shape, steps, 0, "none", 1.0, download=True)
+    wire.call("generate", PROMPT, shape, steps, 0, "none", 1.0, None, download=True)
     via_app, direct, floor, bad = [], [], [], 0
     wire_generate, wire_floor, wire_matched = [], [], []
     client.predict(0, api_name="/floor")
@@ -112,7 +112,7 @@ def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
         via_app.append(time.perf_counter() - start)
         bad += not good_result(path, info, shape, seed)
         wire_floor.append(wire.call("floor", 0)[0])
-        took, (_image, wire_info) = wire.call("generate", PROMPT, shape, steps, seed, "none", 1.0, download=True)
+        took, (_image, wire_info) = wire.call("generate", PROMPT, shape, steps, seed, "none", 1.0, None, download=True)
         wire_generate.append(took)
         bad += not (wire_info.get("seed") == seed and wire_info.get("resolution") == shape)
         wire_matched.append(wire.call("floor", 1000 * float(wire_info["total_s"]))[0])

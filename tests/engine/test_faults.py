@@ -33,7 +33,7 @@ from neuron_app.engine.model.tiny import VARIANTS
 from neuron_app.engine.records import ProgressEvent
 from neuron_app.errors import GenerationFailed, ModelLoadError, ShuttingDown
 from neuron_app.settings import load_settings
-from tests.support import ROOT, TINY_OVERRIDES, AppProcess
+from tests.support import ROOT, TINY_OVERRIDES, AppProcess, free_port
 
 #: 128x128 is 64 image tokens (8x8 patches of 16 px); the backend below fails that graph.
 FAILING_SHAPE, FAILING_TOKENS = "128x128", 64
@@ -199,6 +199,7 @@ def test_app_py_start_up_model_error_is_one_clear_line(tmp_path: Path, kind: str
         (model / "model_index.json").write_text("not json")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
     env |= {"NEURON_APP_MODEL": str(model), "NEURON_APP_DEVICE": "cpu", "NEURON_APP_CACHE_DIR": str(tmp_path / "c")}
+    env["NEURON_APP_SERVER_PORT"] = str(free_port())  # 7860 may be taken: the port is checked first
     done = subprocess.run(
         [sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )

@@ -177,7 +177,9 @@ def test_options_flow_through_to_the_replica_unchanged(replicas: Any) -> None:
     from neuron_app.errors import RequestError
 
     record = replicas.generate("options", "64x64", 2, 3, lora="none", lora_scale=0.5)
-    assert record.image is not None and (record.lora, record.lora_scale) == ("none", 0.5)
+    assert record.image is not None and record.lora == "none"  # `none` is no style: its scale is not kept
+    with pytest.raises(RequestError, match="lora_scale"):  # yet the scale did reach the replica's validation
+        replicas.generate("options", "64x64", 2, 3, lora="none", lora_scale=7.0)
     with pytest.raises(RequestError, match="LoRA style 'nope' is not offered"):
         replicas.generate("options", "64x64", 2, 3, lora="nope")
     with pytest.raises(TypeError):  # an option nobody knows is refused, not silently dropped

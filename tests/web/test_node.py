@@ -32,4 +32,6 @@ def test_the_node_clients_of_the_docs_work(launched_app: Any) -> None:
     assert seen["openai"]["size"] == "64x64" and seen["openai"]["b64"] and seen["openai"]["type"] == "application/json"
     assert seen["openai"]["refusal"] == {"status": 400, "code": "invalid_value", "param": "response_format"}
     assert seen["openai"]["job"] == {"status": "succeeded", "images": 1}
-    assert seen["mcp"]["tools"] == ["edit", "generate", "inpaint", "status"] and seen["mcp"]["status"] == ["text"]
+    assert seen["mcp"]["tools"] == ["cancel_job", "edit", "generate", "inpaint", "status"] and seen["mcp"][
+        "status"
+    ] == ["text"]

@@ -189,7 +189,7 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("seed", "Number"),
         ("lora", "Textbox"),  # a configured LoRA style name, validated against the list (#15)
         ("lora_scale", "Number"),
-        ("loras", "JSON"),  # several styles: [{"name", "scale"}], validated the same way (#32)
+        ("loras", "Json"),  # several styles: [{"name", "scale"}], validated the same way (#32)
     ]
     assert api["named_endpoints"]["/status"]["parameters"] == []
     edit = api["named_endpoints"]["/edit"]["parameters"]
@@ -201,7 +201,7 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("seed", "Number"),
         ("lora", "Textbox"),
         ("lora_scale", "Number"),
-        ("loras", "JSON"),
+        ("loras", "Json"),
     ]
     inpaint = api["named_endpoints"]["/inpaint"]["parameters"]
     assert [(p["parameter_name"], p["component"]) for p in inpaint] == [
@@ -214,7 +214,7 @@ def test_api_surface_is_generate_and_status_only(auth_app: Any, auth_client: Cli
         ("lora", "Textbox"),
         ("lora_scale", "Number"),
         ("strength", "Number"),
-        ("loras", "JSON"),
+        ("loras", "Json"),
     ]
     for fn in auth_app.demo.fns.values():
         for block in fn.inputs:

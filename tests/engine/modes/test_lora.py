@@ -20,7 +20,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from tests.support import ROOT, TINY_OVERRIDES, link_models, openai_client, page_generate
+from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models, openai_client, page_generate
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2"}
 PROMPT, SHAPE, STEPS, SEED = "a red barn in snow", "64x64", 2, 11
@@ -177,6 +177,7 @@ def test_app_py_with_a_missing_adapter_exits_with_one_clear_line(tmp_path: Path)
         "NEURON_APP_DEVICE": "cpu",
         "NEURON_APP_CACHE_DIR": str(tmp_path / "c"),
         "NEURON_APP_LORAS": '{"red": "tiny:1", "ink": "/nowhere/ink.safetensors"}',
+        "NEURON_APP_SERVER_PORT": str(free_port()),  # 7860 may be taken: the port is checked first
     }
     done = subprocess.run(
         [sys.executable, str(ROOT / "app.py")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120

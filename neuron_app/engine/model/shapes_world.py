@@ -117,25 +117,15 @@ def render(scene: Scene, width: int, height: int, jitter: tuple[float, float, fl
     draw = ImageDraw.Draw(image)
     cx, cy, r = (v * k for v in geometry(scene, width, height, jitter))
     fill = COLOURS[scene.colour]
+    width_px = max(k, int(OUTLINE_WIDTH * r * (0.8 if scene.shape == "triangle" else 1.0)))
+    style = {"outline": fill, "width": width_px} if scene.outline else {"fill": fill}
+    box = [cx - r, cy - r, cx + r, cy + r]
     if scene.shape == "circle":
-        box = [cx - r, cy - r, cx + r, cy + r]
-        if scene.outline:
-            draw.ellipse(box, outline=fill, width=max(k, int(OUTLINE_WIDTH * r)))
-        else:
-            draw.ellipse(box, fill=fill)
+        draw.ellipse(box, **style)
     elif scene.shape == "square":
-        box = [cx - r, cy - r, cx + r, cy + r]
-        if scene.outline:
-            draw.rectangle(box, outline=fill, width=max(k, int(OUTLINE_WIDTH * r)))
-        else:
-            draw.rectangle(box, fill=fill)
-    else:
-        # Its centroid at the scene's centre: apex 1.2 r above it, base 0.6 r below.
-        points = [(cx, cy - 1.2 * r), (cx + r, cy + 0.6 * r), (cx - r, cy + 0.6 * r)]
-        if scene.outline:
-            draw.polygon(points, outline=fill, width=max(k, int(OUTLINE_WIDTH * r * 0.8)))
-        else:
-            draw.polygon(points, fill=fill)
+        draw.rectangle(box, **style)
+    else:  # its centroid at the scene's centre: apex 1.2 r above it, base 0.6 r below
+        draw.polygon([(cx, cy - 1.2 * r), (cx + r, cy + 0.6 * r), (cx - r, cy + 0.6 * r)], **style)
     return image.resize((width, height), Image.Resampling.BOX)
 
 

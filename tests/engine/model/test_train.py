@@ -23,13 +23,15 @@ def test_train_tiny_two_minutes_the_losses_fall(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     log = [json.loads(line) for line in (out / "train-log.jsonl").read_text().splitlines()]
-    # The VAE and the transformer train long enough in two minutes for their losses to fall; the LoRA's stage (about
-    # twenty steps of a noisy flow loss here) only has to run: its fall shows in the full runs' logs.
-    for stage in ("vae", "transformer"):
-        losses = _losses(log, stage)
-        assert len(losses) >= 10, stage
-        head, tail = losses[: max(3, len(losses) // 5)], losses[-max(3, len(losses) // 5) :]
-        assert statistics.mean(tail) < statistics.mean(head), (stage, head, tail)
+    # The transformer trains long enough in two minutes for its loss to fall. The VAE starts from 8x8 pooling set
+    # by hand (a random one reconstructs at MSE ~0.3-0.6): its dozen steps here keep it reconstructing. The LoRA's
+    # stage (about twenty noisy flow-loss steps) only has to run: its fall shows in the full runs' logs.
+    losses = _losses(log, "transformer")
+    assert len(losses) >= 10
+    head, tail = losses[: max(3, len(losses) // 5)], losses[-max(3, len(losses) // 5) :]
+    assert statistics.mean(tail) < statistics.mean(head), (head, tail)
+    vae = _losses(log, "vae")
+    assert len(vae) >= 10 and max(vae) < 0.08, vae
     assert len(_losses(log, "lora")) >= 10
     assert (out / "model_index.json").is_file() and (out / "lora" / "outline.safetensors").is_file()
     summary = json.loads((out / "tiny_recipe.json").read_text())

@@ -33,6 +33,12 @@ for _key in [k for k in os.environ if k.startswith("NEURON_APP_")]:
     del os.environ[_key]
 sys.path.insert(0, str(ROOT))
 
+# The router settings the app sets before it imports Ray, set here too: another test module may import ray.serve
+# first (Ray reads them once per process).
+from neuron_app.scale import set_router_env  # noqa: E402
+
+set_router_env()
+
 #: Modules that start a Ray cluster: under pytest-xdist one worker runs them one after the other (two clusters at
 #: once on the 2-core CI host starve each other's replicas past their timeouts).
 RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_serve_app"})

@@ -41,6 +41,7 @@ from neuron_app.engine.records import (
 )
 from neuron_app.engine.requests import Request
 from neuron_app.errors import GenerationFailed, ModelLoadError, SettingsError, app_error_of, one_line
+from neuron_app.scale import set_router_env
 from neuron_app.scale.replica_server import TRACE_FIELD, StatusBoard
 from neuron_app.scale.serve_app import APP_NAME, NAMESPACE, attach, replicas_app
 from neuron_app.scale.status_merge import merge_statuses
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 
 #: A replica silent this long (it publishes every `PUBLISH_INTERVAL_S`) counts as unhealthy.
 UNHEALTHY_AFTER_S = 5.0
-#: Longest pause of a request that polls for a free replica (Ray Serve's default 0.5 s idles replicas).
-ROUTER_MAX_BACKOFF_S = 0.05
 #: A status-board read is reused this long: replicas publish every half second, so a fresher read adds nothing.
 BOARD_TTL_S = 0.2
 #: Seconds between progress lines while a request waits for its replica.
@@ -308,10 +307,7 @@ def start_replicas(settings: Settings) -> ReplicaClient:
     from neuron_app.settings import PROJECT_ROOT
 
     resolve_source(settings)  # a bad model path: the same one-line error as the single-process app, before Ray
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # A request waiting for a free replica re-polls with exponential backoff, by default up to 0.5 s: with one
-    # request per replica that leaves replicas idle between short requests. Read when ray.serve is imported.
-    os.environ.setdefault("RAY_SERVE_ROUTER_RETRY_MAX_BACKOFF_S", str(ROUTER_MAX_BACKOFF_S))
+    set_router_env()
     pushes = {}
     if settings.autoscaling:
         names = (

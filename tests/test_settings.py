@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from neuron_app.settings import PROJECT_ROOT, SettingsError, get_settings, load_settings
+from neuron_app.errors import SettingsError
+from neuron_app.settings import PROJECT_ROOT, get_settings, load_settings
 
 
 def test_defaults_come_from_the_project_toml_from_any_folder(tmp_path: Path) -> None:
@@ -86,13 +88,21 @@ def test_secrets_from_environment_are_secret_str(monkeypatch: pytest.MonkeyPatch
     assert "s3cret-value" not in repr(settings) and "s3cret-value" not in settings.model_dump_json()
 
 
-def test_readme_configuration_table_lists_every_setting() -> None:
-    """docs/configuration.md's table is the user's reference: a new field must be documented there."""
-    from neuron_app.settings import Settings
+def test_configuration_page_has_a_table_per_group_listing_exactly_its_settings() -> None:
+    """docs/configuration.md is the user's reference: one table per settings module, in the order of GROUPS, and a
+    new field must be documented in its group's table (and only there)."""
+    from neuron_app.settings import GROUPS, Settings
 
-    readme = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
-    for name in Settings.model_fields:
-        assert f"| `{name}` | `NEURON_APP_{name.upper()}` |" in readme, name
+    page = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
+    sections = re.split(r"^## ", page, flags=re.MULTILINE)[1:]
+    assert [re.search(r"\(settings/(\w+)\.py\)", s.splitlines()[0]).group(1) for s in sections] == [
+        g.__module__.rsplit(".", 1)[1] for g in GROUPS
+    ]
+    for group, section in zip(GROUPS, sections, strict=True):
+        listed = re.findall(r"^\| `(\w+)` \| `NEURON_APP_(\w+)` \|", section, flags=re.MULTILINE)
+        assert all(env == name.upper() for name, env in listed), listed
+        assert [name for name, _ in listed] == list(group.model_fields), group.__name__
+    assert set(Settings.model_fields) == {name for g in GROUPS for name in g.model_fields}
 
 
 # --- unknown NEURON_APP_* variables ------------------------------------------------------------

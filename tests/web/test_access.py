@@ -20,8 +20,8 @@ import openai
 import pytest
 
 from neuron_app.engine.trust.blocked_terms import find_blocked, fold
-from neuron_app.errors import ContentRefused
-from neuron_app.settings import SettingsError, load_settings
+from neuron_app.errors import ContentRefused, SettingsError
+from neuron_app.settings import load_settings
 from tests.support import openai_client
 
 CI_KEY = f"sk-ci-{uuid.uuid4().hex}"

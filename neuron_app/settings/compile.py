@@ -1,0 +1,52 @@
+"""How the transformer and the VAE are compiled, and what is compiled at start."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class CompileSettings(BaseModel):
+    """torch.compile's mode and backend, the VAE's tiles, warm-up at start."""
+
+    compile_mode: Literal["eager", "full", "regional"] = Field(
+        "full",
+        description="eager: no torch.compile; full: the whole transformer, fullgraph, static shapes; "
+        "regional: compile_repeated_blocks (one graph per block class, shorter compile).",
+    )
+
+    compile_backend: str | None = Field(
+        None,
+        description="torch.compile backend; default neuron on neuron, inductor on cuda/cpu. "
+        "aot_eager compiles in seconds and is used by the tests.",
+    )
+
+    vae_compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Decode in fixed-size compiled VAE tiles (one VAE graph for every shape; shapes with the "
+        "same token count then share everything): auto = on for neuron, off elsewhere.",
+    )
+
+    vae_tile: int = Field(
+        32,
+        ge=8,
+        le=256,
+        description="VAE tile side in latent pixels (x8 image pixels: 256 px); one compiled graph. Small on purpose: "
+        "a whole 1024 px decode was measured past neuronx-cc's instruction limit, a 512 px tile reported not to "
+        "compile in 30 min (docs/compiling-less.md).",
+    )
+
+    vae_tile_overlap: int = Field(
+        8, ge=0, le=128, description="Latent pixels shared by neighbouring VAE tiles, blended across (<= tile/2)."
+    )
+
+    load_on_start: bool = Field(False, description="Load the pipeline at start instead of on the first request.")
+
+    warmup: Literal["none", "precompiled", "all"] = Field(
+        "none", description="Compile shapes in the background at start: none, those in the manifest, or all."
+    )
+
+    only_precompiled: bool = Field(
+        False, description="Offer only shapes that are precompiled or compiled in this process."
+    )

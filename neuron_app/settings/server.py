@@ -1,0 +1,76 @@
+"""The HTTP server: address, port, share link, queue, basic auth, shutdown, logging, tracing."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, SecretStr
+
+
+class ServerSettings(BaseModel):
+    """Address, port, share link, the queue and its lanes, basic auth, shutdown, logs, traces."""
+
+    server_name: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 to serve the network.")
+
+    server_port: int = Field(7860, ge=1, le=65535, description="HTTP port.")
+
+    share: bool = Field(False, description="Open a public gradio.live link.")
+
+    queue_max_size: int = Field(16, ge=1, description="Requests waiting beyond this get 'busy, try again'.")
+
+    concurrency_limit: int = Field(1, ge=1, description="Generations run at once on the device.")
+
+    auth_username: str | None = Field(None, description="Basic-auth user (environment only).")
+
+    auth_password: SecretStr | None = Field(None, description="Basic-auth password (environment only).")
+
+    allow_public_without_auth: bool = Field(
+        False, description="Permit share=true with no auth (a loud warning is printed)."
+    )
+
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3600.0,
+        description="On SIGTERM/SIGINT: new requests are refused and running ones get this long to finish "
+        "before the server closes.",
+    )
+
+    log_level: str = Field("INFO", description="Python logging level.")
+
+    otel_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP endpoint for OpenTelemetry traces (e.g. http://collector:4318); unset: the standard "
+        "OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing (the SDK is not imported).",
+    )
+
+    strict_env: bool = Field(
+        False,
+        description="A NEURON_APP_* variable that is not a setting stops the start (default: a warning that "
+        "names the closest setting).",
+    )
+
+    @property
+    def device_lanes(self) -> int:
+        """Device events the queue runs at once: one per replica (each replica takes one request at a time);
+        with replicas = "MIN-MAX", one per replica at the most."""
+        return max(self.concurrency_limit, self.replicas_max)
+
+    @property
+    def reachable_by_others(self) -> bool:
+        """A public link, or bound to an address other machines can reach (not loopback)."""
+        import ipaddress
+
+        if self.share:
+            return True
+        name = self.server_name.strip().strip("[]")
+        if name == "localhost":
+            return False
+        try:
+            return not ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return True  # a host name other than localhost: assume the network can reach it
+
+    @property
+    def auth(self) -> tuple[str, str] | None:
+        if self.auth_username and self.auth_password:
+            return (self.auth_username, self.auth_password.get_secret_value())
+        return None

@@ -53,8 +53,8 @@ from neuron_app.settings import PROJECT_ROOT
 SERVING_MODES = ("full", "regional", "eager")
 
 #: Every section, in the order of the results and of BENCHMARKS.md. Each module has `section(harness)`,
-#: `render(results)` and `TITLE`; one with its own worker kind also `KIND` and `measure(spec)`.
-#: `SECTIONS`, `worker.KINDS` and `report.SECTION_TITLES` are read from here: a new section is one module
+#: `render(its results)` and `TITLE`; one with its own worker kind also `KIND` and `measure(spec)`.
+#: `SECTIONS`, `worker.KINDS` and the report's sections are read from here: a new section is one module
 #: and one line.
 REGISTRY: dict[str, ModuleType] = {
     "modes": modes,

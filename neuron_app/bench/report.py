@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from neuron_app.bench.harness import REGISTRY
+from neuron_app.bench.markdown import failed
 
 #: Where BENCHMARKS.md keeps the JSON it is generated from, relative to its own folder.
 DATA_DIR = "benchmarks"
@@ -47,20 +47,16 @@ def machine_line(results: dict[str, Any]) -> str:
     )
 
 
-#: Each section's heading and its `render`, in the registry's order.
-SECTION_TITLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
-    name: (module.TITLE, module.render) for name, module in REGISTRY.items()
-}
-
-
 def render_run(results: dict[str, Any], heading_level: int = 2) -> str:
-    """One run's tables, in section order; sections that were not selected are left out."""
+    """One run's tables, in section order; sections that were not selected are left out, a section that did not
+    run or failed says so instead of its table."""
     hashes = "#" * heading_level
     parts = [f"Command: `{results['command']}`", machine_line(results)]
     selected = results["config"]["sections"]
-    for key, (title, render) in SECTION_TITLES.items():
+    for key, module in REGISTRY.items():
         if key in selected or key in results["sections"]:
-            parts.append(f"{hashes} {title}\n\n{render(results)}")
+            sec = results["sections"].get(key)
+            parts.append(f"{hashes} {module.TITLE}\n\n{failed(sec) or module.render(sec)}")
     return "\n\n".join(parts) + "\n"
 
 

@@ -82,10 +82,7 @@ def run_clients(
     }
 
 
-def render(results: dict[str, Any]) -> str:
-    sec = results["sections"].get("concurrency")
-    if (why := md.failed(sec)) is not None:
-        return why
+def render(sec: dict[str, Any]) -> str:
     rows = [
         [
             r["clients"],

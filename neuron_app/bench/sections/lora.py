@@ -103,11 +103,8 @@ def section(harness: Any) -> dict[str, Any]:
     }
 
 
-def render(results: dict[str, Any]) -> str:
+def render(sec: dict[str, Any]) -> str:
     """The markdown table for BENCHMARKS.md."""
-    sec = results["sections"].get("lora")
-    if sec is None or sec.get("status") != "ok":
-        return f"**failed**: {(sec or {}).get('error', 'not run')}"
 
     def ms(summary: dict[str, Any] | None, key: str = "median_s") -> str:
         return "-" if not summary else f"{summary[key] * 1000:.3f}"

@@ -34,9 +34,6 @@ def section(harness: Any) -> dict[str, Any]:
     return {"rows": rows}
 
 
-def render(results: dict[str, Any]) -> str:
-    sec = results["sections"].get("memory")
-    if (why := md.failed(sec)) is not None:
-        return why
+def render(sec: dict[str, Any]) -> str:
     rows = [[r["process"], r["mode"], md.num(r["peak_rss_mb"], 0)] for r in sec["rows"]]
     return md.table(["process", "mode", "peak RSS MB"], rows)

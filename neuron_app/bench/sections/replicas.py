@@ -195,10 +195,7 @@ def _measure(
     }
 
 
-def render(results: dict[str, Any]) -> str:
-    sec = results["sections"].get("replicas")
-    if (why := md.failed(sec)) is not None:
-        return why
+def render(sec: dict[str, Any]) -> str:
 
     def rate(row: dict[str, Any] | None) -> list[str]:
         return [md.num(row["images_per_s"], 2), f"{row['ok']}/{row['sent']}"] if row else ["-", "-"]

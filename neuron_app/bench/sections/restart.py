@@ -56,10 +56,7 @@ def _process_times(run: dict[str, Any]) -> dict[str, Any]:
     return {k: run.get(k) for k in keys}
 
 
-def render(results: dict[str, Any]) -> str:
-    sec = results["sections"].get("restart")
-    if (why := md.failed(sec)) is not None:
-        return why
+def render(sec: dict[str, Any]) -> str:
     rows = [
         [
             r["shape"],

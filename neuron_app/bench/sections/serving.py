@@ -214,10 +214,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def render(results: dict[str, Any]) -> str:
-    sec = results["sections"].get("serving")
-    if (why := md.failed(sec)) is not None:
-        return why
+def render(sec: dict[str, Any]) -> str:
     d, a, st = sec["direct"], sec["via_app"], sec["status_rtt"]
     rows = [
         ["manager.generate() in the server process", md.ms(d["median_s"]), md.ms(d["p95_s"]), d["n"]],

@@ -159,10 +159,7 @@ def _status_http(url: str) -> dict[str, Any]:
         return {}
 
 
-def render(results: dict[str, Any]) -> str:
-    sec = results["sections"].get("startup")
-    if (why := md.failed(sec)) is not None:
-        return why
+def render(sec: dict[str, Any]) -> str:
     rows = [
         [
             r["start"],

@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,16 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
         "max_s": max(values) if values else math.nan,
         "samples_s": [round(v, 5) for v in values],
     }
+
+
+def seconds(call: Callable[[int], Any], runs: Iterable[int]) -> list[float]:
+    """The wall seconds of `call(i)` for each `i` of `runs`, one after another."""
+    times = []
+    for i in runs:
+        start = time.perf_counter()
+        call(i)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def emit(tag: str, payload: dict[str, Any]) -> None:

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
-import platform
 import statistics
-import time
-from pathlib import Path
 from typing import Any
 
-from neuron_app.bench.markdown import standalone, write_section
+from neuron_app.bench import markdown as md
+from neuron_app.bench import script
+from neuron_app.bench.common import seconds
 
 #: Qwen3-4B (FLUX.2-klein-4B's text encoder), from its config.json.
 QWEN3_4B = {
@@ -67,16 +65,13 @@ def _time_encode(encoder: Any, tokens: int, repeats: int) -> list[float]:
 
     ids = torch.randint(0, encoder.config.vocab_size, (1, tokens))
     mask = torch.ones_like(ids)
-    times = []
     with torch.inference_mode():
-        for i in range(repeats + 1):
-            start = time.perf_counter()
-            out = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-            elapsed = time.perf_counter() - start
-            if i:  # the first call warms allocators up
-                times.append(elapsed)
-    torch.stack([out.hidden_states[k] for k in READ])  # what klein reads is there
-    return times
+
+        def encode(_: int) -> Any:
+            return encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+
+        torch.stack([encode(0).hidden_states[k] for k in READ])  # warms allocators up; what klein reads is there
+        return seconds(encode, range(repeats))
 
 
 def bench_text_encoder(tokens: int, repeats: int) -> dict[str, Any]:
@@ -129,23 +124,14 @@ def bench_previews(shapes: list[str], repeats: int) -> dict[str, Any]:
         for channels in (128, 4):
             packed = torch.randn(1, (res.height // 16) * (res.width // 16), channels)
             latent_preview(packed, res.width, res.height)  # warm
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                latent_preview(packed, res.width, res.height)
-                times.append(time.perf_counter() - start)
+            times = seconds(lambda _, p=packed, r=res: latent_preview(p, r.width, r.height), range(repeats))
             out[f"{name}/{channels}ch"] = {"ms_per_step": round(statistics.median(times) * 1000, 3)}
     return out
 
 
 def render(report: dict[str, Any], command: str) -> str:
     """The section BENCHMARKS.md shows: the encoder before/after, then ms per preview step by shape."""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    lines = [
-        f"Command: `{command}` ({os.cpu_count()} logical cores, Python {platform.python_version()}, "
-        f"load average {load:.2f} at the end). Wall times, median of the repeats.",
-        "",
-    ]
+    lines = [script.host(command) + " Wall times, median of the repeats.", ""]
     enc = report.get("text_encoder")
     if enc:
         geometry = enc["timed_geometry"]
@@ -176,34 +162,28 @@ def render(report: dict[str, Any], command: str) -> str:
         "device graph, no compile), ms per denoising step. 128 channels: FLUX.2-klein's packed latents; 4: the tiny "
         "test model's.",
         "",
-        "| shape | 128 channels (ms/step) | 4 channels (ms/step) |",
-        "|---|---|---|",
     ]
     shapes = dict.fromkeys(key.split("/")[0] for key in report["previews"])
-    for shape in shapes:
-        big, small = report["previews"][f"{shape}/128ch"], report["previews"][f"{shape}/4ch"]
-        lines.append(f"| {shape} | {big['ms_per_step']} | {small['ms_per_step']} |")
-    return "\n".join(lines)
+    rows = [[s, *(report["previews"][f"{s}/{c}ch"]["ms_per_step"] for c in (128, 4))] for s in shapes]
+    return "\n".join([*lines, md.table(["shape", "128 channels (ms/step)", "4 channels (ms/step)"], rows)])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neuron_app.bench.klein_modes", description=__doc__)
-    parser.add_argument("--tokens", type=int, default=128, help="prompt tokens encoded (klein pads to 512)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-encoder", action="store_true")
-    parser.add_argument("--preview-shapes", default="1024x1024,1344x768,512x512,64x64")
-    parser.add_argument("--json", type=Path, help="also write the section (benchmarks/klein-modes.json)")
-    args = parser.parse_args(argv)
-    command, started = standalone("neuron_app.bench.klein_modes", argv)
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {}
     if not args.skip_encoder:
         report["text_encoder"] = bench_text_encoder(args.tokens, args.repeats)
-    report["previews"] = bench_previews([x for x in args.preview_shapes.split(",") if x], max(5, args.repeats * 5))
-    markdown = render(report, command)
-    print(markdown)
-    if args.json:
-        write_section(args.json, TITLE, command, started, markdown, report)
-    return 0
+    shapes = [x for x in args.preview_shapes.split(",") if x]
+    report["previews"] = bench_previews(shapes, max(5, args.repeats * 5))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    found = script.parser("klein_modes", __doc__, "also write the section (benchmarks/klein-modes.json)")
+    found.add_argument("--tokens", type=int, default=128, help="prompt tokens encoded (klein pads to 512)")
+    found.add_argument("--repeats", type=int, default=3)
+    found.add_argument("--skip-encoder", action="store_true")
+    found.add_argument("--preview-shapes", default="1024x1024,1344x768,512x512,64x64")
+    return script.main("klein_modes", TITLE, found, measure, render, argv)
 
 
 if __name__ == "__main__":

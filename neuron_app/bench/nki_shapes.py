@@ -9,30 +9,20 @@ status: the gate evaluated on the transformer's traced graph, with the real toke
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
+
+from neuron_app.bench import script
 
 #: The default shapes before the third pass: six of seven miss the 512 multiple (4544 and 4464 joint tokens).
 OLD_DEFAULTS = ["1024x1024", "1152x896", "896x1152", "1216x832", "832x1216", "1344x768", "768x1344"]
 
 
 def measure(shapes: list[str], cache_dir: Path) -> dict[str, dict[str, object]]:
-    from neuron_app.engine.manager import PipelineManager
-    from neuron_app.settings import load_settings
     from neuron_app.shapes import Resolution
 
-    settings = load_settings(
-        model="tiny",
-        device="neuron-emulated",
-        compile_backend="aot_eager",
-        resolutions=shapes,
-        default_resolution=shapes[0],
-        max_sequence_length=512,
-        cache_dir=cache_dir,
-    )
-    manager = PipelineManager(settings)
+    manager = script.tiny_manager(shapes, cache_dir, device="neuron-emulated", max_sequence_length=512)
     rows: dict[str, dict[str, object]] = {}
     for shape in shapes:
         manager.compile_shape(shape)
@@ -40,7 +30,7 @@ def measure(shapes: list[str], cache_dir: Path) -> dict[str, dict[str, object]]:
         row = manager.status().shapes[shape]
         rows[shape] = {
             "image_tokens": image_tokens,
-            "joint_tokens": image_tokens + settings.max_sequence_length,
+            "joint_tokens": image_tokens + manager.settings.max_sequence_length,
             "nki_attention": row.nki_attention,
         }
     return rows
@@ -49,9 +39,8 @@ def measure(shapes: list[str], cache_dir: Path) -> dict[str, dict[str, object]]:
 def main(argv: list[str] | None = None) -> int:
     from neuron_app.settings import load_settings
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script.parser("nki_shapes", __doc__, "write the result here too")
     parser.add_argument("--shapes", help="comma-separated WIDTHxHEIGHT (default: the old and the new defaults)")
-    parser.add_argument("--json", type=Path, help="write the result here too")
     args = parser.parse_args(argv)
     if args.shapes:
         groups = {"shapes": args.shapes.split(",")}

@@ -4,30 +4,26 @@ device, in step times (tiny model, aot_eager, in process; ratios, not seconds, a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import threading
 import time
 
 from neuron_app import tracing
-from neuron_app.bench.waterfall import tiny_settings
+from neuron_app.bench import script
 from neuron_app.engine.records import ProgressEvent
 from neuron_app.errors import Cancelled
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script.parser("ops_costs", __doc__)
     parser.add_argument("--size", default="128x128")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from neuron_app.engine.manager import PipelineManager
-
-    settings = tiny_settings(args.size, "ops-costs-")
-    manager = PipelineManager(settings)
+    manager = script.tiny_manager([args.size], max_sequence_length=32)
     manager.generate("warm", args.size, args.steps, 0)  # load and compile
 
     off, on, counts = [], [], []

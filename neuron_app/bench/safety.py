@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuron_app.bench import markdown as md
+from neuron_app.bench import script
 from neuron_app.bench.common import PROMPT, percentile
-from neuron_app.bench.markdown import standalone, write_section
 
 TITLE = "Safety checker and AI-content marks, per image (host CPU)"
 #: tiny-deep generations are timed up to this side: larger ones take minutes of a shared 2-core CPU.
@@ -78,22 +77,29 @@ def record_for(image: Any) -> Any:
     return GenerationRecord(side, 4, 0, PROMPT, CacheResult.MEMORY, False, 0.0, 0.0, 0.0, 0, "bench", image=image)
 
 
-def measure(sizes: list[int], repeats: int, cache: Path) -> dict[str, Any]:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-safety-") as tmp:
+        return measure_in(args.sizes, args.repeats, Path(tmp))
+
+
+def measure_in(sizes: list[int], repeats: int, cache: Path) -> dict[str, Any]:
     from neuron_app.engine.images import provenance
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.engine.trust.c2pa_signing import ManifestSigner, signing_key
     from neuron_app.engine.trust.marks import Marker, add_watermark, embed_watermark, read_watermark
     from neuron_app.engine.trust.safety import SafetyChecker
-    from neuron_app.settings import load_settings
 
-    base = {"model": "tiny-deep", "device": "cpu", "compile_backend": "aot_eager", "cache_dir": cache}
-    base |= {"max_sequence_length": 32, "resolutions": [f"{s}x{s}" for s in sizes], "default_resolution": "256x256"}
-    settings = load_settings(**base)
+    shapes = [f"{s}x{s}" for s in sizes]
+
+    def settings_with(**extra: Any) -> Any:
+        return script.tiny_settings(shapes, cache, model="tiny-deep", max_sequence_length=32, **extra)
+
+    settings = settings_with()
     checkers = {
         "ViT-B/16 (Falconsai's architecture)": SafetyChecker(
-            load_settings(**base, safety_checker="on", safety_model=str(vit_b16(cache / "vit-b16")))
+            settings_with(safety_checker="on", safety_model=str(vit_b16(cache / "vit-b16")))
         ),
-        "tiny stand-in": SafetyChecker(load_settings(**base, safety_checker="on", safety_model="tiny")),
+        "tiny stand-in": SafetyChecker(settings_with(safety_checker="on", safety_model="tiny")),
     }
     marker = Marker(settings)
     signer = ManifestSigner(signing_key(None, None, None, cache))
@@ -141,48 +147,33 @@ def render(rows: dict[str, Any], command: str) -> str:
     def ms(pair: tuple[float, float]) -> str:
         return f"{pair[0] * 1000:.0f} ({pair[1] * 1000:.0f})"
 
-    cores = os.cpu_count()
-    lines = [
-        f"Command: `{command}` ({cores} logical cores, Python {platform.python_version()}, load average "
-        f"{os.getloadavg()[0]:.2f} at the end). Milliseconds per image: CPU time of the process, all threads "
-        "(wall time in brackets; on a shared machine the CPU time is the step's own cost, the wall time includes "
-        "the waiting).",
-        "",
-        "| shape | tiny-deep generate, 4 steps (ms) |",
-        "|---|---|",
-        *[f"| {shape} | {ms(s)} |" for shape, s in rows["generate"]],
-        "",
-        "| shape | safety classifier | check per image (ms) |",
-        "|---|---|---|",
-        *[f"| {shape} | {name} | {ms(s)} |" for shape, name, s in rows["safety"]],
-        "",
-        "| shape | image | plain PNG (ms) | watermark, embed + read back (ms) | C2PA sign (ms) | all marks (ms) "
-        "| holds | one pass enough | PNG bytes plain / marked |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    marks = []
     for m in rows["marks"]:
-        lines.append(
-            f"| {m['shape']} | {m['image']} | {ms(m['plain_png'])} | {ms(m['watermark'])} | {ms(m['c2pa'])} "
-            f"| {ms(m['all'])} | {m['held']} | {m['one_pass']} | {m['bytes'][0]} / {m['bytes'][1]} |"
-        )
-    return "\n".join(lines)
+        times = [ms(m[k]) for k in ("plain_png", "watermark", "c2pa", "all")]
+        marks.append([m["shape"], m["image"], *times, m["held"], m["one_pass"], f"{m['bytes'][0]} / {m['bytes'][1]}"])
+    marks_head = ["shape", "image", "plain PNG (ms)", "watermark, embed + read back (ms)", "C2PA sign (ms)"]
+    marks_head += ["all marks (ms)", "holds", "one pass enough", "PNG bytes plain / marked"]
+    return "\n\n".join(
+        [
+            script.host(command) + " Milliseconds per image: CPU time of the process, all threads (wall time in "
+            "brackets; on a shared machine the CPU time is the step's own cost, the wall time includes the waiting).",
+            md.table(["shape", "tiny-deep generate, 4 steps (ms)"], [[shape, ms(s)] for shape, s in rows["generate"]]),
+            md.table(
+                ["shape", "safety classifier", "check per image (ms)"],
+                [[shape, name, ms(s)] for shape, name, s in rows["safety"]],
+            ),
+            md.table(marks_head, marks),
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neuron_app.bench.safety", description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", type=int, default=[256, 512, 1024], help="square sides (multiples of 16)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument(
-        "--json", type=Path, help="also write the tables here (benchmarks/safety.json: a section of BENCHMARKS.md)"
+    found = script.parser(
+        "safety", __doc__, "also write the tables here (benchmarks/safety.json: a section of BENCHMARKS.md)"
     )
-    args = parser.parse_args(argv)
-    command, started = standalone("neuron_app.bench.safety", argv)
-    with tempfile.TemporaryDirectory(prefix="bench-safety-") as tmp:
-        markdown = render(measure(args.sizes, args.repeats, Path(tmp)), command)
-    print(markdown)
-    if args.json:  # what `python -m neuron_app.bench render` puts into BENCHMARKS.md as its own section
-        write_section(args.json, TITLE, command, started, markdown)
-    return 0
+    found.add_argument("--sizes", nargs="+", type=int, default=[256, 512, 1024], help="square sides (multiples of 16)")
+    found.add_argument("--repeats", type=int, default=5)
+    return script.main("safety", TITLE, found, measure, render, argv)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,10 @@ drawn on one time axis, children under their parents.
 
 from __future__ import annotations
 
-import argparse
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from neuron_app import tracing
+from neuron_app.bench import script
 from neuron_app.bench.common import free_port
 
 WIDTH = 48
@@ -41,17 +39,8 @@ def waterfall(spans: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def tiny_settings(size: str, prefix: str, **extra: Any) -> Any:
-    """The offline tiny model on the CPU (aot_eager) at one shape, in a fresh cache folder: its first use compiles."""
-    from neuron_app.settings import load_settings
-
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    fields = {"model": "tiny", "device": "cpu", "compile_backend": "aot_eager", "max_sequence_length": 32}
-    return load_settings(**fields, resolutions=[size], default_resolution=size, cache_dir=folder, **extra)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script.parser("waterfall", __doc__)
     parser.add_argument("--size", default="64x64")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
@@ -63,7 +52,7 @@ def main() -> None:
 
     exporter = InMemorySpanExporter()
     tracing.setup(None, exporter=exporter)
-    settings = tiny_settings(args.size, "waterfall-", server_port=free_port())
+    settings = script.tiny_settings([args.size], max_sequence_length=32, server_port=free_port())
     app = build_app(settings, PipelineManager(settings))
     launch(app, block=False)
     try:

@@ -13,36 +13,25 @@ from typing import Any
 
 from neuron_app.bench import SECTIONS
 
-#: The full run: sized for a 2-core CPU in about five minutes.
-FULL_DEFAULTS: dict[str, Any] = {
-    "model": "tiny-deep",
-    "device": "auto",
-    "shapes": "64x64,128x128",
-    "recompile_shapes": None,  # the first two shapes
-    "steps": 4,
-    "modes": "eager,full,regional",
-    "backend": None,
-    "repeats": 10,
-    "clients": "1,4,8",
-    "per_client": 3,
-    "jobs": 1,
-    "replicas_shape": "384x384",  # where compute outweighs the per-request cost, as on a device
-}
-#: The smallest end-to-end run (what the test suite runs): tiny model, aot_eager compiles in seconds.
-SMOKE_DEFAULTS: dict[str, Any] = {
-    "model": "tiny",
-    "device": "cpu",
-    "shapes": "64x64",
-    "recompile_shapes": "64x64,128x128",
-    "steps": 1,
-    "modes": "eager,full,regional",
-    "backend": "aot_eager",
-    "repeats": 2,
-    "clients": "1,2",
-    "per_client": 1,
-    "jobs": 4,
-    "replicas_shape": None,  # the first shape
-}
+#: The run's sized options: (name, the full run's default, the smoke run's default, type, help). The full run is
+#: sized for a 2-core CPU in about five minutes; the smoke run is the smallest end-to-end run (what the test suite
+#: runs): tiny model, aot_eager compiles in seconds.
+OPTIONS: list[tuple[str, Any, Any, type, str]] = [
+    ("model", "tiny-deep", "tiny", str, "tiny, tiny-deep, or a Hub id / pipeline folder"),
+    ("device", "auto", "cpu", str, "auto, neuron, cuda or cpu"),
+    ("shapes", "64x64,128x128", "64x64", str, "WIDTHxHEIGHT list, comma separated"),
+    ("recompile_shapes", None, "64x64,128x128", str, "shapes A,B of the recompile sequence (none: the first two)"),
+    ("steps", 4, 1, int, "denoising steps per image"),
+    ("modes", "eager,full,regional", "eager,full,regional", str, "compile modes to compare: eager,full,regional"),
+    ("backend", None, "aot_eager", str, "torch.compile backend (none: the device's, inductor on CPU)"),
+    ("repeats", 10, 2, int, "timed calls per measurement"),
+    ("clients", "1,4,8", "1,2", str, "concurrent client counts, comma separated"),
+    ("per_client", 3, 1, int, "requests per concurrent client"),
+    ("jobs", 1, 4, int, "processes run side by side (more than 1: timings are not comparable)"),
+    # 384x384: where compute outweighs the per-request cost, as on a device
+    ("replicas_shape", "384x384", None, str, "ready shape of the replicas' throughput and freeze (none: the first)"),
+]
+DEVICES = ("auto", "neuron", "cuda", "cpu")
 
 
 def _csv(text: str) -> list[str]:
@@ -56,26 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         "memory and start-up, in one run. `python -m neuron_app.bench render --benchmarks BENCHMARKS.md` "
         "regenerates BENCHMARKS.md from the JSON kept in benchmarks/.",
     )
-    parser.add_argument("--model", help="tiny, tiny-deep (default), or a Hub id / pipeline folder")
-    parser.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu"], help="default auto")
-    parser.add_argument("--shapes", help="WIDTHxHEIGHT list, comma separated (default 64x64,128x128)")
-    parser.add_argument("--recompile-shapes", help="shapes A,B of the recompile sequence (default: the first two)")
-    parser.add_argument("--steps", type=int, help="denoising steps per image (default 4)")
-    parser.add_argument("--modes", help="compile modes to compare: eager,full,regional (default all)")
-    parser.add_argument("--backend", help="torch.compile backend (default: the device's, inductor on CPU)")
-    parser.add_argument("--repeats", type=int, help="timed calls per measurement (default 10)")
-    parser.add_argument("--clients", help="concurrent client counts, comma separated (default 1,4,8)")
-    parser.add_argument("--per-client", type=int, help="requests per concurrent client (default 3)")
-    parser.add_argument(
-        "--replicas-shape", help="ready shape of the replicas section's throughput and freeze (default 384x384)"
-    )
+    for name, full, smoke, kind, text in OPTIONS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} (default {full}; --smoke {smoke})")
     parser.add_argument("--seq-len", type=int, help="max_sequence_length (default 32 for tiny models, else 512)")
     parser.add_argument("--sections", default="all", help=f"comma separated, of: {', '.join(SECTIONS)} (default all)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for results.json, results.md, logs")
     parser.add_argument("--benchmarks", type=Path, help="also store the JSON in benchmarks/ and regenerate this file")
-    parser.add_argument(
-        "--jobs", type=int, help="processes run side by side (default 1; --smoke 4): timings are then not comparable"
-    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -95,15 +70,15 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
     from neuron_app.engine.model.tiny import VARIANTS
     from neuron_app.shapes import Resolution
 
-    defaults = SMOKE_DEFAULTS if args.smoke else FULL_DEFAULTS
-    given = {key: getattr(args, key) for key in defaults}
-    value = {key: given[key] if given[key] is not None else default for key, default in defaults.items()}
+    defaults = {name: smoke if args.smoke else full for name, full, smoke, _kind, _text in OPTIONS}
+    value = {key: default if getattr(args, key) is None else getattr(args, key) for key, default in defaults.items()}
     shapes = [str(Resolution.parse(s)) for s in _csv(value["shapes"])]
     recompile = [str(Resolution.parse(s)) for s in _csv(value["recompile_shapes"] or ",".join(shapes[:2]))]
     modes = _csv(value["modes"])
     sections = list(SECTIONS) if args.sections == "all" else _csv(args.sections)
     errors = [f"unknown mode {m!r}" for m in modes if m not in ("eager", "full", "regional")]
     errors += [f"unknown section {s!r}" for s in sections if s not in SECTIONS]
+    errors += [f"unknown device {value['device']!r}"] if value["device"] not in DEVICES else []
     if not shapes or not modes:
         errors.append("give at least one shape and one mode")
     if not 1 <= len(recompile) <= 2:

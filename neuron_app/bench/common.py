@@ -212,8 +212,20 @@ def worker_manager(spec: dict[str, Any]) -> Any:
     return PipelineManager(worker_settings(spec))
 
 
-def timed_generate(manager: Any, shape: str, steps: int, seed: int, prompt: str = PROMPT) -> tuple[float, Any]:
-    """One `generate()` on the manager: its wall seconds and its record."""
+def timed_generate(
+    manager: Any, shape: str, steps: int, seed: int, prompt: str = PROMPT, **options: Any
+) -> tuple[float, Any]:
+    """One `generate()` on the manager (with its keyword `options`): its wall seconds and its record."""
     start = time.perf_counter()
-    record = manager.generate(prompt, shape, steps, seed)
+    record = manager.generate(prompt, shape, steps, seed, **options)
     return time.perf_counter() - start, record
+
+
+def facts(manager: Any) -> dict[str, Any]:
+    """What a worker's manager runs with: the compile mode and backend, the device and dtype that `auto` became."""
+    return {
+        "mode": manager.settings.compile_mode,
+        "backend": manager.compile_backend,
+        "device": manager.backend.name,
+        "dtype": manager.dtype_name,
+    }

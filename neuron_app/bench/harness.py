@@ -8,6 +8,7 @@ measurements that are about a cold compile pay for one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from neuron_app.bench.common import (
     RESULT_TAG,
     BenchError,
     ShareOfOthers,
+    free_port,
     settings_env,
 )
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
@@ -164,6 +166,17 @@ class Harness:
         }
         return data | extra
 
+    def spec(
+        self, kind: str, cache_dir: Path, mode: str | None = None, settings: dict[str, Any] | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """A worker's spec: its kind, its settings (in `mode`, the serving mode by default), the run's steps and
+        repeats (unless `fields` say otherwise), and the kind's own `fields`."""
+        found = {"steps": self.cfg.steps, "repeats": self.cfg.repeats} | fields
+        return {
+            "kind": kind,
+            "settings": self.settings(mode or self.cfg.serving_mode, cache_dir, **(settings or {})),
+        } | found
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
@@ -193,19 +206,51 @@ class Harness:
         log_file.close()
         return proc, log_path
 
+    @contextlib.contextmanager
+    def process(
+        self,
+        args: list[str],
+        name: str,
+        env: dict[str, str] | None = None,
+        stop: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+        """`popen`, then what went wrong while it ran quotes the log's tail; the group is stopped at the end
+        (`stop`: `stop_group`'s options)."""
+        proc, log_path = self.popen(args, name, env, **kwargs)
+        try:
+            yield proc, log_path
+        except Exception as exc:
+            raise BenchError(f"{name}: {exc}; log {log_path}: {log_tail(log_path)}") from None
+        finally:
+            stop_group(proc, **(stop or {}))
+
+    def served(self) -> tuple[dict[str, Any], str]:
+        """Settings for a server on a free local port (no share link), and its URL."""
+        port = free_port()
+        return {"server_port": port, "server_name": "127.0.0.1", "share": False}, f"http://127.0.0.1:{port}/"
+
+    @contextlib.contextmanager
+    def app(
+        self, name: str, cache_dir: Path, stop: dict[str, Any] | None = None, **settings: Any
+    ) -> Iterator[tuple[subprocess.Popen[str], str]]:
+        """`python app.py` in the serving mode on a free port, with these settings; the process and its URL."""
+        served, url = self.served()
+        env = self.env() | settings_env(self.settings(self.cfg.serving_mode, cache_dir, **served, **settings))
+        with self.process([sys.executable, "app.py"], name, env, stop, stdout=subprocess.DEVNULL) as (proc, _log):
+            yield proc, url
+
     def worker_args(self, spec: dict[str, Any]) -> list[str]:
         return [sys.executable, "-m", "neuron_app.bench", "_worker", json.dumps(spec)]
 
     def run_worker(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         """Run one measurement in a fresh process; its answer, or `BenchError` with the reason."""
         start = time.perf_counter()
-        proc, log_path = self.popen(self.worker_args(spec), name, stdout=subprocess.PIPE)
-        try:
+        with self.process(self.worker_args(spec), name, None, {"exit_s": 10.0}, stdout=subprocess.PIPE) as (
+            proc,
+            log_path,
+        ):
             result = Lines(proc.stdout).wait_for(RESULT_TAG, time.monotonic() + self.cfg.timeout_s)
-        except BenchError as exc:
-            raise BenchError(f"{name}: {exc}; log {log_path}: {log_tail(log_path)}") from None
-        finally:
-            stop_group(proc, exit_s=10.0)
         if "error" in result:
             raise BenchError(f"{name}: {result['error']} (log: {log_path})")
         self.note_resolved(result)
@@ -228,14 +273,7 @@ class Harness:
             self.run_worker("prepare", {"kind": "prepare", "models_dir": str(self.models), "variant": self.cfg.model})
 
     def measure_mode(self, mode: str, cache_dir: Path, name: str) -> dict[str, Any]:
-        spec = {
-            "kind": "measure",
-            "settings": self.settings(mode, cache_dir),
-            "shapes": self.cfg.shapes,
-            "steps": self.cfg.steps,
-            "repeats": self.cfg.repeats,
-        }
-        result = self.run_worker(name, spec)
+        result = self.run_worker(name, self.spec("measure", cache_dir, mode, shapes=self.cfg.shapes))
         if mode == self.cfg.serving_mode:
             self.warm_cache = (cache_dir, name)
         return result

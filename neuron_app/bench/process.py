@@ -11,10 +11,11 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuron_app.bench.common import BenchError, parse_tagged
+from neuron_app.bench.common import BenchError, http_ok, parse_tagged
 from neuron_app.environment import dist_version
 
 
@@ -71,18 +72,37 @@ class Lines:
                 return found
 
 
-def stop_group(proc: subprocess.Popen[Any], exit_s: float = 0.0, grace_s: float = 10.0) -> None:
+def wait_up(url: str, proc: subprocess.Popen[Any], deadline: float, tick: Callable[[], None] | None = None) -> None:
+    """Until `url` answers 200 (polled every 20 ms, `tick` run between polls); BenchError if the process ends or
+    the deadline (of `time.monotonic`) passes first."""
+    while not http_ok(url):
+        if proc.poll() is not None:
+            raise BenchError(f"the process exited with {proc.returncode} before {url} answered")
+        if time.monotonic() > deadline:
+            raise BenchError(f"{url} did not answer before the timeout")
+        if tick is not None:
+            tick()
+        time.sleep(0.02)
+
+
+def stop_group(
+    proc: subprocess.Popen[Any], exit_s: float = 0.0, grace_s: float = 10.0, leader_only: bool = False
+) -> None:
     """End a process we started, with its children (inductor's compile workers), by its group id.
 
     The group is signalled only while its leader is not yet reaped, so the id is still ours.
-    `exit_s` first gives a process that is finishing on its own the time to do so.
+    `exit_s` first gives a process that is finishing on its own the time to do so; `leader_only` asks the leader
+    alone to stop (app.py then drains, stops its replicas and its Ray instance), the group is killed if it hangs.
     """
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=exit_s)
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        if leader_only:
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:

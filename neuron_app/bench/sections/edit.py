@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import (
-    PROMPT,
+    facts,
     peak_rss_mb,
     ratio,
     summarize,
+    timed_generate,
     worker_manager,
 )
 from neuron_app.shapes import Resolution
@@ -25,21 +25,14 @@ def section(harness: Any) -> dict[str, Any]:
     """Editing: compile seconds and latency for 0, 1 and 2 references at one output shape, fresh cache."""
     shape = harness.cfg.shapes[0]
     others = [s for s in harness.cfg.all_shapes if s != shape]
-    spec = {
-        "kind": "edit",
-        "settings": harness.settings(harness.cfg.serving_mode, harness.new_cache("edit")),
-        "shape": shape,
-        "steps": harness.cfg.steps,
-        "repeats": harness.cfg.repeats,
-        "references": [0, 1, 2],
-        "warm_shape": others[0] if others else None,
-    }
+    warm_shape = others[0] if others else None
+    spec = harness.spec("edit", harness.new_cache("edit"), shape=shape, references=[0, 1, 2], warm_shape=warm_shape)
     result = harness.run_worker("edit", spec)
     base = result["rows"][0]
     for row in result["rows"]:
         row["compile_over_0"] = ratio(row["compile_s"], base["compile_s"])
         row["latency_over_0"] = ratio(row["steady"]["median_s"], base["steady"]["median_s"])
-    return result | {"shape": shape, "steps": harness.cfg.steps, "warm_shape": spec["warm_shape"]}
+    return result | {"shape": shape, "steps": harness.cfg.steps, "warm_shape": warm_shape}
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -59,15 +52,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for count in spec["references"]:
         refs = [Image.new("RGB", (res.width, res.height), (60 * i % 256, 90, 200)) for i in range(count)] or None
-
-        def timed(seed: int, refs: Any = refs) -> tuple[float, Any]:
-            start = time.perf_counter()
-            record = manager.generate(PROMPT, shape, steps, seed, references=refs)
-            return time.perf_counter() - start, record
-
-        first_s, first = timed(0)
+        first_s, first = timed_generate(manager, shape, steps, 0, references=refs)
         graphs_before = manager.counter.graphs
-        latencies = [timed(seed)[0] for seed in range(1, repeats + 1)]
+        latencies = [timed_generate(manager, shape, steps, seed, references=refs)[0] for seed in range(1, repeats + 1)]
         rows.append(
             {
                 "references": count,
@@ -79,14 +66,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0
             }
         )
-    return {
-        "mode": manager.settings.compile_mode,
-        "backend": manager.compile_backend,
-        "device": manager.backend.name,
-        "dtype": manager.dtype_name,
-        "rows": rows,
-        "peak_rss_mb": peak_rss_mb(),
-    }
+    return facts(manager) | {"rows": rows, "peak_rss_mb": peak_rss_mb()}
 
 
 def render(sec: dict[str, Any]) -> str:

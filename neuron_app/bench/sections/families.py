@@ -4,14 +4,15 @@ static-shape compiler pays today) beside the tiled VAE (one graph); and the prom
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import (
     OTHER_PROMPT,
     PROMPT,
+    facts,
     ratio,
+    seconds,
     summarize,
     timed_generate,
     worker_manager,
@@ -49,14 +50,7 @@ def section(harness: Any) -> dict[str, Any]:
     for path in ("whole-vae", "tiled-vae"):
         extra = {"resolutions": shapes, "default_resolution": shapes[0], "vae_tile": tile}
         extra |= {"vae_tile_overlap": overlap, "vae_compile": "on" if path == "tiled-vae" else "off"}
-        spec = {
-            "kind": "families",
-            "path": path,
-            "settings": harness.settings(mode, harness.new_cache(f"families-{path}"), **extra),
-            "shapes": shapes,
-            "steps": harness.cfg.steps,
-            "repeats": harness.cfg.repeats,
-        }
+        spec = harness.spec("families", harness.new_cache(f"families-{path}"), mode, extra, path=path, shapes=shapes)
         paths[path] = harness.run_worker(f"families-{path}", spec)
     families = len({Resolution.parse(s).image_tokens for s in shapes})
     tiled = paths["tiled-vae"]
@@ -99,20 +93,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             }
         )
     shape, steps, repeats = spec["shapes"][-1], spec["steps"], spec["repeats"]
-    encode = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        pipe.encode_prompt(prompt=f"{PROMPT} {i}", max_sequence_length=manager.settings.max_sequence_length)
-        encode.append(time.perf_counter() - start)
+    length = manager.settings.max_sequence_length
+    encode = seconds(lambda i: pipe.encode_prompt(prompt=f"{PROMPT} {i}", max_sequence_length=length), range(repeats))
     misses = [timed_generate(manager, shape, steps, 0, f"{OTHER_PROMPT} {i}")[0] for i in range(repeats)]
     hits = [timed_generate(manager, shape, steps, seed, OTHER_PROMPT + " 0")[0] for seed in range(1, repeats + 1)]
     status = manager.status()
-    return {
+    return facts(manager) | {
         "path": spec["path"],
-        "mode": status.compile_mode,
-        "backend": status.compile_backend,
-        "device": status.device,
-        "dtype": status.dtype,
         "rows": rows,
         "transformer_graphs": status.compiles - manager.vae_counter.graphs,
         "vae_graphs": manager.vae_counter.graphs,

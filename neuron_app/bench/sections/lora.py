@@ -8,10 +8,9 @@ graphs compiled after the shape's first compile (must be 0).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from neuron_app.bench.common import PROMPT, peak_rss_mb, summarize
+from neuron_app.bench.common import facts, peak_rss_mb, summarize, timed_generate, worker_manager
 
 #: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "lora"
@@ -30,10 +29,7 @@ def adapters_for(count: int) -> dict[str, str]:
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """The worker side (`kind: lora`): runs in its own process."""
-    from neuron_app.engine.manager import PipelineManager
-    from neuron_app.settings import load_settings
-
-    manager = PipelineManager(load_settings(**spec["settings"]))
+    manager = worker_manager(spec)
     manager.ensure_loaded()
     shape, steps, repeats = spec["shape"], spec["steps"], spec["repeats"]
     outcome = manager.compile_shape(shape)
@@ -42,9 +38,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     graphs_after_compile = manager.counter.graphs
 
     def timed(lora: str, seed: int, scale: float = 1.0) -> tuple[float, Any]:
-        start = time.perf_counter()
-        record = manager.generate(PROMPT, shape, steps, seed, lora=lora, lora_scale=scale)
-        return time.perf_counter() - start, record
+        return timed_generate(manager, shape, steps, seed, lora=lora, lora_scale=scale)
 
     timed(names[-1] if names else "none", 0)  # warm: the first call after a compile can be slower
     steady = [timed(names[-1] if names else "none", seed)[0] for seed in range(1, repeats + 1)]
@@ -62,12 +56,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             scale_only.append(manager.adapters.activate(names[i % len(names)], 0.5))  # scaling tensors only
             manager.adapters.activate("none", 1.0)
     status = manager.status()
-    return {
+    return facts(manager) | {
         "loras": len(names),
-        "mode": status.compile_mode,
-        "backend": status.compile_backend,
-        "device": status.device,
-        "dtype": status.dtype,
         "target_rank": manager.settings.max_lora_rank,
         "load_s": status.load_s,
         "compile_s": outcome.compile_s,
@@ -87,13 +77,10 @@ def section(harness: Any) -> dict[str, Any]:
     runs = []
     for count in counts:
         cache_dir = harness.new_cache(f"lora-{count}")
-        spec = {
-            "kind": "lora",
-            "settings": harness.settings(harness.cfg.serving_mode, cache_dir, loras=adapters_for(count)),
-            "shape": harness.cfg.shapes[0],
-            "steps": harness.cfg.steps,
-            "repeats": max(2, harness.cfg.repeats),
-        }
+        loras = {"loras": adapters_for(count)}
+        spec = harness.spec(
+            "lora", cache_dir, None, loras, shape=harness.cfg.shapes[0], repeats=max(2, harness.cfg.repeats)
+        )
         runs.append(harness.run_worker(f"lora-{count}", spec))
     switches = [r["switch"]["median_s"] for r in runs if r["switch"]]
     return {

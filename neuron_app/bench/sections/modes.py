@@ -10,6 +10,7 @@ from typing import Any
 
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import (
+    facts,
     peak_rss_mb,
     ratio,
     since_process_start,
@@ -69,13 +70,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             "steady": summarize(latencies),
             "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0: no recompile on seed
         }
-    status = manager.status()
-    return {
-        "mode": status.compile_mode,
-        "backend": status.compile_backend,
-        "device": status.device,
-        "dtype": status.dtype,
-        "load_s": status.load_s,
+    return facts(manager) | {
+        "load_s": manager.status().load_s,
         "loaded_at_s": loaded_at,
         "first_image_at_s": first_image_at,
         "graphs_total": manager.counter.graphs,

@@ -11,6 +11,7 @@ from neuron_app.bench import markdown as md
 from neuron_app.bench.common import (
     OTHER_PROMPT,
     PROMPT,
+    facts,
     peak_rss_mb,
     timed_generate,
     worker_manager,
@@ -26,14 +27,7 @@ TITLE = "3. Recompile discipline"
 def section(harness: Any) -> dict[str, Any]:
     a, b = harness.cfg.recompile_shapes[0], harness.cfg.recompile_shapes[-1]
     cache_dir, cache_note = harness.cache_for("recompile", fresh=harness.parallel)
-    spec = {
-        "kind": "sequence",
-        "settings": harness.settings(harness.cfg.serving_mode, cache_dir),
-        "shape_a": a,
-        "shape_b": b,
-        "steps": harness.cfg.steps,
-    }
-    result = harness.run_worker("recompile", spec)
+    result = harness.run_worker("recompile", harness.spec("sequence", cache_dir, shape_a=a, shape_b=b))
     expected = result["distinct_graph_keys"]
     result["expected_compiles"] = expected
     result["ok"] = result["compile_events"] == expected and result["compile_failures"] == 0
@@ -74,11 +68,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             }
         )
     keys = {manager.graph_key(Resolution.parse(s)) for s in (a, b)}
-    return {
-        "mode": manager.settings.compile_mode,
-        "backend": manager.compile_backend,
-        "device": manager.backend.name,
-        "dtype": manager.dtype_name,
+    return facts(manager) | {
         "calls": rows,
         "distinct_shapes": len({a, b}),
         "distinct_graph_keys": len(keys),

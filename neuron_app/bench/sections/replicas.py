@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import BenchError, CpuMeter, free_port, http_ok, settings_env, summarize
-from neuron_app.bench.process import log_tail
+from neuron_app.bench.common import CpuMeter, summarize
+from neuron_app.bench.process import wait_up
 from neuron_app.bench.sections.concurrency import run_clients
 
 PROMPT = "a lighthouse on a cliff at dawn"
@@ -53,29 +51,14 @@ def section(harness: Any) -> dict[str, Any]:
     rows = []
     counts = REPLICA_COUNTS[1:] if cfg.smoke else REPLICA_COUNTS  # smoke: the Ray path only (the rest is costly)
     for count in counts:
-        cache_dir = harness.new_cache(f"replicas-{count}")
-        port = free_port()
-        settings = harness.settings(
-            cfg.serving_mode,
-            cache_dir,
-            server_port=port,
-            server_name="127.0.0.1",
-            share=False,
-            replicas=count,
-            queue_max_size=max(16, 2 * clients),
-            resolutions=[ready, cold],
-            default_resolution=ready,
-        )
-        env = harness.env() | settings_env(settings)
-        url = f"http://127.0.0.1:{port}/"
+        settings = {"replicas": count, "queue_max_size": max(16, 2 * clients)}
+        settings |= {"resolutions": [ready, cold], "default_resolution": ready}
         start = time.perf_counter()
-        proc, log_path = harness.popen([sys.executable, "app.py"], f"replicas-{count}", env=env)
-        try:
-            rows.append(_measure(harness, proc, url, count, ready, cold, small, clients, start))
-        except Exception as exc:
-            raise BenchError(f"replicas={count}: {exc}; log {log_path}: {log_tail(log_path)}") from None
-        finally:
-            _stop(proc)
+        # SIGTERM to app.py alone: it drains, stops its replicas and its Ray instance; the group is killed if it hangs
+        stop = {"leader_only": True, "grace_s": 90.0}
+        with harness.app(f"replicas-{count}", harness.new_cache(f"replicas-{count}"), stop, **settings) as (proc, url):
+            wait_up(url, proc, time.monotonic() + cfg.timeout_s)
+            rows.append(_measure(harness, url, count, ready, cold, small, clients, time.perf_counter() - start))
         harness.log(
             f"replicas {count}: {rows[-1]['images_per_s']:.2f} images/s with {clients} clients; ready shape "
             f"{rows[-1]['during_compile_s']:.2f} s during a cold compile vs {rows[-1]['solo']['median_s']:.2f} s solo"
@@ -122,38 +105,9 @@ def _ready_everywhere(client: Any, shape: str, steps: int, count: int, timeout_s
         job.result(timeout=timeout_s)
 
 
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM to app.py alone (it drains, stops its replicas and its Ray instance), then the group if it hangs."""
-    import os
-    import signal
-
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own group (started with start_new_session), by id
-        proc.wait(timeout=30)
-
-
 def _measure(
-    harness: Any,
-    proc: subprocess.Popen[Any],
-    url: str,
-    count: int,
-    ready: str,
-    cold: str,
-    small: str | None,
-    clients: int,
-    start: float,
+    harness: Any, url: str, count: int, ready: str, cold: str, small: str | None, clients: int, up_s: float
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + harness.cfg.timeout_s
-    while not http_ok(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise BenchError(f"app.py with {count} replica(s) did not come up (exit {proc.poll()})")
-        time.sleep(0.1)
-    up_s = time.perf_counter() - start
     steps, timeout_s = harness.cfg.steps, harness.cfg.timeout_s
     client = harness.client(url)
     _ready_everywhere(client, ready, steps, count, timeout_s)

@@ -20,14 +20,15 @@ from neuron_app.bench.common import (
     RESULT_TAG,
     BenchError,
     emit,
-    free_port,
+    facts,
     good_result,
     peak_rss_mb,
+    seconds,
     summarize,
     timed_generate,
     worker_settings,
 )
-from neuron_app.bench.process import Lines, log_tail, stop_group
+from neuron_app.bench.process import Lines
 
 #: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "serve"
@@ -39,30 +40,17 @@ TITLE = "4. Serving overhead"
 def server(harness: Any) -> Iterator[dict[str, Any]]:
     """The serving worker, up and answering; yields its ready message, then its final answer."""
     cache_dir, cache_note = harness.cache_for("serve", fresh=harness.parallel)
-    port = free_port()
-    max_clients = max(harness.cfg.clients, default=1)
-    spec = {
-        "kind": "serve",
-        "settings": harness.settings(
-            harness.cfg.serving_mode,
-            cache_dir,
-            server_port=port,
-            server_name="127.0.0.1",
-            share=False,
-            concurrency_limit=1,
-            queue_max_size=max(16, 2 * max_clients),
-        ),
-        "shape": harness.cfg.shapes[0],
-        "steps": harness.cfg.steps,
-        "repeats": harness.cfg.repeats,
-    }
-    proc, log_path = harness.popen(harness.worker_args(spec), "serve", stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+    served, _url = harness.served()
+    settings = served | {"concurrency_limit": 1, "queue_max_size": max(16, 2 * max(harness.cfg.clients, default=1))}
+    spec = harness.spec("serve", cache_dir, None, settings, shape=harness.cfg.shapes[0])
     info: dict[str, Any] = {"cache_folder": cache_note}
-    try:
+    with harness.process(
+        harness.worker_args(spec), "serve", None, {"exit_s": 10.0}, stdout=subprocess.PIPE, stdin=subprocess.PIPE
+    ) as (proc, _log):
         lines = Lines(proc.stdout)
         ready = lines.wait_for(READY_TAG, time.monotonic() + harness.cfg.timeout_s)
         if "error" in ready:
-            raise BenchError(f"serve: {ready['error']}")
+            raise BenchError(ready["error"])
         info.update(ready)
         harness.note_resolved(ready)
 
@@ -77,12 +65,8 @@ def server(harness: Any) -> Iterator[dict[str, Any]]:
         proc.stdin.flush()
         final = lines.wait_for(RESULT_TAG, time.monotonic() + 120)
         if "error" in final:
-            raise BenchError(f"serve: {final['error']}")
+            raise BenchError(final["error"])
         info["final"] = final
-    except BenchError as exc:
-        raise BenchError(f"{exc}; log {log_path}: {log_tail(log_path)}") from None
-    finally:
-        stop_group(proc, exit_s=10.0)
 
 
 def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
@@ -118,11 +102,7 @@ def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
         wire_matched.append(wire.call("floor", 1000 * float(wire_info["total_s"]))[0])
     wire.close()
     client.predict(api_name="/status")
-    status = []
-    for _ in range(max(harness.cfg.repeats, 10)):
-        start = time.perf_counter()
-        client.predict(api_name="/status")
-        status.append(time.perf_counter() - start)
+    status = seconds(lambda _: client.predict(api_name="/status"), range(max(harness.cfg.repeats, 10)))
     direct, app = summarize(direct), summarize(via_app)
     on_wire = {"generate": summarize(wire_generate), "floor": summarize(wire_floor)}
     on_wire["matched_floor"] = summarize(wire_matched)
@@ -188,17 +168,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     _add_floor_endpoint(app.demo)
     launch(app, block=False, quiet=True)
     graphs_ready = manager.counter.graphs
-    emit(
-        READY_TAG,
-        {
-            "url": f"http://127.0.0.1:{settings.server_port}/",
-            "compile": {"compile_s": outcome.compile_s, "graphs": outcome.graphs, "cache": str(outcome.cache)},
-            "mode": settings.compile_mode,
-            "backend": manager.compile_backend,
-            "device": manager.backend.name,
-            "dtype": manager.dtype_name,
-        },
-    )
+    compiled = {"compile_s": outcome.compile_s, "graphs": outcome.graphs, "cache": str(outcome.cache)}
+    emit(READY_TAG, facts(manager) | {"url": f"http://127.0.0.1:{settings.server_port}/", "compile": compiled})
     for line in sys.stdin:
         command = line.split()
         if command[:1] == ["quit"]:

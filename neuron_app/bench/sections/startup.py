@@ -16,14 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    PROMPT,
-    BenchError,
-    free_port,
-    http_ok,
-    settings_env,
-)
-from neuron_app.bench.process import log_tail, stop_group
+from neuron_app.bench.common import PROMPT, BenchError, free_port
+from neuron_app.bench.process import wait_up
 
 #: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "7. Start-up"
@@ -55,37 +49,17 @@ def _start_trivial_gradio(harness: Any) -> float:
         f"demo.launch(server_name='127.0.0.1', server_port={port}, quiet=True)\n"
     )
     start = time.perf_counter()
-    proc, log_path = harness.popen([sys.executable, "-c", code], "startup-trivial", stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + harness.cfg.timeout_s
-        while not http_ok(f"http://127.0.0.1:{port}/"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise BenchError(f"trivial Gradio app did not answer: {log_tail(log_path)}")
-            time.sleep(0.02)
+    with harness.process([sys.executable, "-c", code], "startup-trivial", stdout=subprocess.DEVNULL) as (proc, _log):
+        wait_up(f"http://127.0.0.1:{port}/", proc, time.monotonic() + harness.cfg.timeout_s)
         return time.perf_counter() - start
-    finally:
-        stop_group(proc)
 
 
 def _start_app(harness: Any, label: str, load_on_start: bool, cache_dir: Path) -> dict[str, Any]:
     import psutil
 
-    port = free_port()
-    env = harness.env() | settings_env(
-        harness.settings(
-            harness.cfg.serving_mode,
-            cache_dir,
-            server_port=port,
-            server_name="127.0.0.1",
-            share=False,
-            load_on_start=load_on_start,
-        )
-    )
-    url = f"http://127.0.0.1:{port}/"
     start = time.perf_counter()
-    proc, log_path = harness.popen([sys.executable, "app.py"], f"startup-{label}", env=env, stdout=subprocess.DEVNULL)
     peak = 0.0
-    try:
+    with harness.app(f"startup-{label}", cache_dir, load_on_start=load_on_start) as (proc, url):
         handle = psutil.Process(proc.pid)
         deadline = time.monotonic() + harness.cfg.timeout_s
 
@@ -94,13 +68,11 @@ def _start_app(harness: Any, label: str, load_on_start: bool, cache_dir: Path) -
             with contextlib.suppress(psutil.Error):
                 peak = max(peak, handle.memory_info().rss / 2**20)
             if proc.poll() is not None:
-                raise BenchError(f"app.py ({label}) exited with {proc.returncode}: {log_tail(log_path)}")
+                raise BenchError(f"app.py exited with {proc.returncode}")
             if time.monotonic() > deadline:
-                raise BenchError(f"app.py ({label}) timed out")
+                raise BenchError("app.py timed out")
 
-        while not http_ok(url):
-            sample()
-            time.sleep(0.02)
+        wait_up(url, proc, deadline, sample)
         page_s = time.perf_counter() - start
         # The first request arrives as soon as the page answers: it is what loads a lazy server.
         first: dict[str, Any] = {}
@@ -111,17 +83,15 @@ def _start_app(harness: Any, label: str, load_on_start: bool, cache_dir: Path) -
             sample()
             status = _status_http(url)
             if status.get("load_error"):
-                raise BenchError(f"app.py ({label}): {status['load_error']}")
+                raise BenchError(f"app.py: {status['load_error']}")
             time.sleep(0.02)
         loaded_s = time.perf_counter() - start
         while requester.is_alive():
             sample()
             requester.join(timeout=0.1)
         if "error" in first:
-            raise BenchError(f"app.py ({label}) first request: {first['error']}")
+            raise BenchError(f"the first request: {first['error']}")
         sample()
-    finally:
-        stop_group(proc)
     harness.log(f"startup {label}: page {page_s:.2f} s, loaded {loaded_s:.2f} s, image {first['first_image_s']:.2f} s")
     return {
         "start": label,

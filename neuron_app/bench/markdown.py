@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -28,6 +29,18 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def columns(spec: list[tuple[Any, ...]], rows: Iterable[dict[str, Any]]) -> str:
+    """A table given column by column, each header beside what fills it: (header, the row's key, dotted for a
+    nested one, and a format such as `s` or `ms` where the value is not shown as it is)."""
+
+    def cell(row: dict[str, Any], key: str, fmt: Any = str) -> Any:
+        for part in key.split("."):
+            row = row[part]
+        return fmt(row)
+
+    return table([col[0] for col in spec], [[cell(row, *col[1:]) for col in spec] for row in rows])
 
 
 def failed(section: dict[str, Any] | None) -> str | None:

@@ -83,22 +83,21 @@ def run_clients(
 
 
 def render(sec: dict[str, Any]) -> str:
-    rows = [
-        [
-            r["clients"],
-            r["sent"],
-            r["ok"],
-            r["errors"],
-            r["lost"],
-            md.s(r["wall_s"]),
-            md.num(r["images_per_s"], 2),
-            md.ms(r["latency"]["median_s"]),
-            md.ms(r["latency"]["p95_s"]),
-        ]
-        for r in sec["rows"]
-    ]
     return (
         f"Shape {sec['shape']}, {sec['per_client']} request(s) per client, each client its own "
         "`gradio_client.Client` in its own thread; the server runs one generation at a time.\n\n"
-        + md.table(["clients", "sent", "ok", "errors", "lost", "wall s", "images/s", "median ms", "p95 ms"], rows)
+        + md.columns(
+            [
+                ("clients", "clients"),
+                ("sent", "sent"),
+                ("ok", "ok"),
+                ("errors", "errors"),
+                ("lost", "lost"),
+                ("wall s", "wall_s", md.s),
+                ("images/s", "images_per_s", md.num),
+                ("median ms", "latency.median_s", md.ms),
+                ("p95 ms", "latency.p95_s", md.ms),
+            ],
+            sec["rows"],
+        )
     )

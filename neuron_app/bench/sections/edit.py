@@ -70,42 +70,26 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    rows = [
-        [
-            r["references"],
-            r["image_tokens"],
-            r["graphs"],
-            md.s(r["compile_s"]),
-            md.x(r["compile_over_0"]),
-            md.s(r["first_image_s"]),
-            md.ms(r["steady"]["median_s"]),
-            md.ms(r["steady"]["p95_s"]),
-            md.x(r["latency_over_0"]),
-            r["steady"]["n"],
-            r["steady_graphs"],
-        ]
-        for r in sec["rows"]
-    ]
     warm = f" after the compiler's start-up was paid on {sec['warm_shape']}" if sec.get("warm_shape") else ""
     return (
         f"Output {sec['shape']}, {sec['steps']} steps, mode {sec['mode']} / {sec['backend']}, one process with an "
         f"empty cache folder{warm}. References are of the output's size (one bucket each), so each adds the "
         "output's image tokens to the transformer's sequence. Compile = the first call's compile; latency = "
         "`generate(..., references=...)` after it (reference preparation and VAE encoding included).\n\n"
-        + md.table(
+        + md.columns(
             [
-                "references",
-                "image tokens",
-                "graphs",
-                "compile s",
-                "compile vs 0",
-                "first image s",
-                "latency median ms",
-                "latency p95 ms",
-                "latency vs 0",
-                "n",
-                "recompiles after",
+                ("references", "references"),
+                ("image tokens", "image_tokens"),
+                ("graphs", "graphs"),
+                ("compile s", "compile_s", md.s),
+                ("compile vs 0", "compile_over_0", md.x),
+                ("first image s", "first_image_s", md.s),
+                ("latency median ms", "steady.median_s", md.ms),
+                ("latency p95 ms", "steady.p95_s", md.ms),
+                ("latency vs 0", "latency_over_0", md.x),
+                ("n", "steady.n"),
+                ("recompiles after", "steady_graphs"),
             ],
-            rows,
+            sec["rows"],
         )
     )

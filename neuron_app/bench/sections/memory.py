@@ -35,5 +35,6 @@ def section(harness: Any) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    rows = [[r["process"], r["mode"], md.num(r["peak_rss_mb"], 0)] for r in sec["rows"]]
-    return md.table(["process", "mode", "peak RSS MB"], rows)
+    return md.columns(
+        [("process", "process"), ("mode", "mode"), ("peak RSS MB", "peak_rss_mb", lambda v: md.num(v, 0))], sec["rows"]
+    )

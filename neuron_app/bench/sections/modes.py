@@ -82,47 +82,39 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    rows = []
-    for mode, run in sec["runs"].items():
-        for shape, s in run["shapes"].items():
-            rows.append(
-                [
-                    shape,
-                    mode,
-                    run["backend"] if mode != "eager" else "-",
-                    s["graphs"],
-                    md.s(s["compile_s"]),
-                    md.s(s["first_image_s"]),
-                    md.ms(s["steady"]["median_s"]),
-                    md.ms(s["steady"]["p95_s"]),
-                    s["steady"]["n"],
-                    s["steady_graphs"],
-                ]
-            )
+    rows = [
+        s | {"shape": shape, "mode": mode, "backend": run["backend"] if mode != "eager" else "-"}
+        for mode, run in sec["runs"].items()
+        for shape, s in run["shapes"].items()
+    ]
     text = (
         "Each mode in its own process with an empty cache folder. Cold compile = `compile_shape` (a one-step "
         "warm-up at that shape); the first shape of a process also pays the compiler's one-time start-up. "
         "Latency = `generate()` wall time after the first image.\n\n"
     )
-    text += md.table(
+    text += md.columns(
         [
-            "shape",
-            "mode",
-            "backend",
-            "graphs",
-            "cold compile s",
-            "first image s",
-            "latency median ms",
-            "latency p95 ms",
-            "n",
-            "recompiles after",
+            ("shape", "shape"),
+            ("mode", "mode"),
+            ("backend", "backend"),
+            ("graphs", "graphs"),
+            ("cold compile s", "compile_s", md.s),
+            ("first image s", "first_image_s", md.s),
+            ("latency median ms", "steady.median_s", md.ms),
+            ("latency p95 ms", "steady.p95_s", md.ms),
+            ("n", "steady.n"),
+            ("recompiles after", "steady_graphs"),
         ],
         rows,
     )
     if sec["ratios"]:
-        ratio_rows = [
-            [shape, md.x(r["compile_regional_over_full"]), md.x(r["latency_regional_over_full"])]
-            for shape, r in sec["ratios"].items()
-        ]
-        text += "\n\n" + md.table(["shape", "compile regional/full", "latency regional/full"], ratio_rows)
+        ratio_rows = [r | {"shape": shape} for shape, r in sec["ratios"].items()]
+        text += "\n\n" + md.columns(
+            [
+                ("shape", "shape"),
+                ("compile regional/full", "compile_regional_over_full", md.x),
+                ("latency regional/full", "latency_regional_over_full", md.x),
+            ],
+            ratio_rows,
+        )
     return text

@@ -80,13 +80,21 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    rows = [
-        [i + 1, c["call"], c["shape"], c["steps"], c["seed"], c["prompt"], c["graphs_counted"], c["cache"]]
-        for i, c in enumerate(sec["calls"])
-    ]
     verdict = "OK" if sec["ok"] else "**WRONG**"
     return (
-        md.table(["#", "call", "shape", "steps", "seed", "prompt", "graphs compiled", "cache"], rows)
+        md.columns(
+            [
+                ("#", "n"),
+                ("call", "call"),
+                ("shape", "shape"),
+                ("steps", "steps"),
+                ("seed", "seed"),
+                ("prompt", "prompt"),
+                ("graphs compiled", "graphs_counted"),
+                ("cache", "cache"),
+            ],
+            [c | {"n": i + 1} for i, c in enumerate(sec["calls"])],
+        )
         + f"\n\nMode {sec['mode']} / {sec['backend']}, cache folder {sec['cache_folder']}: "
         f"**{sec['compile_events']} compile(s) for {sec['distinct_graph_keys']} distinct graph shape(s)** "
         f"({sec['graphs_total']} graph(s) in all, {sec['compile_failures']} failure(s)): {verdict}."

@@ -186,43 +186,29 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    d, a, st = sec["direct"], sec["via_app"], sec["status_rtt"]
+    def timed(label: str, summary: dict[str, Any]) -> list[Any]:
+        return [label, md.ms(summary["median_s"]), md.ms(summary["p95_s"]), summary["n"]]
+
+    def difference(label: str, median_ms: float, p95_ms: float | None = None) -> list[Any]:
+        return [label, md.num(median_ms, 1), "" if p95_ms is None else md.num(p95_ms, 1), ""]
+
     rows = [
-        ["manager.generate() in the server process", md.ms(d["median_s"]), md.ms(d["p95_s"]), d["n"]],
-        ["gradio_client `/generate` (another process)", md.ms(a["median_s"]), md.ms(a["p95_s"]), a["n"]],
-        [
-            "**difference (serving overhead)**",
-            md.num(sec["overhead_median_ms"], 1),
-            md.num(sec["overhead_p95_ms"], 1),
-            "",
-        ],
-        ["gradio_client `/status` round trip (no queue)", md.ms(st["median_s"]), md.ms(st["p95_s"]), st["n"]],
+        timed("manager.generate() in the server process", sec["direct"]),
+        timed("gradio_client `/generate` (another process)", sec["via_app"]),
+        difference("**difference (serving overhead)**", sec["overhead_median_ms"], sec["overhead_p95_ms"]),
+        timed("gradio_client `/status` round trip (no queue)", sec["status_rtt"]),
     ]
     if "floor_rtt" in sec:  # a queued endpoint that does nothing, interleaved with the calls above
-        fl = sec["floor_rtt"]
-        rows.append(
-            [
-                "gradio_client `/floor` round trip (queued, trivial: the floor)",
-                md.ms(fl["median_s"]),
-                md.ms(fl["p95_s"]),
-                fl["n"],
-            ]
-        )
-        rows.append(
-            ["overhead above the trivial floor (difference - floor)", md.num(sec["overhead_above_floor_ms"], 1), "", ""]
-        )
+        rows.append(timed("gradio_client `/floor` round trip (queued, trivial: the floor)", sec["floor_rtt"]))
+        rows.append(difference("overhead above the trivial floor (difference - floor)", sec["overhead_above_floor_ms"]))
     note = ""
     if "wire" in sec:  # the same calls without gradio_client's 50 ms message poll
         w = sec["wire"]
-        for label, key in (
-            ("on the wire: `/generate` (image downloaded)", "generate"),
-            ("on the wire: `/floor` (trivial)", "floor"),
-            ("on the wire: `/floor` sleeping generate's `total_s` (matched floor)", "matched_floor"),
-        ):
-            rows.append([label, md.ms(w[key]["median_s"]), md.ms(w[key]["p95_s"]), w[key]["n"]])
-        rows.append(
-            ["**on the wire: generate above the matched floor**", md.num(sec["wire_above_matched_floor_ms"], 1), "", ""]
-        )
+        rows.append(timed("on the wire: `/generate` (image downloaded)", w["generate"]))
+        rows.append(timed("on the wire: `/floor` (trivial)", w["floor"]))
+        rows.append(timed("on the wire: `/floor` sleeping generate's `total_s` (matched floor)", w["matched_floor"]))
+        above = sec["wire_above_matched_floor_ms"]
+        rows.append(difference("**on the wire: generate above the matched floor**", above))
         note = (
             "\n\ngradio_client reads its message queue every 50 ms (`stream_sse_v1plus` in `gradio_client/utils.py`), "
             "so its round trips grow in 50 ms steps with the handler's duration. The wire rows speak Gradio's queue "

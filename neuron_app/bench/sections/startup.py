@@ -130,16 +130,13 @@ def _status_http(url: str) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    rows = [
-        [
-            r["start"],
-            md.s(r["page_s"]),
-            md.s(r["loaded_s"]),
-            md.s(r["load_s"]),
-            md.s(r["first_image_s"]),
-            r["first_cache"],
-        ]
-        for r in sec["rows"]
+    columns = [
+        ("start", "start"),
+        ("page HTTP 200 s", "page_s", md.s),
+        ("model loaded s", "loaded_s", md.s),
+        ("load itself s", "load_s", md.s),
+        ("first image s", "first_image_s", md.s),
+        ("cache", "first_cache"),
     ]
     floor = ""
     if "trivial_page_s" in sec:  # a one-textbox Gradio app started in the same run
@@ -150,6 +147,6 @@ def render(sec: dict[str, Any]) -> str:
     return (
         f"`python app.py`, mode {sec['mode']}, cache folder {sec['cache_folder']}; seconds from the process start. "
         f"The first request ({sec['shape']}) is sent as soon as the page answers (it is what loads a lazy server).\n\n"
-        + md.table(["start", "page HTTP 200 s", "model loaded s", "load itself s", "first image s", "cache"], rows)
+        + md.columns(columns, sec["rows"])
         + floor
     )

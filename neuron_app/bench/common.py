@@ -206,10 +206,12 @@ def worker_settings(spec: dict[str, Any]) -> Any:
 
 
 def worker_manager(spec: dict[str, Any]) -> Any:
-    """A worker's `PipelineManager` on the spec's settings (not loaded yet)."""
+    """A worker's `PipelineManager` on the spec's settings, loaded."""
     from neuron_app.engine.manager import PipelineManager
 
-    return PipelineManager(worker_settings(spec))
+    manager = PipelineManager(worker_settings(spec))
+    manager.ensure_loaded()
+    return manager
 
 
 def timed_generate(

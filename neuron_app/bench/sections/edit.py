@@ -46,7 +46,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     shape, steps, repeats = spec["shape"], spec["steps"], spec["repeats"]
     res = Resolution.parse(shape)
     manager = worker_manager(spec)
-    manager.ensure_loaded()
     if spec.get("warm_shape"):
         manager.compile_shape(spec["warm_shape"])
     rows = []

@@ -74,7 +74,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     and `tiled-vae` (vae_compile on: one tile graph for every shape).
     """
     manager = worker_manager(spec)
-    pipe = manager.ensure_loaded()
+    pipe = manager.pipe
     if spec["path"] == "whole-vae":
         pipe.vae.decoder.compile(backend=manager.vae_counter, fullgraph=True, dynamic=False)
     rows = []

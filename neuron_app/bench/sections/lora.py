@@ -30,7 +30,6 @@ def adapters_for(count: int) -> dict[str, str]:
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """The worker side (`kind: lora`): runs in its own process."""
     manager = worker_manager(spec)
-    manager.ensure_loaded()
     shape, steps, repeats = spec["shape"], spec["steps"], spec["repeats"]
     outcome = manager.compile_shape(shape)
     names = manager.adapters.names

@@ -48,7 +48,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Per shape: cold compile (compile_shape), the first image, then the steady latency of N calls."""
     steps, repeats = spec["steps"], spec["repeats"]
     manager = worker_manager(spec)
-    manager.ensure_loaded()
     loaded_at = since_process_start()
     shapes: dict[str, Any] = {}
     first_image_at: float | None = None

@@ -48,7 +48,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         ("B, other prompt", b, steps, 0, OTHER_PROMPT),
     ]
     manager = worker_manager(spec)
-    manager.ensure_loaded()
     rows = []
     for label, shape, call_steps, seed, prompt in calls:
         before = manager.counter.graphs

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neuron_app.bench.markdown import standalone, write_section
+from neuron_app.bench import script
 
 TITLE = "What tiny-shapes draws: prompt accuracy, the tiled VAE's seams, seconds per image"
 SHAPES = ["128x128", "256x256", "256x128", "128x256", "64x64"]
@@ -26,23 +26,8 @@ FIELDS = ("background", "colour", "shape", "position")
 
 
 def _manager(model: str, cache: Path, **extra: Any) -> Any:
-    from neuron_app.engine.manager import PipelineManager
-    from neuron_app.settings import load_settings
-
-    settings = load_settings(
-        model=model,
-        device="cpu",
-        compile_mode="eager",
-        resolutions=SHAPES,
-        default_resolution="128x128",
-        max_sequence_length=32,
-        max_steps=8,
-        cache_dir=cache,
-        **extra,
-    )
-    manager = PipelineManager(settings)
-    manager.ensure_loaded()
-    return manager
+    fields = {"compile_mode": "eager", "compile_backend": None, "default_resolution": "128x128", "max_steps": 8}
+    return script.tiny_manager(SHAPES, cache, model=model, max_sequence_length=32, **fields, **extra)
 
 
 def accuracy(manager: Any, steps_list: list[int]) -> dict[str, dict[str, int]]:
@@ -161,13 +146,7 @@ def render(report: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neuron_app.bench.quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", nargs="+", type=int, default=[1, 2, 4, 8])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="also write the section (benchmarks/quality.json)")
-    args = parser.parse_args(argv)
-    command, started = standalone("neuron_app.bench.quality", argv)
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     from neuron_app.engine.model.shapes_world import EVAL_SCENES
 
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
@@ -177,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         report["tiles"] = tile_psnr(shapes)
         report["seconds"] = {"tiny-shapes": seconds_per_image(shapes, args.repeats)}
         report["seconds"]["tiny"] = seconds_per_image(_manager("tiny", Path(tmp)), args.repeats)
-    markdown = render(report, command)
-    print(markdown)
-    if args.json:
-        write_section(args.json, TITLE, command, started, markdown, report)
-    return 0
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = script.parser("quality", __doc__, "also write the section (benchmarks/quality.json)")
+    parser.add_argument("--steps", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--repeats", type=int, default=5)
+    return script.main("quality", TITLE, parser, measure, render, argv)
 
 
 if __name__ == "__main__":

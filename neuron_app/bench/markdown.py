@@ -50,23 +50,3 @@ def failed(section: dict[str, Any] | None) -> str | None:
     if section.get("status") != "ok":
         return f"**failed**: {section.get('error', 'unknown error')}"
     return None
-
-
-def standalone(module: str, argv: list[str] | None) -> tuple[str, str]:
-    """The command line a standalone measurement module was run with, and when it started (UTC)."""
-    import datetime
-    import sys
-
-    argv = sys.argv[1:] if argv is None else argv
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    return f"python -m {module}" + (" " + " ".join(argv) if argv else ""), started
-
-
-def write_section(path: Any, title: str, command: str, started: str, markdown: str, results: Any = None) -> None:
-    """A standalone module's section as JSON: `python -m neuron_app.bench render` puts it into BENCHMARKS.md."""
-    import json
-
-    record = {"title": title, "command": command, "started_at": started, "markdown": markdown}
-    if results is not None:
-        record["results"] = results
-    path.write_text(json.dumps(record, indent=2) + "\n")

@@ -9,33 +9,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from neuron_app.bench import SECTIONS
-
-#: The run's sized options: (name, the full run's default, the smoke run's default, type, help). The full run is
-#: sized for a 2-core CPU in about five minutes; the smoke run is the smallest end-to-end run (what the test suite
-#: runs): tiny model, aot_eager compiles in seconds.
-OPTIONS: list[tuple[str, Any, Any, type, str]] = [
-    ("model", "tiny-deep", "tiny", str, "tiny, tiny-deep, or a Hub id / pipeline folder"),
-    ("device", "auto", "cpu", str, "auto, neuron, cuda or cpu"),
-    ("shapes", "64x64,128x128", "64x64", str, "WIDTHxHEIGHT list, comma separated"),
-    ("recompile_shapes", None, "64x64,128x128", str, "shapes A,B of the recompile sequence (none: the first two)"),
-    ("steps", 4, 1, int, "denoising steps per image"),
-    ("modes", "eager,full,regional", "eager,full,regional", str, "compile modes to compare: eager,full,regional"),
-    ("backend", None, "aot_eager", str, "torch.compile backend (none: the device's, inductor on CPU)"),
-    ("repeats", 10, 2, int, "timed calls per measurement"),
-    ("clients", "1,4,8", "1,2", str, "concurrent client counts, comma separated"),
-    ("per_client", 3, 1, int, "requests per concurrent client"),
-    ("jobs", 1, 4, int, "processes run side by side (more than 1: timings are not comparable)"),
-    # 384x384: where compute outweighs the per-request cost, as on a device
-    ("replicas_shape", "384x384", None, str, "ready shape of the replicas' throughput and freeze (none: the first)"),
-]
-DEVICES = ("auto", "neuron", "cuda", "cpu")
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
+from neuron_app.bench.config import OPTIONS, config_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,53 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--smoke", action="store_true", help="the smallest end-to-end run (tiny model, aot_eager)")
     parser.add_argument("--keep-work", action="store_true", help="keep the cache folders (printed at the end)")
     return parser
-
-
-def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
-    from neuron_app.bench.harness import BenchConfig
-    from neuron_app.bench.report import quote_command
-    from neuron_app.engine.model.tiny import VARIANTS
-    from neuron_app.shapes import Resolution
-
-    defaults = {name: smoke if args.smoke else full for name, full, smoke, _kind, _text in OPTIONS}
-    value = {key: default if getattr(args, key) is None else getattr(args, key) for key, default in defaults.items()}
-    shapes = [str(Resolution.parse(s)) for s in _csv(value["shapes"])]
-    recompile = [str(Resolution.parse(s)) for s in _csv(value["recompile_shapes"] or ",".join(shapes[:2]))]
-    modes = _csv(value["modes"])
-    sections = list(SECTIONS) if args.sections == "all" else _csv(args.sections)
-    errors = [f"unknown mode {m!r}" for m in modes if m not in ("eager", "full", "regional")]
-    errors += [f"unknown section {s!r}" for s in sections if s not in SECTIONS]
-    errors += [f"unknown device {value['device']!r}"] if value["device"] not in DEVICES else []
-    if not shapes or not modes:
-        errors.append("give at least one shape and one mode")
-    if not 1 <= len(recompile) <= 2:
-        errors.append("--recompile-shapes takes one or two shapes")
-    if errors:
-        raise SystemExit("bench: " + "; ".join(errors))
-    timeout = args.timeout or (7200.0 if value["device"] == "neuron" else 900.0)
-    return BenchConfig(
-        model=value["model"],
-        device=value["device"],
-        shapes=shapes,
-        steps=int(value["steps"]),
-        modes=modes,
-        backend=value["backend"],
-        repeats=int(value["repeats"]),
-        clients=[int(c) for c in _csv(value["clients"])],
-        per_client=int(value["per_client"]),
-        jobs=max(1, int(value["jobs"])),
-        threads=(1 if value["model"] in VARIANTS else None) if args.threads is None else (args.threads or None),
-        models_dir=args.models_dir.resolve() if args.models_dir else None,
-        seq_len=args.seq_len or (32 if value["model"] in VARIANTS else 512),
-        sections=sections,
-        recompile_shapes=recompile,
-        timeout_s=timeout,
-        out=args.out,
-        command=quote_command(argv),
-        smoke=args.smoke,
-        keep_work=args.keep_work,
-        replicas_shape=str(Resolution.parse(value["replicas_shape"])) if value["replicas_shape"] else None,
-    )
 
 
 def run(argv: list[str]) -> int:

@@ -20,7 +20,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +33,7 @@ from neuron_app.bench.common import (
     free_port,
     settings_env,
 )
+from neuron_app.bench.config import BenchConfig
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
 from neuron_app.bench.sections import (
     concurrency,
@@ -50,9 +50,6 @@ from neuron_app.bench.sections import (
 )
 from neuron_app.engine.model.tiny import VARIANTS
 from neuron_app.settings import PROJECT_ROOT
-
-#: Preference order for the mode that a server runs (the app's default first).
-SERVING_MODES = ("full", "regional", "eager")
 
 #: Every section, in the order of the results and of BENCHMARKS.md. Each module has `section(harness)`,
 #: `render(its results)` and `TITLE`; one with its own worker kind also `KIND` and `measure(spec)`.
@@ -75,50 +72,6 @@ REGISTRY: dict[str, ModuleType] = {
 ON_SERVER = ("serving", "concurrency")
 #: Sections that read what the others measured, run after every phase.
 AFTER_ALL = ("memory",)
-
-
-@dataclass
-class BenchConfig:
-    model: str
-    device: str
-    shapes: list[str]
-    steps: int
-    modes: list[str]
-    backend: str | None
-    repeats: int
-    clients: list[int]
-    per_client: int
-    seq_len: int
-    sections: list[str]
-    recompile_shapes: list[str]
-    timeout_s: float
-    out: Path
-    command: str
-    jobs: int = 1
-    threads: int | None = None
-    models_dir: Path | None = field(default=None, repr=False)
-    smoke: bool = False
-    keep_work: bool = False
-    replicas_shape: str | None = None
-
-    @property
-    def is_tiny(self) -> bool:
-        return self.model in VARIANTS
-
-    @property
-    def serving_mode(self) -> str:
-        return next(m for m in SERVING_MODES if m in self.modes)
-
-    @property
-    def all_shapes(self) -> list[str]:
-        return list(dict.fromkeys(self.shapes + self.recompile_shapes))
-
-    def public(self) -> dict[str, Any]:
-        """The configuration as it goes into the results (no local paths)."""
-        data = asdict(self)
-        for key in ("out", "command", "keep_work", "models_dir"):
-            data.pop(key)
-        return data
 
 
 class Harness:
@@ -176,6 +129,12 @@ class Harness:
             "kind": kind,
             "settings": self.settings(mode or self.cfg.serving_mode, cache_dir, **(settings or {})),
         } | found
+
+    def measure(
+        self, name: str, kind: str, mode: str | None = None, settings: dict[str, Any] | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """One worker of `kind`, called `name`, on an empty cache folder of that name (see `spec`)."""
+        return self.run_worker(name, self.spec(kind, self.new_cache(name), mode, settings, **fields))
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

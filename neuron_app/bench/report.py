@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +108,3 @@ def write_benchmarks(benchmarks: Path) -> Path:
         runs[path.stem] = json.loads(path.read_text())
     benchmarks.write_text(render_benchmarks(runs))
     return benchmarks
-
-
-def quote_command(argv: list[str]) -> str:
-    return shlex.join(["python", "-m", "neuron_app.bench", *argv])

@@ -12,12 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from neuron_app.bench.common import (
-    RESULT_TAG,
-    cpu_seconds,
-    emit,
-    since_process_start,
-)
+from neuron_app.bench.common import RESULT_TAG, cpu_seconds, emit, peak_rss_mb, since_process_start
 from neuron_app.bench.harness import REGISTRY
 
 
@@ -38,7 +33,8 @@ KINDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"prepare": prepa
 
 
 def main(argv: list[str]) -> int:
-    """Run one measurement; an exception becomes an `error` answer, so the run goes on."""
+    """Run one measurement; an exception becomes an `error` answer, so the run goes on. Every answer carries the
+    process's own times and its peak memory."""
     spec = json.loads(argv[0])
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -47,5 +43,7 @@ def main(argv: list[str]) -> int:
         logging.exception("worker %s failed", spec.get("kind"))
         emit(RESULT_TAG, {"error": f"{type(exc).__name__}: {str(exc).strip()[:500]}"})
         return 1
-    emit(RESULT_TAG, result | {"process_s": since_process_start(), "cpu_s": cpu_seconds()})
+    emit(
+        RESULT_TAG, result | {"process_s": since_process_start(), "cpu_s": cpu_seconds(), "peak_rss_mb": peak_rss_mb()}
+    )
     return 0

@@ -7,7 +7,6 @@ from typing import Any
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import (
     facts,
-    peak_rss_mb,
     ratio,
     summarize,
     timed_generate,
@@ -26,8 +25,7 @@ def section(harness: Any) -> dict[str, Any]:
     shape = harness.cfg.shapes[0]
     others = [s for s in harness.cfg.all_shapes if s != shape]
     warm_shape = others[0] if others else None
-    spec = harness.spec("edit", harness.new_cache("edit"), shape=shape, references=[0, 1, 2], warm_shape=warm_shape)
-    result = harness.run_worker("edit", spec)
+    result = harness.measure("edit", "edit", shape=shape, references=[0, 1, 2], warm_shape=warm_shape)
     base = result["rows"][0]
     for row in result["rows"]:
         row["compile_over_0"] = ratio(row["compile_s"], base["compile_s"])
@@ -65,7 +63,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0
             }
         )
-    return facts(manager) | {"rows": rows, "peak_rss_mb": peak_rss_mb()}
+    return facts(manager) | {"rows": rows}
 
 
 def render(sec: dict[str, Any]) -> str:

@@ -50,8 +50,7 @@ def section(harness: Any) -> dict[str, Any]:
     for path in ("whole-vae", "tiled-vae"):
         extra = {"resolutions": shapes, "default_resolution": shapes[0], "vae_tile": tile}
         extra |= {"vae_tile_overlap": overlap, "vae_compile": "on" if path == "tiled-vae" else "off"}
-        spec = harness.spec("families", harness.new_cache(f"families-{path}"), mode, extra, path=path, shapes=shapes)
-        paths[path] = harness.run_worker(f"families-{path}", spec)
+        paths[path] = harness.measure(f"families-{path}", "families", mode, extra, path=path, shapes=shapes)
     families = len({Resolution.parse(s).image_tokens for s in shapes})
     tiled = paths["tiled-vae"]
     return {

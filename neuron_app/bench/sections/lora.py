@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_app.bench.common import facts, peak_rss_mb, summarize, timed_generate, worker_manager
+from neuron_app.bench.common import facts, summarize, timed_generate, worker_manager
 
 #: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "lora"
@@ -66,21 +66,17 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "switch": summarize(direct) if direct else None,
         "scale_only": summarize(scale_only) if scale_only else None,
         "graphs_after_compile": manager.counter.graphs - graphs_after_compile,  # must be 0
-        "peak_rss_mb": peak_rss_mb(),
     }
 
 
 def section(harness: Any) -> dict[str, Any]:
     """The orchestrator side: one worker per adapter count, each in a fresh cache folder."""
     counts = SMOKE_COUNTS if harness.cfg.smoke else FULL_COUNTS
-    runs = []
-    for count in counts:
-        cache_dir = harness.new_cache(f"lora-{count}")
-        loras = {"loras": adapters_for(count)}
-        spec = harness.spec(
-            "lora", cache_dir, None, loras, shape=harness.cfg.shapes[0], repeats=max(2, harness.cfg.repeats)
-        )
-        runs.append(harness.run_worker(f"lora-{count}", spec))
+    shape, repeats = harness.cfg.shapes[0], max(2, harness.cfg.repeats)
+    runs = [
+        harness.measure(f"lora-{n}", "lora", None, {"loras": adapters_for(n)}, shape=shape, repeats=repeats)
+        for n in counts
+    ]
     switches = [r["switch"]["median_s"] for r in runs if r["switch"]]
     return {
         "runs": runs,

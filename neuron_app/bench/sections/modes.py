@@ -11,7 +11,6 @@ from typing import Any
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import (
     facts,
-    peak_rss_mb,
     ratio,
     since_process_start,
     summarize,
@@ -76,7 +75,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "graphs_total": manager.counter.graphs,
         "compile_failures": manager.counter.failures,
         "shapes": shapes,
-        "peak_rss_mb": peak_rss_mb(),
     }
 
 

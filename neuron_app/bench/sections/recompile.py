@@ -12,7 +12,6 @@ from neuron_app.bench.common import (
     OTHER_PROMPT,
     PROMPT,
     facts,
-    peak_rss_mb,
     timed_generate,
     worker_manager,
 )
@@ -74,7 +73,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "compile_events": sum(1 for r in rows if r["compiled"]),
         "graphs_total": manager.counter.graphs,
         "compile_failures": manager.counter.failures,
-        "peak_rss_mb": peak_rss_mb(),
     }
 
 

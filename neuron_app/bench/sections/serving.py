@@ -22,7 +22,6 @@ from neuron_app.bench.common import (
     emit,
     facts,
     good_result,
-    peak_rss_mb,
     seconds,
     summarize,
     timed_generate,
@@ -181,7 +180,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "graphs_while_serving": manager.counter.graphs - graphs_ready,  # must be 0: the shape was ready
         "hits": status.shapes[shape].hits,
-        "peak_rss_mb": peak_rss_mb(),
     }
 
 

@@ -129,37 +129,29 @@ def bench_previews(shapes: list[str], repeats: int) -> dict[str, Any]:
     return out
 
 
-def compared(label: str, figures: dict[str, Any], key: str, fmt: Any) -> list[str]:
-    """A before / after / ratio row of the text encoder's table, from `key`_before and `key`_after."""
-    before, after = figures[f"{key}_before"], figures[f"{key}_after"]
-    return [label, fmt(before), fmt(after), f"{after / before:.3f}"]
-
-
 def render(report: dict[str, Any], command: str) -> str:
     """The section BENCHMARKS.md shows: the encoder before/after, then ms per preview step by shape."""
     lines = [script.host(command) + " Wall times, median of the repeats.", ""]
     enc = report.get("text_encoder")
     if enc:
-        geometry, layers = enc["timed_geometry"], enc["timed_layers"]
+        geometry = enc["timed_geometry"]
         lines += [
             "**Text encoder stopped at the last layer klein reads** (`text_encoder_out_layers=(9, 18, 27)`: layers "
             "28-35, the final norm and `lm_head` dropped). Parameters and matmul work are exact at Qwen3-4B's real "
             "geometry (built on the meta device); the time is a stand-in with Qwen3-4B's depth and vocabulary at "
             f"{geometry['hidden_size']} wide (this host cannot hold 4B parameters twice), {enc['tokens']} tokens.",
             "",
-            md.table(
-                ["", "before", "after", "ratio"],
-                [
-                    compared("Qwen3-4B parameters", enc, "qwen3_4b_params", lambda n: f"{n / 1e9:.2f} B"),
-                    compared("Qwen3-4B matmul GFLOP per token", enc, "qwen3_4b_matmul_gflop_per_token", str),
-                    compared(
-                        f"encode, stand-in ({layers[0]} -> {layers[1]} layers)",
-                        enc,
-                        "encode_s",
-                        lambda t: f"{t * 1000:.0f} ms",
-                    ),
-                ],
-            ),
+            "| | before | after | ratio |",
+            "|---|---|---|---|",
+            f"| Qwen3-4B parameters | {enc['qwen3_4b_params_before'] / 1e9:.2f} B | "
+            f"{enc['qwen3_4b_params_after'] / 1e9:.2f} B | "
+            f"{enc['qwen3_4b_params_after'] / enc['qwen3_4b_params_before']:.3f} |",
+            f"| Qwen3-4B matmul GFLOP per token | {enc['qwen3_4b_matmul_gflop_per_token_before']} | "
+            f"{enc['qwen3_4b_matmul_gflop_per_token_after']} | "
+            f"{enc['qwen3_4b_matmul_gflop_per_token_after'] / enc['qwen3_4b_matmul_gflop_per_token_before']:.3f} |",
+            f"| encode, stand-in ({enc['timed_layers'][0]} -> {enc['timed_layers'][1]} layers) | "
+            f"{enc['encode_s_before'] * 1000:.0f} ms | {enc['encode_s_after'] * 1000:.0f} ms | "
+            f"{enc['encode_s_after'] / enc['encode_s_before']:.3f} |",
             "",
             f"Weights saved in bf16: {enc['qwen3_4b_bf16_gib_saved']} GiB (on Neuron: that much less HBM). Hidden "
             f"states klein reads identical before and after: {enc['hidden_states_identical']}.",

@@ -1,5 +1,5 @@
 """Small pieces shared by the orchestrator, the sections and the workers: statistics, the line protocol, ports,
-CPU meters, settings as environment variables, HTTP probes."""
+CPU meters, settings as environment variables, a worker's manager and its timed generates."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import resource
 import socket
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -184,15 +183,6 @@ def settings_env(overrides: dict[str, Any]) -> dict[str, str]:
             text = str(value)
         env[f"NEURON_APP_{key.upper()}"] = text
     return env
-
-
-def http_ok(url: str) -> bool:
-    """Whether `url` answers 200 now (2 s at most): the probe for "the page is up"."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def worker_settings(spec: dict[str, Any]) -> Any:

@@ -1,5 +1,5 @@
-"""Process plumbing of the orchestrator: a subprocess's tagged lines, ending a process group, a log's tail,
-and what machine the numbers were measured on."""
+"""Process plumbing of the orchestrator: a subprocess's tagged lines, its page answering, ending a process group,
+a log's tail, and what machine the numbers were measured on."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuron_app.bench.common import BenchError, http_ok, parse_tagged
+from neuron_app.bench.common import BenchError, parse_tagged
 from neuron_app.environment import dist_version
 
 
@@ -70,6 +71,15 @@ class Lines:
             found = parse_tagged(line, tag)
             if found is not None:
                 return found
+
+
+def http_ok(url: str) -> bool:
+    """Whether `url` answers 200 now (2 s at most): the probe for "the page is up"."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def wait_up(url: str, proc: subprocess.Popen[Any], deadline: float, tick: Callable[[], None] | None = None) -> None:

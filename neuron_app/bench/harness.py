@@ -51,22 +51,13 @@ from neuron_app.bench.sections import (
 from neuron_app.engine.model.tiny import VARIANTS
 from neuron_app.settings import PROJECT_ROOT
 
-#: Every section, in the order of the results and of BENCHMARKS.md. Each module has `section(harness)`,
-#: `render(its results)` and `TITLE`; one with its own worker kind also `KIND` and `measure(spec)`.
-#: `SECTIONS`, `worker.KINDS` and the report's sections are read from here: a new section is one module
-#: and one line.
+#: Every section, in the order of the results and of BENCHMARKS.md, by its module's name. Each module has
+#: `section(harness)`, `render(its results)` and `TITLE`; one with its own worker kind also `KIND` and
+#: `measure(spec)`. `SECTIONS`, `worker.KINDS` and the report's sections are read from here: a new section is
+#: one module, imported above and named here.
 REGISTRY: dict[str, ModuleType] = {
-    "modes": modes,
-    "restart": restart,
-    "recompile": recompile,
-    "serving": serving,
-    "concurrency": concurrency,
-    "memory": memory,
-    "startup": startup,
-    "lora": lora,
-    "replicas": replicas,
-    "families": families,
-    "edit": edit,
+    module.__name__.rsplit(".", 1)[-1]: module
+    for module in (modes, restart, recompile, serving, concurrency, memory, startup, lora, replicas, families, edit)
 }
 #: Sections measured on the one serving worker (`section(harness, server)`), in this order.
 ON_SERVER = ("serving", "concurrency")

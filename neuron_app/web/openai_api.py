@@ -21,12 +21,10 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -46,6 +44,7 @@ from neuron_app.web.image_urls import UrlStore
 from neuron_app.web.jobs import Jobs, wants_async
 from neuron_app.web.multi_image import offered_shapes, run_many, validate_many
 from neuron_app.web.openai_errors import ApiError, check_size, failure, read_body, refusal
+from neuron_app.web.openai_forms import content_type, read_edit_form
 from neuron_app.web.ops import gradio_queue_length
 from neuron_app.web.traced import traced
 
@@ -60,28 +59,12 @@ OPENAI_PATHS = (
 )
 #: A JSON request is a prompt and a few numbers; edits carry reference images.
 GENERATION_BODY_LIMIT = 1 << 20
-EDIT_BODY_LIMIT = 50 << 20
-MAX_EDIT_IMAGES = 16
 RESPONSE_FORMATS = ("b64_json", "url")
 #: OpenAI parameters accepted and without effect here (FLUX.2-klein has no such knobs).
 IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
 #: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength;
 #: `loras`: several styles, [{"name", "scale"}], #32).
 EXTENSIONS = ("lora", "lora_scale", "loras")
-
-
-def _content_type(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-
-
-def _form_value(value: Any) -> Any:
-    """Multipart fields arrive as text: numbers become numbers, the rest stays as sent (and is validated)."""
-    if not isinstance(value, str):
-        return value
-    for kind in (int, float):
-        with contextlib.suppress(ValueError):
-            return kind(value)
-    return value
 
 
 class OpenAIImages:
@@ -307,7 +290,7 @@ class OpenAIImages:
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > GENERATION_BODY_LIMIT:
                 await read_body(request, GENERATION_BODY_LIMIT)  # raises 413
-            if _content_type(request) != "application/json":
+            if content_type(request) != "application/json":
                 raise ApiError(400, "Content-Type must be application/json", code="invalid_content_type")
             body = await read_body(request, GENERATION_BODY_LIMIT)
             try:
@@ -325,32 +308,7 @@ class OpenAIImages:
     async def edits(self, request: Request) -> Response:
         try:
             self.check_auth(request)
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > EDIT_BODY_LIMIT:
-                await read_body(request, EDIT_BODY_LIMIT)  # raises 413
-            if _content_type(request) != "multipart/form-data":
-                raise ApiError(400, "Content-Type must be multipart/form-data", code="invalid_content_type")
-            body = await read_body(request, EDIT_BODY_LIMIT)
-
-            async def chunks() -> AsyncIterator[bytes]:
-                yield body
-
-            parser = MultiPartParser(request.headers, chunks(), max_files=MAX_EDIT_IMAGES, max_fields=64)
-            try:
-                form = await parser.parse()
-            except MultiPartException as exc:
-                raise ApiError(
-                    400, f"the multipart body is not valid: {exc.message}", code="invalid_multipart"
-                ) from exc
-            uploads = [v for key in ("image", "image[]") for v in form.getlist(key) if isinstance(v, UploadFile)]
-            if not uploads:
-                raise ApiError(400, "image is required: one or more image files", param="image")
-            if len(uploads) > MAX_EDIT_IMAGES:
-                raise ApiError(400, f"at most {MAX_EDIT_IMAGES} images", param="image")
-            images = [await upload.read() for upload in uploads]
-            fields = {key: _form_value(value) for key, value in form.items() if isinstance(value, str)}
-            fields["prompt"] = form.get("prompt")  # text stays text
-            options = await self.inpaint_options(form, fields, images)
+            fields, options = await read_edit_form(request)  # web/openai_forms.py
             if options.get("references") and not self.editing:
                 raise ApiError(
                     501, "image editing is not available on this server", type="server_error", code="not_implemented"
@@ -358,20 +316,6 @@ class OpenAIImages:
             return await self.serve(request, fields, **options)
         except ApiError as exc:
             return self.answer_error(request, exc)
-
-    async def inpaint_options(self, form: Any, fields: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
-        """OpenAI's `mask` (transparent = edit) applies to the first image; `strength` (an extension) without a
-        mask makes it image-to-image. The other images are references. Without either, all are references."""
-        mask = form.get("mask")
-        if mask is not None and not isinstance(mask, UploadFile):
-            raise ApiError(400, "mask must be a PNG file the image's size", param="mask")
-        strength = fields.get("strength")
-        if mask is None and strength is None:
-            return {"references": images}
-        options: dict[str, Any] = {"image": images[0], "references": images[1:] or None, "strength": strength}
-        if mask is not None:
-            options["mask"] = await mask.read()
-        return options
 
     def answer_error(self, request: Request, exc: ApiError) -> Response:
         """The error's answer; a refusal of a known key is counted under its name (rate limits count themselves)."""

@@ -182,6 +182,16 @@ class InterfaceSettings(BaseModel):
     safety_threshold: float = Field(
         0.5, gt=0.0, lt=1.0, description="An image whose 'nsfw' probability reaches this is refused."
     )
+    postprocess_workers: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Host slots for the work after the device (safety check, marks, encode): a device lane hands "
+        "its image over and takes the next request at once, and waits only when all are busy; 0 = in-line.",
+    )
+    safety_threads: int = Field(
+        1, ge=1, le=64, description="CPU threads the safety classifier's batch runs on (torch's intra-op threads)."
+    )
     watermark_payload: str = Field(
         "FLUX2K",
         description="The 6 ASCII characters (48 bits) of the invisible watermark (lumaQim: engine/trust/watermark.py) "

@@ -42,7 +42,9 @@ def app(launch_tiny: Callable[..., Any]) -> Any:
     keys = {"edit": {"key": EDIT_KEY}, "tight": {"key": TIGHT_KEY, "images_per_minute": 1}}
     os.environ["NEURON_APP_API_KEYS"] = json.dumps(keys)
     try:
-        launched = launch_tiny(upload_mb_per_minute=2, upload_total_mb=5, queue_max_size=1, max_connections=CONNECTIONS)
+        # postprocess_workers 0: one request at a time in Gradio's queue, whose waiting room these tests count
+        budgets = {"upload_mb_per_minute": 2, "upload_total_mb": 5, "postprocess_workers": 0}
+        launched = launch_tiny(**budgets, queue_max_size=1, max_connections=CONNECTIONS)
     finally:
         os.environ.pop("NEURON_APP_API_KEYS", None)
     launched.manager.ensure_loaded()  # every test below meets a ready model, whichever runs first

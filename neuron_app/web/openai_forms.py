@@ -1,5 +1,6 @@
-"""The edits endpoint's multipart form (OpenAI's /v1/images/edits): read within its byte budget, its fields as
-numbers where they are numbers, and its images as references or an inpaint's source and mask."""
+"""What an Images API request's fields ask beyond the prompt: the edits endpoint's multipart form (read within its
+byte budget, its fields as numbers where they are numbers, its images as references or an inpaint's source and
+mask), and the answer's file format (`output_format`, `output_compression`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,28 @@ from neuron_app.web.openai_errors import ApiError, read_body
 
 EDIT_BODY_LIMIT = 50 << 20
 MAX_EDIT_IMAGES = 16
+OUTPUT_FORMATS = ("png", "jpeg", "webp")
+Output = tuple[str, int | None]
+PNG: Output = ("png", None)
+
+
+def output_choice(fields: dict[str, Any]) -> Output:
+    """OpenAI's `output_format` (png, jpeg, webp; default png) and `output_compression` (0-100, jpeg and webp only;
+    default 100), checked before any model work."""
+    fmt = fields.get("output_format") or "png"
+    if fmt not in OUTPUT_FORMATS:
+        raise ApiError(400, f"output_format must be one of {', '.join(OUTPUT_FORMATS)}", param="output_format",
+                       code="invalid_value")  # fmt: skip
+    level = fields.get("output_compression")
+    if level is None:
+        return fmt, None
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 100:
+        raise ApiError(400, "output_compression must be a whole number from 0 to 100", param="output_compression",
+                       code="invalid_value")  # fmt: skip
+    if fmt == "png":
+        raise ApiError(400, "output_compression applies to jpeg and webp only", param="output_compression",
+                       code="invalid_value")  # fmt: skip
+    return fmt, level
 
 
 def content_type(request: Request) -> str:

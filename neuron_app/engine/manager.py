@@ -346,6 +346,7 @@ class PipelineManager(ShapeCompiler, Admitted):
             eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
             timings = {"start": start, "queue_s": held - waiting, "inference_s": time.perf_counter() - t0}
             timings["device_s"] = time.perf_counter() - held
+            self._device_lock.busy(held, held + timings["device_s"])
             self.post.take()  # a host slot for the image; all busy: the lane waits (backpressure)
         except BaseException:
             self._device_lock.release()

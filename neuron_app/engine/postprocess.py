@@ -37,14 +37,15 @@ def request_slots(settings: Any) -> int:
 
 
 class Lane:
-    """The device lock, served in arrival order, that counts its waiters and logs when it was held."""
+    """The device lock, served in arrival order, that counts its waiters and logs the device work done under it."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._next = 0  # the next ticket handed out
         self._serving = 0  # the ticket that may hold the lane
-        self._held_since: float | None = None
-        self.holds: deque[tuple[float, float]] = deque(maxlen=LANE_LOG)  # (start, end), perf_counter
+        #: (start, end) of each request's device work, perf_counter: the host work after it is not in it, even
+        #: in-line where the lane stays held through it (what the idle fraction compares)
+        self.holds: deque[tuple[float, float]] = deque(maxlen=LANE_LOG)
 
     def acquire(self) -> bool:
         with self._cond:
@@ -52,14 +53,15 @@ class Lane:
             self._next += 1
             while ticket != self._serving:
                 self._cond.wait()
-            self._held_since = time.perf_counter()
         return True
+
+    def busy(self, start: float, end: float) -> None:
+        """A request's device work ran from `start` to `end` (perf_counter)."""
+        with self._cond:
+            self.holds.append((start, end))
 
     def release(self) -> None:
         with self._cond:
-            if self._held_since is not None:
-                self.holds.append((self._held_since, time.perf_counter()))
-            self._held_since = None
             self._serving += 1
             self._cond.notify_all()
 
@@ -81,7 +83,7 @@ class Lane:
 
 
 def idle_fraction(holds: list[tuple[float, float]]) -> float | None:
-    """The lane's idle share between its first hold's start and its last hold's end (None under two holds)."""
+    """The device's idle share between the first request's device work and the last one's end (None under two)."""
     if len(holds) < 2:
         return None
     span = holds[-1][1] - holds[0][0]

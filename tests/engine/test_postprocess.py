@@ -70,7 +70,7 @@ def test_the_lane_takes_the_next_request_while_the_host_signs_and_waits_when_the
     stages = manager.status().stages
     assert stages["post"] == stages["post"] | {"workers": 1, "waiting": 1, "running": 1}
     assert stages["device"]["waiting"] == 1 and stages["device"]["running"] == 1
-    assert len(lane.holds) == holds_before + 1  # the first request's device work ended while its image was held
+    assert len(lane.holds) == holds_before + 2  # the second request's device work ran while the first image was held
     lock.release()
     for thread in (first, second, third):
         thread.join(120)

@@ -40,6 +40,7 @@ from neuron_app.bench.sections import (
     lora,
     memory,
     modes,
+    postprocess,
     recompile,
     replicas,
     restart,
@@ -68,6 +69,7 @@ REGISTRY: dict[str, ModuleType] = {
     "replicas": replicas,
     "families": families,
     "edit": edit,
+    "postprocess": postprocess,
 }
 #: Sections measured on the one serving worker (`section(harness, server)`), in this order.
 ON_SERVER = ("serving", "concurrency")
@@ -310,7 +312,7 @@ class Harness:
         # but the warm restart, which needs the cold run's folder. Timings are then not comparable.
         parallel_phases = [
             ["modes", "recompile", "startup", "serving", "families", "edit"],
-            ["restart", "lora", "replicas"],
+            ["restart", "lora", "replicas", "postprocess"],
         ]
         phases = parallel_phases if self.parallel else [[t] for t in tasks]
         try:

@@ -14,8 +14,10 @@ depend on it: the lane's own holds.
 
 from __future__ import annotations
 
+import datetime
 import io
 import itertools
+import os
 import threading
 import time
 from typing import Any
@@ -173,7 +175,11 @@ def section(harness: Any) -> dict[str, Any]:
     spec = {"kind": KIND, "settings": settings, "shape": shape, "steps": cfg.steps, "repeats": cfg.repeats}
     spec |= {"smoke": cfg.smoke, "sides": [256] if cfg.smoke else list(SIDES)}
     spec["settings"] |= {"resolutions": [shape], "default_resolution": shape}
+    load_start = os.getloadavg()[0]
     result = harness.run_worker("postprocess", spec)
+    # its own command and load: BENCHMARKS.md may show it beside a CPU run made with another command
+    result |= {"command": cfg.command, "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    result["load_avg"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     by = {(r["safety"], r["workers"]): r for r in result["runs"]}
     for safety in (True, False):
         result[f"throughput_{'on' if safety else 'off'}"] = ratio(
@@ -203,10 +209,16 @@ def render(results: dict[str, Any]) -> str:
     qheads = ["safety", "post stage", "requests at once", "lane idle %", "idle gap ms", "device ms/request",
               "wall s (8 requests)", "errors"]  # fmt: skip
     notes = (
-        f"\nHost milliseconds on one thread (median). Queue: {QUEUE} requests of {sec['shape']}, {sec['steps']} steps "
+        f"\n\nHost milliseconds on one thread (median). Queue: {QUEUE} requests of {sec['shape']}, "
+        f"{sec['steps']} steps "
         f"on {sec['lane_device']}, the safety classifier {sec['classifier']} on `safety_threads = 1`. Throughput "
         f"overlapped/in-line: {md.x(sec['throughput_on'])} with safety on, {md.x(sec['throughput_off'])} off (the "
         "floor). On two cores the emulated device and the host work share the CPU: the lane's idle share is the "
-        "figure that does not depend on it."
+        "figure that does not depend on it. An overlapped lane that still idles waits for a post slot "
+        "(backpressure): the host work per image outlasts the device's, and only more slots on more host cores, or "
+        "the classifier on the device, close that gap."
     )
+    if sec.get("command"):
+        load = sec.get("load_avg") or ["-", "-"]
+        notes += f" Measured with `{sec['command']}` at {sec['measured_at']}, load average {load[0]} to {load[1]}."
     return md.table(heads, stage_rows) + "\n\n" + md.table(qheads, queue_rows) + notes

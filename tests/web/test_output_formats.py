@@ -94,3 +94,14 @@ def test_output_compression_sets_the_quality_and_bad_values_are_refused(formats_
             client.images.generate(prompt="a lake", size="64x64", **fields)
         assert caught.value.body["param"] == param and "\n" not in caught.value.body["message"]
     assert formats_app.manager.status().stages["post"]["done"] == in_flight  # refused before any model work
+
+
+def test_an_edit_answers_in_the_asked_format_with_every_mark(formats_app: Any) -> None:
+    reference = io.BytesIO()
+    Image.new("RGB", (256, 256), (40, 120, 200)).save(reference, format="PNG")
+    result = client_of(formats_app).images.edit(
+        image=("ref.png", reference.getvalue(), "image/png"), prompt="a marked lighthouse", size="256x256",
+        output_format="webp", output_compression=90, extra_body=EXTRA,
+    )  # fmt: skip
+    assert result.output_format == "webp"
+    assert_marked(base64.b64decode(result.data[0].b64_json), "webp")

@@ -7,8 +7,9 @@ Three marks, because each survives something the others do not:
   re-encode at quality 90 and after resizing down to 256 px (measured in BENCHMARKS.md); images under
   256x256 say in their metadata that they carry none, and each embedding is read back: an image where it did
   not hold (clipped pixels) says so too. A watermark is a claim, not proof: anyone can write these bits;
-- IPTC in XMP (an iTXt chunk `XML:com.adobe.xmp`): `Iptc4xmpExt:DigitalSourceType` = trainedAlgorithmicMedia,
-  the field photo tools and platforms read to label AI images;
+- IPTC in XMP (a PNG's iTXt chunk `XML:com.adobe.xmp`, the XMP slot of a JPEG or WebP):
+  `Iptc4xmpExt:DigitalSourceType` = trainedAlgorithmicMedia, the field photo tools and platforms read
+  to label AI images;
 - a signed C2PA manifest (c2pa-python): a `c2pa.created` action with that digital source type, the model and
   the software, its hash bound to the final bytes, so any later change to the file is detected.
 

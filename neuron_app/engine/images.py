@@ -66,7 +66,14 @@ def provenance(record: Any) -> dict[str, str]:
 def write_png(record: Any, target: Path | IO[bytes], marker: Marker | None = None) -> None:
     """The record's image as PNG with its provenance, marked as AI-made (engine/trust/marks.py: watermark, IPTC XMP,
     signed C2PA manifest); `marker` None: the process settings' marker. `record.marks` says what it carries."""
-    data = encoded(record, marker)
+    write_image(record, target, marker)
+
+
+def write_image(
+    record: Any, target: Path | IO[bytes], marker: Marker | None = None, fmt: str = "png", quality: int | None = None
+) -> None:
+    """`encoded` written to `target` (a path or a binary file)."""
+    data = encoded(record, marker, fmt, quality)
     if isinstance(target, Path):
         target.write_bytes(data)
     else:

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from neuron_app.engine.images import encoded
+from neuron_app.engine.images import write_image
 from neuron_app.engine.records import GenerationRecord
 from neuron_app.engine.trust.marks import Marker
 
@@ -30,7 +30,7 @@ class UrlStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.prune()
         name = f"{secrets.token_urlsafe(32)}.{output[0]}"
-        (self.folder / name).write_bytes(encoded(record, self.marker, *output))
+        write_image(record, self.folder / name, self.marker, *output)
         return name
 
     def find(self, name: str) -> Path | None:

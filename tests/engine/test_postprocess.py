@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from neuron_app.engine.postprocess import Lane, idle_fraction
+from neuron_app.engine.postprocess import Lane, PostStage, idle_fraction
 from neuron_app.engine.trust.marks import Marker
 from neuron_app.errors import ContentRefused
 from tests.support import wait_for
@@ -33,6 +33,23 @@ def start(manager: Any, seed: int, results: dict[int, Any]) -> threading.Thread:
     return thread
 
 
+@pytest.fixture(scope="module")
+def manager(tmp_path_factory: pytest.TempPathFactory, shared_models: Any) -> Any:
+    """One loaded tiny manager with the safety checker on (its stand-in), 64x64 compiled and the signer made; each
+    test gives it the post stage it needs (what `postprocess_workers` sets at start)."""
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.settings import load_settings
+    from tests.support import TINY_OVERRIDES, link_models
+
+    cache_dir = link_models(tmp_path_factory.mktemp("cache"), shared_models)
+    settings = load_settings(
+        **(TINY_OVERRIDES | {"cache_dir": cache_dir, "safety_checker": "on", "safety_model": "tiny"})
+    )
+    manager = PipelineManager(settings)
+    manager.generate(PROMPT, SHAPE, STEPS, 0)
+    return manager
+
+
 @pytest.fixture
 def signing_held(request: pytest.FixtureRequest) -> Iterator[Callable[[Any], threading.Lock]]:
     held: list[threading.Lock] = []
@@ -50,12 +67,9 @@ def signing_held(request: pytest.FixtureRequest) -> Iterator[Callable[[Any], thr
 
 
 def test_the_lane_takes_the_next_request_while_the_host_signs_and_waits_when_the_slots_are_full(
-    make_settings: Callable[..., Any], signing_held: Callable[[Any], threading.Lock]
+    manager: Any, signing_held: Callable[[Any], threading.Lock]
 ) -> None:
-    from neuron_app.engine.manager import PipelineManager
-
-    manager = PipelineManager(make_settings(postprocess_workers=1))
-    manager.generate(PROMPT, SHAPE, STEPS, 0)  # compiled and the signer made: what follows is serving only
+    manager.post = PostStage(1)
     lane, post = manager._device_lock, manager.post
     holds_before = len(lane.holds)
     lock = signing_held(manager)
@@ -77,17 +91,12 @@ def test_the_lane_takes_the_next_request_while_the_host_signs_and_waits_when_the
     assert [results[s].seed for s in (1, 2, 3)] == [1, 2, 3]
     assert all(results[s].marks["c2pa"].startswith("signed") for s in (1, 2, 3))
     assert manager.status().stages["post"] | {"seconds": 0} == {
-        "workers": 1, "waiting": 0, "running": 0, "done": 4, "failed": 0, "seconds": 0,
+        "workers": 1, "waiting": 0, "running": 0, "done": 3, "failed": 0, "seconds": 0,
     }  # fmt: skip
 
 
-def test_in_line_the_lane_waits_for_the_host_work(
-    make_settings: Callable[..., Any], signing_held: Callable[[Any], threading.Lock]
-) -> None:
-    from neuron_app.engine.manager import PipelineManager
-
-    manager = PipelineManager(make_settings(postprocess_workers=0))
-    manager.generate(PROMPT, SHAPE, STEPS, 0)
+def test_in_line_the_lane_waits_for_the_host_work(manager: Any, signing_held: Callable[[Any], threading.Lock]) -> None:
+    manager.post = PostStage(0)
     lane, post = manager._device_lock, manager.post
     lock = signing_held(manager)
     results: dict[int, Any] = {}
@@ -102,11 +111,8 @@ def test_in_line_the_lane_waits_for_the_host_work(
     assert [results[s].seed for s in (1, 2)] == [1, 2]
 
 
-def test_a_flagged_image_fails_its_own_request_only_and_is_never_encoded(make_settings: Callable[..., Any]) -> None:
-    from neuron_app.engine.manager import PipelineManager
-
-    manager = PipelineManager(make_settings(safety_checker="on", safety_model="tiny", postprocess_workers=2))
-    manager.generate(PROMPT, SHAPE, STEPS, 0)
+def test_a_flagged_image_fails_its_own_request_only_and_is_never_encoded(manager: Any) -> None:
+    manager.post = PostStage(2)
     manager.safety.threshold = 1e-30  # the stand-in's score for noise is above it: every image is flagged
     results: dict[int, Any] = {}
     flagged = start(manager, 1, results)
@@ -117,7 +123,7 @@ def test_a_flagged_image_fails_its_own_request_only_and_is_never_encoded(make_se
     assert isinstance(results[1], ContentRefused)
     assert results[2].safety == "passed" and results[2].encoded.data[:4] == b"\x89PNG"
     post = manager.status().stages["post"]
-    assert post["failed"] == 1 and post["done"] == 2 and post["running"] == 0
+    assert post["failed"] == 1 and post["done"] == 1 and post["running"] == 0
     assert not manager._device_lock.locked()  # the failure in the host stage left the lane free
 
 
@@ -136,3 +142,12 @@ def test_the_lane_serves_in_arrival_order_and_its_idle_share() -> None:
     assert order == [0, 1, 2, 3] and not lane.locked()
     assert idle_fraction([(0.0, 1.0), (2.0, 3.0)]) == pytest.approx(1 / 3)
     assert idle_fraction([(0.0, 1.0)]) is None
+
+
+def test_postprocess_workers_sets_the_stage_and_the_entries_slots(make_settings: Callable[..., Any]) -> None:
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.engine.postprocess import request_slots
+
+    settings = make_settings(postprocess_workers=3)
+    assert PipelineManager(settings).post.workers == 3 and request_slots(settings) == settings.device_lanes + 3
+    assert not PipelineManager(make_settings(postprocess_workers=0)).post.overlapped  # in-line

@@ -22,6 +22,7 @@ from typing import Any
 
 from neuron_app.engine.trust.marks import (
     DIGITAL_SOURCE_TYPE,
+    MIME,
     SOFTWARE,
     WATERMARK_METHOD,
     WATERMARK_MIN_SIDE,
@@ -102,14 +103,14 @@ def _short(source_type: str | None) -> str:
     return (source_type or "none").rsplit("/", 1)[-1]
 
 
-def c2pa_line(data: bytes, signer: Signer | None = None) -> tuple[str, bool, bool]:
+def c2pa_line(data: bytes, signer: Signer | None = None, mime: str = "image/png") -> tuple[str, bool, bool]:
     """The active manifest in one line; whether it claims this software's `c2pa.created` AI action; and whether
     that is proof: valid for these bytes, chained to `signer`'s anchor and signed by its certificate."""
     import c2pa
 
     trust = {"verify": {"verify_trust": True}, "trust": {"trust_anchors": signer.anchor_pem}} if signer else {}
     try:
-        with c2pa.Reader("image/png", io.BytesIO(data), context=c2pa.Context.from_dict(trust)) as reader:
+        with c2pa.Reader(mime, io.BytesIO(data), context=c2pa.Context.from_dict(trust)) as reader:
             manifest = reader.get_active_manifest() or {}
             state = reader.get_validation_state() or "unknown"
             results = reader.get_validation_results() or {}
@@ -160,10 +161,11 @@ def verify_file(path: Path, payload: bytes, signer: Signer | None = None, key: b
         report.readable = False
         report.lines.append(f"cannot read it as an image: {type(exc).__name__}: {str(exc)[:200]}")
         return report
-    if image.format == "PNG" or data[:4] == b"\x89PNG":
-        line, claimed, report.proof = c2pa_line(data, signer)
+    mime = MIME.get(str(image.format).lower())
+    if mime is not None:
+        line, claimed, report.proof = c2pa_line(data, signer, mime)
     else:
-        line, claimed = f"not checked ({image.format} file; this server writes PNG)", False
+        line, claimed = f"not checked ({image.format} file; this server writes PNG, JPEG and WebP)", False
     report.lines.append(f"C2PA: {line}")
     if claimed and not report.proof:
         report.claims.append("c2pa")

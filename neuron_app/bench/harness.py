@@ -42,6 +42,7 @@ from neuron_app.bench.sections import (
     lora,
     memory,
     modes,
+    postprocess,
     recompile,
     replicas,
     restart,
@@ -57,7 +58,9 @@ from neuron_app.settings import PROJECT_ROOT
 #: one module, imported above and named here.
 REGISTRY: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[-1]: module
-    for module in (modes, restart, recompile, serving, concurrency, memory, startup, lora, replicas, families, edit)
+    for module in (
+        modes, restart, recompile, serving, concurrency, memory, startup, lora, replicas, families, edit, postprocess
+    )
 }
 #: Sections measured on the one serving worker (`section(harness, server)`), in this order.
 ON_SERVER = ("serving", "concurrency")
@@ -298,7 +301,7 @@ class Harness:
         # but the warm restart, which needs the cold run's folder. Timings are then not comparable.
         parallel_phases = [
             ["modes", "recompile", "startup", "serving", "families", "edit"],
-            ["restart", "lora", "replicas"],
+            ["restart", "lora", "replicas", "postprocess"],
         ]
         phases = parallel_phases if self.parallel else [[t] for t in tasks]
         try:

@@ -6,6 +6,7 @@ import json
 import threading
 import uuid
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -65,13 +66,50 @@ def provenance(record: Any) -> dict[str, str]:
 def write_png(record: Any, target: Path | IO[bytes], marker: Marker | None = None) -> None:
     """The record's image as PNG with its provenance, marked as AI-made (engine/trust/marks.py: watermark, IPTC XMP,
     signed C2PA manifest); `marker` None: the process settings' marker. `record.marks` says what it carries."""
-    if marker is None:
-        from neuron_app.settings import get_settings
+    write_image(record, target, marker)
 
-        marker = Marker.for_settings(get_settings())
-    with tracing.span("marks"):
-        data = marker.encode(record, provenance(record))
+
+def write_image(
+    record: Any, target: Path | IO[bytes], marker: Marker | None = None, fmt: str = "png", quality: int | None = None
+) -> None:
+    """`encoded` written to `target` (a path or a binary file)."""
+    data = encoded(record, marker, fmt, quality)
     if isinstance(target, Path):
         target.write_bytes(data)
     else:
         target.write(data)
+
+
+def encoded(record: Any, marker: Marker | None = None, fmt: str = "png", quality: int | None = None) -> bytes:
+    """The record's marked, signed file as `fmt` (png, jpeg, webp): the one the post-processing stage made
+    (engine/postprocess.py) when it is of this image, format and marker, else made now."""
+    if marker is None:
+        from neuron_app.settings import get_settings
+
+        marker = Marker.for_settings(get_settings())
+    made = getattr(record, "encoded", None)
+    if made is not None and made.fits(record.image, marker, fmt, quality):
+        record.marks = dict(made.marks)
+        return made.data
+    with tracing.span("marks", format=fmt):
+        data = marker.encode(record, provenance(record), fmt, quality)
+    record.encoded = Encoded(record.image, marker.identity, fmt, quality, data, dict(record.marks))
+    return data
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One encode of a record's image: what it was made from and how, the bytes, and the marks they carry. Kept on
+    the record as a plain attribute (not a field: `info` and `dataclasses.replace` leave it out)."""
+
+    image: Any = field(repr=False, compare=False)
+    marker: str  # Marker.identity: a replica's encode serves its caller under the same configuration
+    fmt: str
+    quality: int | None
+    data: bytes = field(repr=False)
+    marks: dict[str, str]
+
+    def fits(self, image: Any, marker: Any, fmt: str, quality: int | None) -> bool:
+        """The same pixels (not resized since: `fit_record` makes a new image), marker, format and quality."""
+        same = (marker.identity, fmt, quality) == (self.marker, self.fmt, self.quality)
+        return image is self.image and same

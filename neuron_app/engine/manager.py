@@ -30,6 +30,7 @@ from neuron_app.engine.model.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.model.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
 from neuron_app.engine.modes.lora import AdapterSet
 from neuron_app.engine.observers import Listener, Observers
+from neuron_app.engine.postprocess import Lane, PostStage, finish, post_workers
 from neuron_app.engine.records import (
     CompileOutcome,
     GenerationRecord,
@@ -44,14 +45,7 @@ from neuron_app.engine.status_view import build_status
 from neuron_app.engine.steps import StepEvents
 from neuron_app.engine.trust.safety import SafetyChecker
 from neuron_app.environment import dist_version
-from neuron_app.errors import (
-    Cancelled,
-    GenerationFailed,
-    ModelLoadError,
-    RequestError,
-    one_line,
-    rule_of,
-)
+from neuron_app.errors import Cancelled, GenerationFailed, ModelLoadError, RequestError, one_line, rule_of
 from neuron_app.settings import Settings, get_settings
 from neuron_app.shapes import GraphKey, Resolution
 
@@ -86,7 +80,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         self.remote = RemoteCache.for_manager(self)  # cache_remote (S3): pulls, the "remote" verdict, push
 
         self._state_lock = threading.RLock()
-        self._device_lock = threading.Lock()
+        self._device_lock = Lane()  # the device lane: first come, first served; its holds give the idle fraction
         self._load_lock = threading.Lock()
         self._pipe: Any = None
         self._shape_free_warm = False
@@ -101,6 +95,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         self.warmup = Warmup(self)
         self.admission = Admission()  # graceful shutdown: `drain` refuses new work, waits for work in flight
         self.safety = SafetyChecker(settings)  # classifies every image on the host CPU; loads on first use
+        self.post = PostStage(post_workers(settings))  # the host work after the device (engine/postprocess.py)
 
     # --- identity --------------------------------------------------------------------------
     def _fingerprint_fields(self) -> dict[str, Any]:
@@ -325,7 +320,9 @@ class PipelineManager(ShapeCompiler, Admitted):
         self.ensure_loaded(progress)
         self.safety.ready()  # its classifier loads before any device work: one that cannot load fails the request
         waiting = time.perf_counter()
-        with tracing.holding(self._device_lock):  # a `queue` span while another request holds the device
+        with tracing.span("queue"):  # while another request holds the device
+            self._device_lock.acquire()
+        try:
             held = time.perf_counter()
             eager_before = self.backend.eager_compile_count(self.counter.graphs)
             outcome = self._compile_locked(req.resolution, progress, req.buckets)
@@ -346,36 +343,22 @@ class PipelineManager(ShapeCompiler, Admitted):
                 if rule := rule_of(exc):
                     raise rule from exc
                 raise GenerationFailed(f"generation failed: {one_line(exc)}") from exc
-            inference_s = time.perf_counter() - t0
             eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
-            device_s = time.perf_counter() - held
-        safety = self.safety.check(image)  # host CPU, off the device lock; a flagged image raises and is dropped
-        with self._state_lock:
-            self._hits[outcome.resolution] = self._hits.get(outcome.resolution, 0) + 1
-        record = GenerationRecord(
-            resolution=str(req.resolution),
-            steps=req.steps,
-            seed=req.seed,
-            prompt=req.prompt,
-            cache=outcome.cache,
-            compiled=outcome.compiled,
-            compile_s=round(outcome.compile_s, 4),
-            inference_s=round(inference_s, 4),
-            total_s=round(time.perf_counter() - start, 4),
-            graphs_compiled=outcome.graphs,
-            model=self.settings.model,
-            image=image,
-            lora=req.lora,
-            lora_scale=req.lora_scale,
-            loras=[{"name": name, "scale": scale} for name, scale in req.loras],
-            lora_switch_s=round(switch_s, 6),
-            references=[r.info() for r in req.references],
-            source=None if req.source is None else {**req.source.info(), "strength": req.strength},
-            eager_compiles=eager,
-            safety=safety,
-            queue_s=round(held - waiting, 4),
-            device_s=round(device_s, 4),
-        )
+            timings = {"start": start, "queue_s": held - waiting, "inference_s": time.perf_counter() - t0}
+            timings["device_s"] = time.perf_counter() - held
+            self._device_lock.busy(held, held + timings["device_s"])
+            self.post.take()  # a host slot for the image; all busy: the lane waits (backpressure)
+        except BaseException:
+            self._device_lock.release()
+            raise
+        if self.post.overlapped:  # the next request takes the device now; this one finishes on the host
+            self._device_lock.release()
+        try:
+            with self.post.running_in_slot():  # safety, then marks and encode; a flagged image raises here
+                record = finish(self, req, image, outcome, eager=eager, switch_s=switch_s, **timings)
+        finally:
+            if not self.post.overlapped:  # in-line: the lane waited for the host work
+                self._device_lock.release()
         fmt = "generate %s steps=%d cache=%s compile_s=%.2f inference_s=%.2f"
         log.info(fmt, record.resolution, record.steps, record.cache, record.compile_s, record.inference_s)
         self._emit(record)

@@ -37,6 +37,7 @@ class Request:
     source: masks.InpaintSource | None = None  # image-to-image, or inpaint with its mask (engine/modes/img2img.py)
     strength: float = 1.0
     previews: bool = False  # the page's live previews (engine/modes/previews.py)
+    output: tuple[str, int | None] | None = None  # the file's format and quality (OpenAI's); None: PNG
 
     @property
     def lora(self) -> str:

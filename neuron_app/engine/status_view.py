@@ -87,4 +87,5 @@ def build_status(manager: Any) -> ManagerStatus:
             eager_compiles=manager.backend.eager_compile_count(manager.counter.graphs),
             neuron_rules=manager.backend.rules_status(),
             safety=manager.safety.snapshot(),
+            stages=manager.post.snapshot(manager._device_lock),
         )

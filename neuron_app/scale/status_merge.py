@@ -68,6 +68,7 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         vae_compiles=sum(s.vae_compiles for s in statuses),
         prompt_cache=_summed([s.prompt_cache for s in statuses]),
         safety=_merged_safety([s.safety for s in statuses]),
+        stages=_merged_stages([s.stages for s in statuses if s.stages]),
         eager_compiles=sum(s.eager_compiles for s in statuses),
         neuron_rules=_merged_rules([s.neuron_rules for s in statuses if s.neuron_rules]),
     )
@@ -80,6 +81,18 @@ def _merged_safety(parts: list[dict[str, Any]]) -> dict[str, Any]:
     counts = _summed([{k: part.get(k, 0) for k in ("passed", "flagged")} for part in parts])
     error = next((part["error"] for part in parts if part.get("error")), None)  # one replica's failure shows
     return {"checker": parts[0].get("checker"), "model": parts[0].get("model"), "error": error} | counts
+
+
+def _merged_stages(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each replica's own device lane and post slots: depths and counts summed, the busiest lane's idle fraction
+    left out (a sum of fractions means nothing; each replica's is in its own status)."""
+    if not parts:
+        return {}
+    return {
+        stage: _summed([{k: v for k, v in part[stage].items() if isinstance(v, int | float) and k != "idle_fraction"}
+                        for part in parts])
+        for stage in ("device", "post")
+    }  # fmt: skip
 
 
 def _merged_rules(parts: list[dict[str, Any]]) -> dict[str, Any] | None:

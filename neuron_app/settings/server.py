@@ -17,6 +17,13 @@ class ServerSettings(BaseModel):
     queue_max_size: int = Field(16, ge=1, description="Requests waiting beyond this get 'busy, try again'.")
 
     concurrency_limit: int = Field(1, ge=1, description="Generations run at once on the device.")
+    postprocess_workers: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Host slots for the work after the device (safety check, marks, encode): a device lane hands "
+        "its image over and takes the next request at once, and waits only when all are busy; 0 = in-line.",
+    )
 
     auth_username: str | None = Field(None, description="Basic-auth user (environment only).")
 

@@ -38,6 +38,9 @@ class TrustSettings(BaseModel):
     safety_threshold: float = Field(
         0.5, gt=0.0, lt=1.0, description="An image whose 'nsfw' probability reaches this is refused."
     )
+    safety_threads: int = Field(
+        1, ge=1, le=64, description="CPU threads the safety classifier's batch runs on (torch's intra-op threads)."
+    )
 
     watermark_payload: str = Field(
         "FLUX2K",

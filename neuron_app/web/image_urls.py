@@ -9,11 +9,11 @@ import threading
 import time
 from pathlib import Path
 
-from neuron_app.engine.images import write_png
+from neuron_app.engine.images import write_image
 from neuron_app.engine.records import GenerationRecord
 from neuron_app.engine.trust.marks import Marker
 
-_FILE_NAME = re.compile(r"[A-Za-z0-9_-]{43}\.png")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_-]{43}\.(png|jpeg|webp)")
 
 
 class UrlStore:
@@ -25,11 +25,12 @@ class UrlStore:
         self.marker = marker
         self._lock = threading.Lock()
 
-    def save(self, record: GenerationRecord) -> str:
+    def save(self, record: GenerationRecord, output: tuple[str, int | None] = ("png", None)) -> str:
+        """The record's file (`output`: format and quality) under a fresh name; the name."""
         self.folder.mkdir(parents=True, exist_ok=True)
         self.prune()
-        name = secrets.token_urlsafe(32) + ".png"
-        write_png(record, self.folder / name, self.marker)
+        name = f"{secrets.token_urlsafe(32)}.{output[0]}"
+        write_image(record, self.folder / name, self.marker, *output)
         return name
 
     def find(self, name: str) -> Path | None:
@@ -46,7 +47,7 @@ class UrlStore:
     def prune(self) -> None:
         cutoff = time.time() - self.ttl_s
         with self._lock:
-            for path in self.folder.glob("*.png"):
+            for path in self.folder.glob("*.*"):
                 with contextlib.suppress(OSError):
                     if path.stat().st_mtime < cutoff:
                         path.unlink()

@@ -164,6 +164,8 @@ class Jobs:
         return self.view(job_id, key_name)
 
     def _start_workers(self) -> None:
+        # One worker per device lane: a job waiting for the device stays queued (cancelled at once by DELETE), so a
+        # job's host work (engine/postprocess.py) still holds its worker until it ends.
         while len(self._workers) < self.settings.device_lanes:
             worker = threading.Thread(target=self._work, name=f"image-job-{len(self._workers)}", daemon=True)
             self._workers.append(worker)

@@ -100,12 +100,35 @@ class _StateCollector(Collector):
             pulled.add_metric(["pulled"], remote.get("objects_pulled", 0))
             pulled.add_metric(["ignored"], remote.get("ignored", 0))
             yield pulled
+        yield from _stage_gauges(status.stages or {})
         yield from _replica_gauges(status.replicas)
         length = self.queue_length()
         if length is not None:
             yield GaugeMetricFamily(
                 f"{PREFIX}_queue_length", "Generation requests waiting or running in the queue.", value=length
             )
+
+
+def _stage_gauges(stages: dict[str, Any]) -> Iterator[Metric]:
+    """A request's two stages (engine/postprocess.py): waiting and running on the device lane and in the post slots."""
+    if not stages:
+        return
+    depth = GaugeMetricFamily(
+        f"{PREFIX}_stage_requests",
+        "Requests per stage (device: the device lane; post: the host slots for safety, marks, encode), by state.",
+        labels=["stage", "state"],
+    )
+    for stage in ("device", "post"):
+        for state in ("waiting", "running"):
+            depth.add_metric([stage, state], stages.get(stage, {}).get(state, 0))
+    yield depth
+    idle = stages.get("device", {}).get("idle_fraction")
+    if idle is not None:
+        yield GaugeMetricFamily(
+            f"{PREFIX}_device_idle_fraction",
+            "Share of the time the device lane sat idle between its last holds (up to 256).",
+            value=idle,
+        )
 
 
 def _replica_gauges(replicas: list[dict[str, Any]]) -> Iterator[Metric]:

@@ -15,29 +15,27 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import io
+import dataclasses
 import json
 import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from neuron_app import tracing
 from neuron_app.engine.contract import Manager
-from neuron_app.engine.images import write_png
+from neuron_app.engine.images import encoded
 from neuron_app.engine.modes.sizing import fit_record
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
 from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
-from neuron_app.engine.trust.marks import Marker
+from neuron_app.engine.trust.marks import MIME, Marker
 from neuron_app.errors import AppError, RequestError, ShuttingDown
 from neuron_app.settings import Settings
 from neuron_app.web import sizes
@@ -46,6 +44,7 @@ from neuron_app.web.image_urls import UrlStore
 from neuron_app.web.jobs import Jobs, wants_async
 from neuron_app.web.multi_image import offered_shapes, run_many, validate_many
 from neuron_app.web.openai_errors import ApiError, check_size, failure, read_body, refusal
+from neuron_app.web.openai_forms import PNG, Output, content_type, output_choice, read_edit_form
 from neuron_app.web.ops import gradio_queue_length
 from neuron_app.web.traced import traced
 
@@ -60,28 +59,12 @@ OPENAI_PATHS = (
 )
 #: A JSON request is a prompt and a few numbers; edits carry reference images.
 GENERATION_BODY_LIMIT = 1 << 20
-EDIT_BODY_LIMIT = 50 << 20
-MAX_EDIT_IMAGES = 16
 RESPONSE_FORMATS = ("b64_json", "url")
 #: OpenAI parameters accepted and without effect here (FLUX.2-klein has no such knobs).
-IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation", "output_compression")
+IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation")
 #: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength;
 #: `loras`: several styles, [{"name", "scale"}], #32).
 EXTENSIONS = ("lora", "lora_scale", "loras")
-
-
-def _content_type(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-
-
-def _form_value(value: Any) -> Any:
-    """Multipart fields arrive as text: numbers become numbers, the rest stays as sent (and is validated)."""
-    if not isinstance(value, str):
-        return value
-    for kind in (int, float):
-        with contextlib.suppress(ValueError):
-            return kind(value)
-    return value
 
 
 class OpenAIImages:
@@ -152,7 +135,8 @@ class OpenAIImages:
         """503 while loading or shutting down, 429 when the shared queue is full; counts this request in."""
         if self.manager.draining:
             raise refusal(ShuttingDown("the server is shutting down; try again in a moment"))
-        if self.manager.status().loading:
+        status = self.manager.status()
+        if status.loading:
             raise ApiError(
                 503,
                 "the model is loading; try again in a moment",
@@ -163,7 +147,8 @@ class OpenAIImages:
         with self._lock:
             gradio = gradio_queue_length(self.demo) if self.demo is not None else None
             waiting = self.manager.in_flight if gradio is None else gradio + self._in_flight
-            if waiting >= self.settings.queue_max_size + self.settings.device_lanes:
+            past_device = (status.stages.get("post") or {}).get("running", 0)  # in a post slot: not waiting
+            if waiting - past_device >= self.settings.queue_max_size + self.settings.device_lanes:
                 raise ApiError(
                     429,
                     f"the queue is full ({waiting} requests waiting or running); try again in a moment",
@@ -184,8 +169,7 @@ class OpenAIImages:
         for name in ("stream", "partial_images"):
             if fields.get(name):
                 raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported")
-        if fields.get("output_format") not in (None, "png"):
-            raise ApiError(400, "output_format must be 'png'", param="output_format", code="invalid_value")
+        output = output_choice(fields)  # (format, quality): web/openai_forms.py
         self.check_model(fields.get("model"))
         response_format = fields.get("response_format") or "b64_json"
         if response_format not in RESPONSE_FORMATS:
@@ -237,7 +221,11 @@ class OpenAIImages:
             stack.enter_context(self.admitted())
             if heavy:  # the pixel budget from each image's header, then the decode (engine/modes/references.py)
                 job, count = await self.validated(*check, **options)
+            job = dataclasses.replace(job, output=output)  # encoded so in the manager's post stage
             if wants_async(prefer):  # the job holds the charge and the queue place from here until it ends
+                if output[0] != "png":
+                    raise ApiError(400, "output_format must be 'png' for a job (Prefer: respond-async)",
+                                   param="output_format", code="invalid_value")  # fmt: skip
                 try:  # over the key's job caps: a 429 jobs_full, the charge given back
                     view = await run_in_threadpool(
                         self.jobs.submit,
@@ -263,10 +251,10 @@ class OpenAIImages:
                 raise failure(exc) from None
         # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
         try:
-            data = await run_in_threadpool(self.image_items, request, records, response_format)
+            data = await run_in_threadpool(self.image_items, request, records, response_format, output)
         except Exception as exc:  # a full disk is a 507 (errors.StorageFull), anything else a one-line 500
             raise failure(exc) from None
-        answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": "png"}
+        answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": output[0]}
         answer["usage"] = await run_in_threadpool(self.usage.charge, request.state.api_key_name, records)
         answer |= sizes.answer_fields(size_plan)
         return JSONResponse(answer)
@@ -283,20 +271,23 @@ class OpenAIImages:
         except RequestError as exc:
             raise self.refused(exc) from None
 
-    def image_items(self, request: Request, records: list[GenerationRecord], response_format: str) -> list[Any]:
+    def image_items(
+        self, request: Request, records: list[GenerationRecord], response_format: str, output: Output = PNG
+    ) -> list[Any]:
         with tracing.span("response", images=len(records), response_format=response_format):
-            return [self.image_item(request, r, response_format) for r in records]
+            return [self.image_item(request, r, response_format, output) for r in records]
 
-    def image_item(self, request: Request, record: GenerationRecord, response_format: str) -> dict[str, Any]:
-        """One image of the answer; `provenance` (ignored by the OpenAI SDK's parsing) says how it was made."""
+    def image_item(
+        self, request: Request, record: GenerationRecord, response_format: str, output: Output = PNG
+    ) -> dict[str, Any]:
+        """One image of the answer (the post stage's file, unless resized since); `provenance` (ignored by the
+        OpenAI SDK's parsing) says how it was made."""
         item: dict[str, Any] = {"revised_prompt": None}
         if response_format == "url":
-            name = self.urls.save(record)
+            name = self.urls.save(record, output)
             item["url"] = str(request.url_for("openai_image_file", name=name))
         else:
-            buffer = io.BytesIO()
-            write_png(record, buffer, self.marker)
-            item["b64_json"] = base64.b64encode(buffer.getvalue()).decode("ascii")
+            item["b64_json"] = base64.b64encode(encoded(record, self.marker, *output)).decode("ascii")
         item["provenance"] = record.info()  # after writing: it lists the marks the PNG carries
         return item
 
@@ -307,7 +298,7 @@ class OpenAIImages:
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > GENERATION_BODY_LIMIT:
                 await read_body(request, GENERATION_BODY_LIMIT)  # raises 413
-            if _content_type(request) != "application/json":
+            if content_type(request) != "application/json":
                 raise ApiError(400, "Content-Type must be application/json", code="invalid_content_type")
             body = await read_body(request, GENERATION_BODY_LIMIT)
             try:
@@ -325,32 +316,7 @@ class OpenAIImages:
     async def edits(self, request: Request) -> Response:
         try:
             self.check_auth(request)
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > EDIT_BODY_LIMIT:
-                await read_body(request, EDIT_BODY_LIMIT)  # raises 413
-            if _content_type(request) != "multipart/form-data":
-                raise ApiError(400, "Content-Type must be multipart/form-data", code="invalid_content_type")
-            body = await read_body(request, EDIT_BODY_LIMIT)
-
-            async def chunks() -> AsyncIterator[bytes]:
-                yield body
-
-            parser = MultiPartParser(request.headers, chunks(), max_files=MAX_EDIT_IMAGES, max_fields=64)
-            try:
-                form = await parser.parse()
-            except MultiPartException as exc:
-                raise ApiError(
-                    400, f"the multipart body is not valid: {exc.message}", code="invalid_multipart"
-                ) from exc
-            uploads = [v for key in ("image", "image[]") for v in form.getlist(key) if isinstance(v, UploadFile)]
-            if not uploads:
-                raise ApiError(400, "image is required: one or more image files", param="image")
-            if len(uploads) > MAX_EDIT_IMAGES:
-                raise ApiError(400, f"at most {MAX_EDIT_IMAGES} images", param="image")
-            images = [await upload.read() for upload in uploads]
-            fields = {key: _form_value(value) for key, value in form.items() if isinstance(value, str)}
-            fields["prompt"] = form.get("prompt")  # text stays text
-            options = await self.inpaint_options(form, fields, images)
+            fields, options = await read_edit_form(request)  # web/openai_forms.py
             if options.get("references") and not self.editing:
                 raise ApiError(
                     501, "image editing is not available on this server", type="server_error", code="not_implemented"
@@ -358,20 +324,6 @@ class OpenAIImages:
             return await self.serve(request, fields, **options)
         except ApiError as exc:
             return self.answer_error(request, exc)
-
-    async def inpaint_options(self, form: Any, fields: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
-        """OpenAI's `mask` (transparent = edit) applies to the first image; `strength` (an extension) without a
-        mask makes it image-to-image. The other images are references. Without either, all are references."""
-        mask = form.get("mask")
-        if mask is not None and not isinstance(mask, UploadFile):
-            raise ApiError(400, "mask must be a PNG file the image's size", param="mask")
-        strength = fields.get("strength")
-        if mask is None and strength is None:
-            return {"references": images}
-        options: dict[str, Any] = {"image": images[0], "references": images[1:] or None, "strength": strength}
-        if mask is not None:
-            options["mask"] = await mask.read()
-        return options
 
     def answer_error(self, request: Request, exc: ApiError) -> Response:
         """The error's answer; a refusal of a known key is counted under its name (rate limits count themselves)."""
@@ -384,7 +336,7 @@ class OpenAIImages:
         path = self.urls.find(request.path_params["name"])
         if path is None:
             return ApiError(404, "no such image (or it expired)", code="not_found").response()
-        return FileResponse(path, media_type="image/png")
+        return FileResponse(path, media_type=MIME[path.suffix[1:]])
 
     async def job(self, request: Request) -> Response:
         """An asynchronous job (web/jobs.py): GET reads it, DELETE cancels it (queued, or at its next step)."""

@@ -89,6 +89,7 @@ def build_app(settings: Settings, manager: Manager) -> App:
     import gradio as gr
 
     from neuron_app.engine.images import ImageStore
+    from neuron_app.engine.postprocess import request_slots
     from neuron_app.engine.trust.marks import Marker
     from neuron_app.web.access import Access
     from neuron_app.web.cancel_tool import add_cancel_job
@@ -105,7 +106,8 @@ def build_app(settings: Settings, manager: Manager) -> App:
     # Every image is marked as AI-made (watermark, IPTC, signed C2PA): the signer is checked here, at start.
     marker = Marker.for_settings(settings)
     demo = build_ui(manager, ImageStore(settings.outputs_dir, marker=marker), access)
-    demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=settings.device_lanes)
+    # Each device lane's next request starts while the last one's image is in a post slot (engine/postprocess.py).
+    demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=request_slots(settings))
     openai_api = OpenAIImages(settings, manager, demo, access)
     add_cancel_job(demo, openai_api.jobs)  # the MCP tool cancel_job (web/cancel_tool.py)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)

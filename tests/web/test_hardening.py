@@ -42,7 +42,9 @@ def app(launch_tiny: Callable[..., Any]) -> Any:
     keys = {"edit": {"key": EDIT_KEY}, "tight": {"key": TIGHT_KEY, "images_per_minute": 1}}
     os.environ["NEURON_APP_API_KEYS"] = json.dumps(keys)
     try:
-        launched = launch_tiny(upload_mb_per_minute=2, upload_total_mb=5, queue_max_size=1, max_connections=CONNECTIONS)
+        # postprocess_workers 0: one request at a time in Gradio's queue, whose waiting room these tests count
+        budgets = {"upload_mb_per_minute": 2, "upload_total_mb": 5, "postprocess_workers": 0}
+        launched = launch_tiny(**budgets, queue_max_size=1, max_connections=CONNECTIONS)
     finally:
         os.environ.pop("NEURON_APP_API_KEYS", None)
     launched.manager.ensure_loaded()  # every test below meets a ready model, whichever runs first
@@ -268,13 +270,13 @@ def test_a_full_disk_is_a_507_in_openai_shape(app: Any, monkeypatch: pytest.Monk
     disk): the answer is a 507 `insufficient_storage` in OpenAI's shape, naming no path (it used to be a plain 500)."""
     from neuron_app.web import image_urls
 
-    real = image_urls.write_png
+    real = image_urls.write_image
 
-    def write_to_a_full_disk(record: Any, target: Any, marker: Any = None) -> Any:
+    def write_to_a_full_disk(record: Any, target: Any, marker: Any = None, *output: Any) -> Any:
         with open("/dev/full", "wb", buffering=0) as full:
-            return real(record, full, marker)
+            return real(record, full, marker, *output)
 
-    monkeypatch.setattr(image_urls, "write_png", write_to_a_full_disk)
+    monkeypatch.setattr(image_urls, "write_image", write_to_a_full_disk)
     response = httpx.post(
         app.url + "v1/images/generations",
         headers={"Authorization": f"Bearer {EDIT_KEY}"},

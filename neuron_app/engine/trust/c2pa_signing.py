@@ -187,14 +187,14 @@ class ManifestSigner:
         except GenerationFailed as exc:
             raise SettingsError(str(exc)) from None
 
-    def sign(self, png: bytes, manifest: dict[str, Any]) -> bytes:
-        """`png` with the manifest embedded; the manifest's hash binds these exact bytes."""
+    def sign(self, png: bytes, manifest: dict[str, Any], mime: str = "image/png") -> bytes:
+        """`png` (or a JPEG, a WebP: `mime`) with the manifest embedded; the manifest's hash binds these exact bytes."""
         c2pa = self._c2pa
         info = c2pa.C2paSignerInfo(self.key.alg, self.key.chain_pem, self.key.key_pem, None)
         out = io.BytesIO()
         try:
             with self._lock, c2pa.Signer.from_info(info) as signer, c2pa.Builder(manifest, self._context) as builder:
-                builder.sign(signer, "image/png", io.BytesIO(png), out)
+                builder.sign(signer, mime, io.BytesIO(png), out)
         except c2pa.C2paError as exc:
             raise GenerationFailed(f"C2PA signing failed with the {self.key.origin} certificate: {exc}") from None
         return out.getvalue()

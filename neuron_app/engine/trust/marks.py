@@ -7,8 +7,9 @@ Three marks, because each survives something the others do not:
   re-encode at quality 90 and after resizing down to 256 px (measured in BENCHMARKS.md); images under
   256x256 say in their metadata that they carry none, and each embedding is read back: an image where it did
   not hold (clipped pixels) says so too. A watermark is a claim, not proof: anyone can write these bits;
-- IPTC in XMP (an iTXt chunk `XML:com.adobe.xmp`): `Iptc4xmpExt:DigitalSourceType` = trainedAlgorithmicMedia,
-  the field photo tools and platforms read to label AI images;
+- IPTC in XMP (a PNG's iTXt chunk `XML:com.adobe.xmp`, the XMP slot of a JPEG or WebP):
+  `Iptc4xmpExt:DigitalSourceType` = trainedAlgorithmicMedia, the field photo tools and platforms read
+  to label AI images;
 - a signed C2PA manifest (c2pa-python): a `c2pa.created` action with that digital source type, the model and
   the software, its hash bound to the final bytes, so any later change to the file is detected.
 
@@ -38,6 +39,13 @@ WATERMARK_METHOD = "lumaQim"
 WATERMARK_BITS = 48
 #: The watermark's working size: images under it on either side carry none.
 WATERMARK_MIN_SIDE = 256
+#: What an image can be written as (OpenAI's output_format), and the lossy formats' quality when none is asked
+#: (OpenAI's output_compression defaults to 100).
+MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+LOSSY = {"jpeg": "JPEG", "webp": "WEBP"}
+LOSSY_DEFAULT = 100
+#: zlib level of every PNG: 1 encodes a 1024x1024 image several times faster than Pillow's default 6.
+PNG_COMPRESS_LEVEL = 1
 _XMP_SOURCE = re.compile(r"Iptc4xmpExt:DigitalSourceType\s*=\s*\"([^\"]*)\"|<Iptc4xmpExt:DigitalSourceType>([^<]*)<")
 
 
@@ -100,12 +108,19 @@ def keyed_id(key: bytes, payload: bytes) -> bytes | None:
 
 
 def read_source_type(image: Any) -> str | None:
-    """The IPTC digital source type in a PNG's XMP, or None."""
-    xmp = image.info.get(XMP_KEY)
+    """The IPTC digital source type in the XMP of a PNG (its iTXt chunk), a JPEG or a WebP (Pillow's `xmp`), or None."""
+    xmp = image.info.get(XMP_KEY) or image.info.get("xmp")
     if isinstance(xmp, bytes):
         xmp = xmp.decode("utf-8", "replace")
     match = _XMP_SOURCE.search(xmp or "")
     return (match.group(1) or match.group(2)).strip() if match else None
+
+
+def _reads_back(data: bytes, payload: bytes) -> bool:
+    """Whether the lossy file still carries the watermark `payload` (a low output_compression can erase it)."""
+    from PIL import Image
+
+    return read_watermark(Image.open(io.BytesIO(data))) == payload
 
 
 class Marker:
@@ -125,6 +140,8 @@ class Marker:
         self.signer = ManifestSigner(key)
         local = key.origin == "local"
         self.signed_by = "local certificate, untrusted by default" if local else f"operator certificate {key.subject}"
+        # What makes two markers' files alike (payload, key, signer), as text: one made in a replica serves its caller
+        self.identity = hashlib.sha256(b"\0".join([self.payload, self.watermark_key or b"", key.chain_pem])).hexdigest()
 
     @classmethod
     def for_settings(cls, settings: Any) -> Marker:
@@ -137,13 +154,40 @@ class Marker:
                 cls._shared[ident] = cls(settings)
             return cls._shared[ident]
 
-    def encode(self, record: Any, text: Mapping[str, str]) -> bytes:
-        """The record's image as a marked, signed PNG; `record.marks` says what it carries."""
-        from PIL.PngImagePlugin import PngInfo
+    def encode(self, record: Any, text: Mapping[str, str], fmt: str = "png", quality: int | None = None) -> bytes:
+        """The record's image as a marked, signed `fmt` (png, jpeg, webp; `quality` 0-100 for the lossy two);
+        `record.marks` says what it carries."""
+        image, marks, payload = self.watermarked(record.image)
+        created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        xmp = xmp_packet(created, record.model)
+        marks["iptc"] = "trainedAlgorithmicMedia (XMP Iptc4xmpExt:DigitalSourceType)"
+        buffer = io.BytesIO()
+        if fmt == "png":
+            from PIL.PngImagePlugin import PngInfo
 
-        image = record.image
+            meta = PngInfo()
+            for key, value in text.items():
+                meta.add_itxt(key, str(value))
+            meta.add_itxt("watermark", marks["watermark"])
+            meta.add_itxt(XMP_KEY, xmp)
+            # compress_level 1: a 1024x1024 PNG encodes in a fraction of the default 6's time, for a somewhat
+            # larger file (BENCHMARKS.md, postprocess); the encode is host work on every image.
+            image.save(buffer, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+        else:  # the XMP packet in the file's own XMP slot (JPEG APP1, WebP's XMP chunk), read by photo tools
+            quality = LOSSY_DEFAULT if quality is None else quality
+            image.save(buffer, format=LOSSY[fmt], quality=quality, xmp=xmp.encode())
+            if payload is not None and not _reads_back(buffer.getvalue(), payload):
+                marks["watermark"] = f"none: {WATERMARK_METHOD} did not survive {fmt} at quality {quality}"
+        signed = self.signer.sign(buffer.getvalue(), self.manifest(record, created, fmt), MIME[fmt])
+        marks["c2pa"] = f"signed, {self.signed_by}"
+        record.marks = marks
+        return signed
+
+    def watermarked(self, image: Any) -> tuple[Any, dict[str, str], bytes | None]:
+        """`image` with the watermark when it fits and holds, the `watermark` mark that says which, its payload."""
         width, height = image.size
         marks: dict[str, str] = {}
+        held: bytes | None = None
         if watermark_fits(width, height):
             if self.watermark_key is not None:  # a fresh image id, its HMAC under the operator's key
                 image_id = secrets.token_bytes(3)
@@ -152,31 +196,17 @@ class Marker:
                 payload, said = self.payload, self.payload.decode()
             marked = embed_watermark(image, payload)
             if marked is not None:
-                image = marked
+                image, held = marked, payload
                 marks["watermark"] = f"{said} ({WATERMARK_METHOD}, {WATERMARK_BITS} bits)"
             else:  # pixels clipped at 0 or 255 leave no room: say so rather than claim it
                 marks["watermark"] = f"none: {WATERMARK_METHOD} could not hold the payload in these pixels"
         else:
             side = WATERMARK_MIN_SIDE
             marks["watermark"] = f"none: {width}x{height} is under {side}x{side}, too small for {WATERMARK_METHOD}"
-        created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        meta = PngInfo()
-        for key, value in text.items():
-            meta.add_itxt(key, str(value))
-        meta.add_itxt("watermark", marks["watermark"])
-        meta.add_itxt(XMP_KEY, xmp_packet(created, record.model))
-        marks["iptc"] = "trainedAlgorithmicMedia (XMP Iptc4xmpExt:DigitalSourceType)"
-        buffer = io.BytesIO()
-        # compress_level 1: a 1024x1024 PNG encodes faster than at the default 6, for a somewhat larger file;
-        # the encode runs inside every request's round trip.
-        image.save(buffer, format="PNG", pnginfo=meta, compress_level=1)
-        signed = self.signer.sign(buffer.getvalue(), self.manifest(record, created))
-        marks["c2pa"] = f"signed, {self.signed_by}"
-        record.marks = marks
-        return signed
+        return image, marks, held
 
     @staticmethod
-    def manifest(record: Any, created: str) -> dict[str, Any]:
+    def manifest(record: Any, created: str, fmt: str = "png") -> dict[str, Any]:
         """The C2PA manifest: one `c2pa.created` action by this software with the model, AI-generated."""
         agent = {"name": SOFTWARE, "version": __version__}
         parameters = {"model": record.model, "resolution": record.resolution, "steps": record.steps}
@@ -192,7 +222,7 @@ class Marker:
         }
         return {
             "claim_generator_info": [agent],
-            "title": f"{record.resolution}-{record.seed}.png",
-            "format": "image/png",
+            "title": f"{record.resolution}-{record.seed}.{fmt}",
+            "format": MIME[fmt],
             "assertions": [{"label": "c2pa.actions", "data": {"actions": [action]}}],
         }

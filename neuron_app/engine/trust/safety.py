@@ -36,6 +36,8 @@ TINY_FOLDER = "tiny-safety-vit-v1"
 TINY_THRESHOLD = 3.0
 #: What the stand-in flags, for tests and the bench.
 TINY_FLAGGED_COLOUR = (255, 0, 255)
+#: Most images in one classifier pass (what arrives while a pass runs waits for the next).
+SAFETY_BATCH = 4
 
 
 def build_tiny_safety(folder: Path) -> None:
@@ -91,6 +93,55 @@ def ensure_tiny_safety(models_dir: Path) -> Path:
     return folder
 
 
+class _Entry:
+    __slots__ = ("done", "error", "item", "value")
+
+    def __init__(self, item: Any) -> None:
+        self.item, self.value, self.error, self.done = item, None, None, False
+
+
+class Batcher:
+    """Calls of `run(items) -> results` batched as they come: the first caller runs at once with what is queued (up
+    to `size`), later callers join the next batch, so batching never makes an image wait for others to arrive."""
+
+    def __init__(self, run: Any, size: int) -> None:
+        self._run, self.size = run, size
+        self._cond = threading.Condition()
+        self._queue: list[_Entry] = []
+        self._busy = False
+        self.batches: list[int] = []  # the last batches' sizes (the bench, tests)
+
+    def __call__(self, item: Any) -> Any:
+        entry = _Entry(item)
+        with self._cond:
+            self._queue.append(entry)
+        while True:
+            with self._cond:
+                while self._busy and not entry.done:
+                    self._cond.wait()
+                if entry.done:
+                    break
+                self._busy = True
+                batch, self._queue = self._queue[: self.size], self._queue[self.size :]
+                self.batches = [*self.batches[-63:], len(batch)]
+            try:
+                results = self._run([e.item for e in batch])
+                for e, value in zip(batch, results, strict=True):
+                    e.value = value
+            except Exception as exc:  # the classifier failed: every image of this batch fails with it
+                for e in batch:
+                    e.error = exc
+            finally:
+                with self._cond:
+                    for e in batch:
+                        e.done = True
+                    self._busy = False
+                    self._cond.notify_all()
+        if entry.error is not None:
+            raise entry.error
+        return entry.value
+
+
 def clip(text: str, limit: int = 400) -> str:
     """`text` up to `limit` characters, cut between words with an ellipsis (a message cut mid-word reads broken)."""
     if len(text) <= limit:
@@ -118,6 +169,8 @@ class SafetyChecker:
         self.passed = 0
         self.flagged = 0
         self.seconds = 0.0  # classifying time, summed
+        self.threads = getattr(settings, "safety_threads", 1)
+        self._batcher = Batcher(self.score_batch, SAFETY_BATCH)
 
     @property
     def state(self) -> str:
@@ -193,14 +246,25 @@ class SafetyChecker:
         return processor, model, labels[FLAG_LABEL]
 
     def score(self, image: Any) -> float:
-        """The classifier's probability that `image` (PIL) is nsfw."""
+        """The classifier's probability that `image` (PIL) is nsfw; images of other post slots that arrive while a
+        batch runs are classified together in the next one."""
+        return self._batcher(image)
+
+    def score_batch(self, images: list[Any]) -> list[float]:
+        """One forward pass over `images` on `safety_threads` threads (torch's OpenMP threads are this thread's
+        own: set for the pass, then given back, so the device work of the same thread keeps its count)."""
         import torch
 
         processor, model, index = self.load()
-        with torch.inference_mode():
-            inputs = processor(images=image.convert("RGB"), return_tensors="pt")
-            logits = model(**inputs).logits
-        return float(torch.softmax(logits.float(), dim=-1)[0, index])
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            with torch.inference_mode():
+                inputs = processor(images=[image.convert("RGB") for image in images], return_tensors="pt")
+                logits = model(**inputs).logits
+        finally:
+            torch.set_num_threads(before)
+        return [float(p) for p in torch.softmax(logits.float(), dim=-1)[:, index]]
 
     def check(self, image: Any) -> str:
         """'passed' or 'off'; a flagged image raises `ContentRefused` (the caller drops the image)."""

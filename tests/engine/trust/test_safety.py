@@ -59,6 +59,50 @@ def test_the_stand_in_classifier_flags_magenta_and_passes_noise(make_settings: C
     assert off.check(Image.new("RGB", (64, 64), TINY_FLAGGED_COLOUR)) == "off"  # off: not even loaded
 
 
+def test_images_that_arrive_while_a_pass_runs_go_together_on_the_thread_budget(
+    make_settings: Callable[..., Any],
+) -> None:
+    """The classifier's batches: the first image runs at once, the three that arrive meanwhile share the next pass;
+    each gets its own verdict, and the pass runs on `safety_threads` threads, the caller's count given back."""
+    import threading
+
+    import torch
+
+    from tests.support import wait_for
+
+    checker = SafetyChecker(make_settings(**SAFE, safety_threads=1))
+    magenta = Image.new("RGB", (64, 64), TINY_FLAGGED_COLOUR)
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    seen: list[int] = []
+    go = threading.Event()
+    real = checker.score_batch
+
+    def first_waits(images: list[Any]) -> list[float]:  # the real pass, the first one held until the others queue
+        if not checker._batcher.batches[:-1]:
+            go.wait(60)
+        return real(images)
+
+    checker._batcher._run = first_waits
+    model = checker.load()[1]  # the threads the classifier's forward pass really runs on
+    model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    scores: dict[int, float] = {}
+    images = [noise, magenta, noise, magenta]
+    threads = [threading.Thread(target=lambda i=i: scores.__setitem__(i, checker.score(images[i]))) for i in range(4)]
+    threads[0].start()
+    wait_for(lambda: checker._batcher.batches == [1], 60, "the first pass")
+    for thread in threads[1:]:
+        thread.start()
+    wait_for(lambda: len(checker._batcher._queue) == 3, 60, "three images queued behind it")
+    go.set()
+    for thread in threads:
+        thread.join(60)
+    assert checker._batcher.batches == [1, 3]
+    assert scores[0] < 1e-6 and scores[2] < 1e-6 and scores[1] > 0.5 and scores[3] > 0.5
+    before = torch.get_num_threads()
+    assert checker.score_batch([noise]) and torch.get_num_threads() == before  # the caller's count is back
+    assert seen == [1, 1, 1]  # torch runs on 2 threads here otherwise (two cores)
+
+
 @pytest.fixture(scope="module")
 def safe_app(launch_tiny: Callable[..., Any]) -> Any:
     return launch_tiny(**SAFE)

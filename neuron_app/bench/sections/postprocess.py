@@ -1,0 +1,224 @@
+"""Bench section `postprocess`: the host work after the device, per stage, and what the post stage gives the lane.
+
+One worker process on `neuron-emulated` (the device lane under TorchNeuron's rules, on the CPU):
+- per-stage host milliseconds at 256, 512 and 1024 px on one thread: the safety classifier (a ViT-B/16 at 224 px,
+  the default model's shape, random weights saved and loaded through transformers: the Hub is out of reach here),
+  batch 1 and batch 4 per image; the lumaQim watermark embed and read-back; the PNG encode at Pillow's default
+  level 6 (before) and at 1 (after); JPEG and WebP at quality 90; the C2PA signature;
+- a queue of 8 requests, run as the Gradio queue runs them (`request_slots` at once), with the post stage overlapped
+  and in-line (`postprocess_workers` 2 and 0) on the same manager, graphs compiled once: the device lane's idle
+  fraction between its holds, the wall time and the throughput ratio; with the safety checker on and off.
+On two cores the host work and the emulated device share the CPU, so the idle fraction is the figure that does not
+depend on it: the lane's own holds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import itertools
+import os
+import threading
+import time
+from typing import Any
+
+from neuron_app.bench import markdown as md
+from neuron_app.bench.common import PROMPT, ratio, summarize
+
+KIND = "postprocess"
+TITLE = "12. Post-processing: the host work after the device"
+SIDES = (256, 512, 1024)
+QUEUE = 8
+
+
+def _vit_b16(folder: Any) -> str:
+    """A ViT-B/16 classifier (224 px, labels normal/nsfw) saved like a Hub model; the head says normal."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    config = ViTConfig(id2label={0: "normal", 1: "nsfw"}, label2id={"normal": 0, "nsfw": 1})
+    model = ViTForImageClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([8.0, -8.0]))
+    model.save_pretrained(folder)
+    ViTImageProcessorPil(size={"height": 224, "width": 224}).save_pretrained(folder)
+    return str(folder)
+
+
+def _timed(fn: Any, repeats: int) -> dict[str, Any]:
+    fn()  # warm
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return summarize(samples)
+
+
+def _stages(manager: Any, repeats: int, sides: list[int]) -> list[dict[str, Any]]:
+    import torch
+
+    from neuron_app.engine.trust import marks
+
+    torch.set_num_threads(1)
+    marker = marks.Marker.for_settings(manager.settings)
+    return [_stage_row(side, manager.safety, marker, repeats) for side in sides]
+
+
+def _stage_row(side: int, safety: Any, marker: Any, repeats: int) -> dict[str, Any]:
+    import numpy as np
+    from PIL import Image
+
+    from neuron_app.engine.trust import marks
+
+    rng = np.random.default_rng(side)
+    smooth = rng.integers(40, 216, (side // 16, side // 16, 3), dtype=np.uint8)
+    image = Image.fromarray(smooth).resize((side, side), Image.BICUBIC)  # smooth like a picture, not noise
+
+    def save(fmt: str, **options: Any) -> None:
+        image.save(io.BytesIO(), format=fmt, **options)
+
+    png = io.BytesIO()
+    image.save(png, format="PNG", compress_level=1)
+    times = {
+        "safety_b1": _timed(lambda: safety.score_batch([image]), repeats),
+        "safety_b4": _timed(lambda: safety.score_batch([image] * 4), repeats),
+        "watermark": _timed(lambda: marks.embed_watermark(image, marker.payload), repeats),
+        "png_6": _timed(lambda: save("PNG", compress_level=6), repeats),
+        "png_1": _timed(lambda: save("PNG", compress_level=1), repeats),
+        "jpeg_90": _timed(lambda: save("JPEG", quality=90), repeats),
+        "webp_90": _timed(lambda: save("WEBP", quality=90), repeats),
+        "c2pa": _timed(lambda: marker.signer.sign(png.getvalue(), _manifest()), repeats),
+    }
+    row: dict[str, Any] = {"side": side, "holds": marks.embed_watermark(image, marker.payload) is not None}
+    row |= {name: t["median_s"] * 1000 for name, t in times.items()}
+    row["safety_b4"] /= 4  # per image
+    return row
+
+
+def _manifest() -> dict[str, Any]:
+    action = {"action": "c2pa.created", "digitalSourceType": "http://cv.iptc.org/newscodes/digitalsourcetype/x"}
+    return {"claim_generator_info": [{"name": "bench", "version": "0"}], "title": "b.png", "format": "image/png",
+            "assertions": [{"label": "c2pa.actions", "data": {"actions": [action]}}]}  # fmt: skip
+
+
+def _queue(manager: Any, shape: str, steps: int, workers: int, safety: bool) -> dict[str, Any]:
+    """8 requests at once through `request_slots` threads, as Gradio's queue runs them."""
+    from neuron_app.engine.postprocess import PostStage, idle_fraction
+
+    manager.post = PostStage(workers)
+    manager.safety.enabled = safety
+    slots = manager.settings.device_lanes + workers
+    seeds = list(range(100, 100 + QUEUE))
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def lane_worker() -> None:
+        while True:
+            with lock:
+                if not seeds:
+                    return
+                seed = seeds.pop(0)
+            try:
+                manager.generate(PROMPT, shape, steps, seed)
+            except Exception as exc:
+                errors.append(str(exc))
+
+    first = len(manager._device_lock.holds)
+    start = time.perf_counter()
+    threads = [threading.Thread(target=lane_worker) for _ in range(slots)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    holds = list(manager._device_lock.holds)[first:]
+    idle = idle_fraction(holds)
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(holds)]
+    return {
+        "workers": workers, "safety": safety, "slots": slots, "wall_s": wall, "idle_fraction": idle,
+        "idle_gap_ms": 1000 * sum(gaps) / len(gaps) if gaps else None, "errors": errors,
+        "device_ms": 1000 * sum(e - s for s, e in holds) / len(holds), "throughput": QUEUE / wall,
+    }  # fmt: skip
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.settings import load_settings
+
+    folder = Path(tempfile.mkdtemp(prefix="vit-b16-"))
+    classifier = "tiny" if spec["smoke"] else _vit_b16(folder)  # the smoke run: the tests' stand-in
+    overrides = spec["settings"] | {"safety_checker": "on", "safety_model": classifier, "safety_threads": 1}
+    manager = PipelineManager(load_settings(**overrides))
+    manager.ensure_loaded()
+    shape, steps = spec["shape"], spec["steps"]
+    manager.compile_shape(shape)
+    manager.generate(PROMPT, shape, steps, 0)  # the classifier and the signer loaded
+    stages = _stages(manager, spec["repeats"], spec["sides"])
+    runs = [_queue(manager, shape, steps, w, s) for s in (True, False) for w in (2, 0)]
+    shutil.rmtree(folder, ignore_errors=True)
+    classifier = "the tests' stand-in" if spec["smoke"] else "a ViT-B/16 at 224 px"
+    return {"lane_device": manager.backend.name, "shape": shape, "steps": steps, "stages": stages, "runs": runs,
+            "classifier": classifier}  # fmt: skip
+
+
+def section(harness: Any) -> dict[str, Any]:
+    cfg = harness.cfg
+    settings = harness.settings(cfg.serving_mode, harness.new_cache("postprocess"), device="neuron-emulated")
+    shape = "64x64" if cfg.smoke else "256x256"  # 256: the smallest side that carries the watermark
+    spec = {"kind": KIND, "settings": settings, "shape": shape, "steps": cfg.steps, "repeats": cfg.repeats}
+    spec |= {"smoke": cfg.smoke, "sides": [256] if cfg.smoke else list(SIDES)}
+    spec["settings"] |= {"resolutions": [shape], "default_resolution": shape}
+    load_start = os.getloadavg()[0]
+    result = harness.run_worker("postprocess", spec)
+    # its own command and load: BENCHMARKS.md may show it beside a CPU run made with another command
+    result |= {"command": cfg.command, "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    result["load_avg"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    by = {(r["safety"], r["workers"]): r for r in result["runs"]}
+    for safety in (True, False):
+        result[f"throughput_{'on' if safety else 'off'}"] = ratio(
+            by[safety, 2]["throughput"], by[safety, 0]["throughput"]
+        )
+    return result
+
+
+def render(results: dict[str, Any]) -> str:
+    sec = results["sections"].get("postprocess")
+    if (why := md.failed(sec)) is not None:
+        return why
+    stage_rows = [
+        [f"{r['side']}x{r['side']}", md.num(r["safety_b1"], 0), md.num(r["safety_b4"], 0), md.num(r["watermark"], 1),
+         md.num(r["png_6"], 1), md.num(r["png_1"], 1), md.num(r["jpeg_90"], 1), md.num(r["webp_90"], 1),
+         md.num(r["c2pa"], 1)]
+        for r in sec["stages"]
+    ]  # fmt: skip
+    heads = ["image", "safety b1 ms", "safety b4 ms/image", "watermark ms", "PNG level 6 (before) ms",
+             "PNG level 1 (after) ms", "JPEG q90 ms", "WebP q90 ms", "C2PA sign ms"]  # fmt: skip
+    queue_rows = [
+        [("on" if r["safety"] else "off"), ("overlapped (2 post slots)" if r["workers"] else "in-line"),
+         str(r["slots"]), md.num(100 * (r["idle_fraction"] or 0), 1), md.num(r["idle_gap_ms"] or 0, 1),
+         md.num(r["device_ms"], 0), md.num(r["wall_s"], 2), str(len(r["errors"]))]
+        for r in sec["runs"]
+    ]  # fmt: skip
+    qheads = ["safety", "post stage", "requests at once", "lane idle %", "idle gap ms", "device ms/request",
+              "wall s (8 requests)", "errors"]  # fmt: skip
+    notes = (
+        f"\n\nHost milliseconds on one thread (median). Queue: {QUEUE} requests of {sec['shape']}, "
+        f"{sec['steps']} steps "
+        f"on {sec['lane_device']}, the safety classifier {sec['classifier']} on `safety_threads = 1`. Throughput "
+        f"overlapped/in-line: {md.x(sec['throughput_on'])} with safety on, {md.x(sec['throughput_off'])} off (the "
+        "floor). On two cores the emulated device and the host work share the CPU: the lane's idle share is the "
+        "figure that does not depend on it. An overlapped lane that still idles waits for a post slot "
+        "(backpressure): the host work per image outlasts the device's, and only more slots on more host cores, or "
+        "the classifier on the device, close that gap."
+    )
+    if sec.get("command"):
+        load = sec.get("load_avg") or ["-", "-"]
+        notes += f" Measured with `{sec['command']}` at {sec['measured_at']}, load average {load[0]} to {load[1]}."
+    return md.table(heads, stage_rows) + "\n\n" + md.table(qheads, queue_rows) + notes

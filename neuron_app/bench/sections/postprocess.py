@@ -188,10 +188,7 @@ def section(harness: Any) -> dict[str, Any]:
     return result
 
 
-def render(results: dict[str, Any]) -> str:
-    sec = results["sections"].get("postprocess")
-    if (why := md.failed(sec)) is not None:
-        return why
+def render(sec: dict[str, Any]) -> str:
     stage_rows = [
         [f"{r['side']}x{r['side']}", md.num(r["safety_b1"], 0), md.num(r["safety_b4"], 0), md.num(r["watermark"], 1),
          md.num(r["png_6"], 1), md.num(r["png_1"], 1), md.num(r["jpeg_90"], 1), md.num(r["webp_90"], 1),

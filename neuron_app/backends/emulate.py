@@ -10,7 +10,8 @@ NKI attention per graph). What is installed, so that the diffusers guide's code 
 - the `neuron` torch.compile backend (the rules and the NKI gate on each graph, `aot_eager` standing in for
   neuronx-cc), for `module.compile(backend="neuron")`, `compile_repeated_blocks` and `torch.compile(fn, ...)`;
 - the `neuron` torch.distributed backend over gloo, so `init_process_group(backend="neuron")` and
-  `DeviceMesh("neuron", ...)` work under torchrun;
+  `DeviceMesh("neuron", ...)` work under torchrun, and the emulated device as torch's accelerator, so diffusers'
+  TensorParallelConfig shards the transformer (DTensor slices on each rank's device; the summary names them);
 - TORCH_NEURONX_NEFF_CACHE_DIR (its `emulated/` subfolder holds the artifacts, apart from real NEFFs) and
   TORCH_NEURONX_ENABLE_NKI_SDPA=0 (attention then never takes the kernel), read as TorchNeuron reads them.
 The script's main thread runs under the rules; threads it starts do not.

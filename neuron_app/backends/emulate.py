@@ -197,8 +197,13 @@ def parse(argv: list[str]) -> tuple[str, str | None, str | None, list[str]]:
 def main(argv: list[str]) -> int:
     rules, module, script, rest = parse(argv)
     em = install(rules)
-    kept: list[Any] = []  # the script's globals, alive until the summary has read its model
-    atexit.register(lambda: print(summary(em), file=sys.stderr, flush=True))
+    kept: list[Any] = []  # the script's globals: held by `report` until the summary has read its model
+
+    def report() -> None:
+        print(summary(em), file=sys.stderr, flush=True)
+        kept.clear()
+
+    atexit.register(report)
     with em.device_work():
         if module is not None:
             sys.argv = [module, *rest]
@@ -208,5 +213,4 @@ def main(argv: list[str]) -> int:
             sys.argv = [script, *rest]
             sys.path.insert(0, str(Path(script).resolve().parent))
             kept.append(runpy.run_path(script, run_name="__main__"))
-    atexit.register(kept.clear)  # runs before the summary (last registered, first run)
     return 0

@@ -40,5 +40,6 @@ def test_the_selftest_runs_every_check_and_writes_its_report(tmp_path: Path) -> 
     assert checks["img2img/inpaint ready"]["verdict"] == "pass"
     for tile in (256, 384, 512):
         assert "PSNR" in checks[f"VAE tile {tile} px"]["found"] and checks[f"VAE tile {tile} px"]["verdict"] != "fail"
-    assert checks["TP=2 equals TP=1"]["verdict"] == "skip"
+    tp = checks["TP=2 equals TP=1"]  # the guide's snippet, 2 ranks against 1, each rank half of every sharded weight
+    assert tp["verdict"] == "pass" and "share of the sharded weights: 0.50, 0.50" in tp["found"], tp
     assert f"selftest: {len(checks)} checks, 0 failing" in done.stdout

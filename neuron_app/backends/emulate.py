@@ -10,7 +10,8 @@ NKI attention per graph). What is installed, so that the diffusers guide's code 
 - the `neuron` torch.compile backend (the rules and the NKI gate on each graph, `aot_eager` standing in for
   neuronx-cc), for `module.compile(backend="neuron")`, `compile_repeated_blocks` and `torch.compile(fn, ...)`;
 - the `neuron` torch.distributed backend over gloo, so `init_process_group(backend="neuron")` and
-  `DeviceMesh("neuron", ...)` work under torchrun;
+  `DeviceMesh("neuron", ...)` work under torchrun, and the emulated device as torch's accelerator, so diffusers'
+  TensorParallelConfig shards the transformer (DTensor slices on each rank's device; the summary names them);
 - TORCH_NEURONX_NEFF_CACHE_DIR (its `emulated/` subfolder holds the artifacts, apart from real NEFFs) and
   TORCH_NEURONX_ENABLE_NKI_SDPA=0 (attention then never takes the kernel), read as TorchNeuron reads them.
 The script's main thread runs under the rules; threads it starts do not.
@@ -41,13 +42,8 @@ def install(mode: str = "enforce") -> Any:
     em = NeuronEmulator(folder, mode)
     emulator_device._DeviceModule.available = True
     emulator_device._DeviceModule.synchronize_hook = em.synchronize
-    emulator_device._register_device()
+    emulator_device.register_accelerator()
     sys.modules.setdefault("torch.neuron", emulator_device._DEVICE_MODULE)  # torch imports it as a module too
-    from torch.utils import backend_registration as registration
-
-    # c10d asks PrivateUse1's hooks (a barrier, a collective on a neuron process group): torch's Python stand-ins.
-    torch._C._acc.register_python_privateuseone_hook(registration._DummyPrivateUse1Hook())
-    torch._C._acc.register_python_privateuseone_device_guard(registration._DummyDeviceGuard())
     nki_off = os.environ.get("TORCH_NEURONX_ENABLE_NKI_SDPA", "1").strip().lower() in ("0", "false")
 
     def neuron_compiler(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
@@ -74,15 +70,15 @@ def install(mode: str = "enforce") -> Any:
 def _patch_module_to(em: Any) -> None:
     import torch
 
-    from neuron_app.backends.emulator_device import _is_neuron
+    from neuron_app.backends.emulator_device import _is_device_arg, _is_neuron
 
     original = torch.nn.Module.to
 
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
-        device = kwargs.get("device", next((a for a in args if isinstance(a, (str, torch.device))), None))
+        device = kwargs.get("device", next((a for a in args if _is_device_arg(a)), None))
         if not _is_neuron(device):
             return original(self, *args, **kwargs)
-        rest = [a for a in args if not isinstance(a, (str, torch.device))]
+        rest = [a for a in args if not _is_device_arg(a)]
         options = {k: v for k, v in kwargs.items() if k != "device"}
         if rest or options:  # a dtype too: convert on the host, then adopt
             original(self, *rest, **options)
@@ -131,18 +127,41 @@ def _patch_compile(em: Any) -> None:
     torch.compile = compile_fn  # type: ignore[assignment]
 
 
+def _live_shards() -> dict[str, Any] | None:
+    """The DTensor parameters alive in this process (the script's own model, sharded by diffusers' tensor
+    parallelism without ever being adopted by `.to("neuron")`)."""
+    import gc
+
+    from neuron_app.backends.emulator_device import shard_report
+
+    if "torch.distributed.tensor" not in sys.modules:
+        return None
+    from torch.distributed.tensor import DTensor
+
+    # By type, not isinstance: a metaclass check would read attributes of every object (deprecation warnings).
+    return shard_report(o for o in gc.get_objects() if issubclass(type(o), DTensor) and getattr(o, "_is_param", False))
+
+
 def summary(em: Any) -> str:
     """What the script did on the emulated device, in a few lines."""
     snap = em.snapshot()
     fallbacks = ", ".join(f"{op} x{n}" for op, n in sorted(snap["fallback_ops"].items())) or "none"
+    world = os.environ.get("WORLD_SIZE")
     lines = [
-        "neuron-emulated summary",
+        "neuron-emulated summary" + (f" (rank {os.environ.get('RANK', '0')} of {world})" if world else ""),
         f"  eager compiles {snap['eager_compiles']} (signatures in the cache {snap['eager_signatures']}); "
         f"graphs compiled {snap['graph_compiles']}; cache {snap['cache']}",
         f"  violations {snap['violation_count']}" + (f": last {snap['violations'][-1]}" if snap["violations"] else ""),
         f"  fallbacks to the CPU: {fallbacks} (host round trips {snap['host_round_trips']})",
         f"  device weights {snap['weight_gib']} GiB of {snap['hbm_gib']} GiB; int64 ops {snap['int64_ops']}",
     ]
+    shards = snap["tensor_parallel"] or _live_shards()
+    if shards:
+        lines.append(
+            f"  tensor parallel: mesh {shards['mesh']}, {shards['sharded']} sharded parameters (this rank holds "
+            f"{shards['local_elements']} of their {shards['elements']} elements, {shards['share']:.2f}), "
+            f"{shards['replicated']} replicated"
+        )
     for entry in snap["graph_attention"]:
         if entry["sdpa"]:
             verdict = "yes" if entry["nki"] else f"no ({entry['why_not']})"
@@ -178,14 +197,20 @@ def parse(argv: list[str]) -> tuple[str, str | None, str | None, list[str]]:
 def main(argv: list[str]) -> int:
     rules, module, script, rest = parse(argv)
     em = install(rules)
-    atexit.register(lambda: print(summary(em), file=sys.stderr, flush=True))
+    kept: list[Any] = []  # the script's globals: held by `report` until the summary has read its model
+
+    def report() -> None:
+        print(summary(em), file=sys.stderr, flush=True)
+        kept.clear()
+
+    atexit.register(report)
     with em.device_work():
         if module is not None:
             sys.argv = [module, *rest]
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            kept.append(runpy.run_module(module, run_name="__main__", alter_sys=True))
         else:
             assert script is not None
             sys.argv = [script, *rest]
             sys.path.insert(0, str(Path(script).resolve().parent))
-            runpy.run_path(script, run_name="__main__")
+            kept.append(runpy.run_path(script, run_name="__main__"))
     return 0

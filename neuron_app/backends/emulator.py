@@ -48,6 +48,8 @@ from neuron_app.backends.emulator_device import (
     _TRANSFER_OPS,
     _register_device,
     _spec,
+    local_part,
+    shard_report,
 )
 from neuron_app.backends.emulator_modes import _PlacementMode, _returns_view, _RulesMode
 from neuron_app.errors import NeuronRuleViolation
@@ -120,26 +122,30 @@ class NeuronEmulator:
         env_gib = os.environ.get("NEURON_EMULATOR_HBM_GIB")
         self.hbm_bytes = int((hbm_gib if hbm_gib is not None else float(env_gib or HBM_PER_CORE_GIB)) * 2**30)
         self.weight_bytes = 0
+        self.tensor_parallel: dict[str, Any] | None = None  # the adopted DTensor parameters (`shard_report`)
         self.unimplemented = _unimplemented()
         self._latched: str | None = None
         self._lock = threading.Lock()
 
     # --- placement -------------------------------------------------------------------------------
     def is_device(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and t in self.device_tensors
+        """On the device: marked so, or a DTensor whose local shard is (tensor parallel: each rank its shard)."""
+        return isinstance(t, torch.Tensor) and (t in self.device_tensors or local_part(t) in self.device_tensors)
 
     def is_host(self, t: Any) -> bool:
         return isinstance(t, torch.Tensor) and t in self.host_tensors
 
     def place(self, value: Any, on_device: bool) -> Any:
         for leaf in pytree.tree_leaves(value):
-            if isinstance(leaf, torch.Tensor):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            for t in {id(leaf): leaf, id(local_part(leaf)): local_part(leaf)}.values():  # a DTensor and its shard
                 if on_device:
-                    self.device_tensors[leaf] = True
-                    self.host_tensors.pop(leaf, None)
+                    self.device_tensors[t] = True
+                    self.host_tensors.pop(t, None)
                 else:
-                    self.host_tensors[leaf] = True
-                    self.device_tensors.pop(leaf, None)
+                    self.host_tensors[t] = True
+                    self.device_tensors.pop(t, None)
         return value
 
     def adopt(self, module: Any) -> int:
@@ -148,10 +154,13 @@ class NeuronEmulator:
         weights must fit one logical core's HBM."""
         tensors = [t for t in [*module.parameters(), *module.buffers()] if not self.is_device(t)]
         self.place(tensors, True)
-        added = sum(t.numel() * t.element_size() for t in tensors)
+        added = sum(local_part(t).numel() * t.element_size() for t in tensors)  # a shard's bytes, not the whole
+        shards = shard_report(module.parameters())
         with self._lock:
             self.weight_bytes += added
             total = self.weight_bytes
+            if shards is not None:
+                self.tensor_parallel = shards
         if total > self.hbm_bytes:
             self.violate(
                 f"device weights take {total / 2**30:.2f} GiB, past the {self.hbm_bytes / 2**30:.2f} GiB of HBM one "
@@ -322,6 +331,7 @@ class NeuronEmulator:
                 "int64_ops": self.int64_ops,
                 "strided_copies": self.strided_copies,
                 "weight_gib": round(self.weight_bytes / 2**30, 3),
+                "tensor_parallel": dict(self.tensor_parallel) if self.tensor_parallel else None,
                 "hbm_gib": round(self.hbm_bytes / 2**30, 3),
                 "graph_attention": [dict(a) for a in self.graph_attention[-50:]],
                 "graph_notes": list(self.graph_notes),

@@ -114,6 +114,17 @@ def _register_device() -> torch.device:
     return DEVICE
 
 
+def register_accelerator() -> None:
+    """Make the emulated device torch's current accelerator (`torch._C._get_accelerator()`, one device), with
+    torch's Python stand-ins for PrivateUse1's hooks: c10d asks them (a barrier, a collective on a neuron process
+    group), and diffusers' tensor parallelism reads the accelerator and its device count to place each rank."""
+    from torch.utils import backend_registration as registration
+
+    _register_device()
+    torch._C._acc.register_python_privateuseone_hook(registration._DummyPrivateUse1Hook())
+    torch._C._acc.register_python_privateuseone_device_guard(registration._DummyDeviceGuard())
+
+
 def _is_neuron(device: Any) -> bool:
     if device is None:
         return False
@@ -121,10 +132,53 @@ def _is_neuron(device: Any) -> bool:
         return device.type == DEVICE_TYPE
     if isinstance(device, str):
         return device.split(":")[0] == DEVICE_TYPE
+    if isinstance(device, int) and not isinstance(device, bool):
+        try:  # an index names the current accelerator (`torch.neuron.current_device()` gives one)
+            return torch.device(device).type == DEVICE_TYPE
+        except RuntimeError:
+            return False
     return False
+
+
+def _is_device_arg(value: Any) -> bool:
+    """A positional argument of `.to(...)` that names a device (a string, a torch.device or an index)."""
+    return isinstance(value, (str, torch.device)) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def local_part(value: Any) -> Any:
+    """A DTensor's local shard (what this rank's device holds); any other value as it is."""
+    local = getattr(value, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else value
 
 
 def _spec(value: Any) -> str:
     if isinstance(value, torch.Tensor):
+        value = local_part(value)  # a rank compiles for its own shard's shape
         return f"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}"
     return type(value).__name__
+
+
+def shard_report(params: Any) -> dict[str, Any] | None:
+    """Tensor parallelism as this rank holds it: its DTensor parameters, and the share of the sharded ones' elements
+    that is here (1/N on a mesh of N when every rank holds a slice); None when no parameter is a DTensor."""
+    import sys
+
+    if "torch.distributed.tensor" not in sys.modules:
+        return None
+    from torch.distributed.tensor import DTensor, Shard
+
+    seen: dict[int, Any] = {id(p): p for p in params if isinstance(p, DTensor)}
+    if not seen:
+        return None
+    sharded = [p for p in seen.values() if any(isinstance(x, Shard) for x in p.placements)]
+    mesh = next(iter(seen.values())).device_mesh
+    local = sum(p._local_tensor.numel() for p in sharded)
+    total = sum(p.numel() for p in sharded)
+    return {
+        "mesh": f"{mesh.device_type} x{mesh.size()}",
+        "sharded": len(sharded),
+        "replicated": len(seen) - len(sharded),
+        "local_elements": local,
+        "elements": total,
+        "share": round(local / total, 4) if total else 0.0,
+    }

@@ -54,10 +54,12 @@ class _PlacementMode(TorchFunctionMode):
         kwargs = kwargs or {}
         em = self.emulator
         owner = getattr(func, "__self__", None)
-        if owner is torch.Tensor.device:  # the `.device` property
-            return dev.DEVICE if em.is_device(args[0]) else torch.device("cpu")
+        # The `.device` / `.is_cpu` properties: a host tensor answers for itself (a `meta` one is not on the CPU:
+        # transformers materializes the buffers that say meta, such as the text encoder's RoPE frequencies).
+        if owner is torch.Tensor.device:
+            return dev.DEVICE if em.is_device(args[0]) else func(*args, **kwargs)
         if owner is torch.Tensor.is_cpu:
-            return not em.is_device(args[0])
+            return not em.is_device(args[0]) and func(*args, **kwargs)
         name = getattr(func, "__name__", "")
         if name in ("cpu", "to") and args and isinstance(args[0], torch.Tensor) and _is_method(func, name):
             return self._move(func, name, args, kwargs)
@@ -97,7 +99,7 @@ class _PlacementMode(TorchFunctionMode):
                 call_kwargs = {"dtype": rest[0].dtype}
             else:
                 device = kwargs.get("device")
-                if device is None and rest and isinstance(rest[0], (str, torch.device)):
+                if device is None and rest and dev._is_device_arg(rest[0]):
                     device = rest[0]
                 dtype = kwargs.get("dtype")
                 if dtype is None:

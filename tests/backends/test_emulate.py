@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, free_port
 
 
 def emulate(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -80,29 +80,72 @@ def test_a_users_pytest_suite_runs_under_emulate_and_a_broken_rule_fails_the_scr
     assert "violations 1" in broken.stderr  # the summary still prints
 
 
+#: The guide's image from two sharded ranks against one unsharded process, with tiny-shapes (a trained model: a
+#: wrong shard shows; the random tiny model's image hardly depends on its transformer) in bfloat16, the guide's
+#: dtype: the rowwise layers add two bf16 partial sums, so a few values differ (measured at 64x64: mean 0.09 of
+#: 255, 0.3% of values off by more than 8, max 35). Every rank loading rank 0's slices: mean 30.4, 69%.
+TP_MEAN_PIXEL, TP_OFF_BY_8 = 1.0, 0.02
+
+#: The guide's own code for one process (its eager snippet with the TP snippet's CPU generator): the reference.
+REFERENCE = """import os
+import torch
+from diffusers import Flux2KleinPipeline
+
+pipe = Flux2KleinPipeline.from_pretrained(os.environ["GUIDE_MODEL"], dtype=torch.bfloat16)
+pipe.to("neuron")
+size = int(os.environ["GUIDE_SIZE"])
+image = pipe(prompt="a golden retriever surfing a wave, photorealistic", height=size, width=size,
+             num_inference_steps=4, generator=torch.Generator("cpu").manual_seed(0)).images[0]
+image.save(os.environ["GUIDE_OUTPUT"])
+"""
+
+
+def shard_lines(stderr: str) -> dict[str, str]:
+    """Each rank's summary line about its tensor-parallel shards, by rank."""
+    found, rank = {}, None
+    for line in stderr.splitlines():
+        if line.startswith("neuron-emulated summary (rank "):
+            rank = line.split("(rank ")[1].split(" ")[0]
+        elif line.strip().startswith("tensor parallel:") and rank is not None:
+            found[rank] = line.strip()
+    return found
+
+
 @pytest.mark.slow
-def test_under_torchrun_the_neuron_process_group_and_device_mesh_work(tmp_path: Path) -> None:
-    """The guide's tensor-parallel set-up lines: `init_process_group(backend="neuron")` (gloo underneath) and
-    `DeviceMesh("neuron", ...)` on two ranks. (diffusers' TensorParallelConfig sharding is not emulated yet.)"""
-    (tmp_path / "mesh.py").write_text(
-        "import torch\nimport torch.distributed as dist\nfrom torch.distributed.device_mesh import DeviceMesh\n\n"
-        'dist.init_process_group(backend="neuron")\n'
-        'mesh = DeviceMesh("neuron", list(range(dist.get_world_size())))\n'
-        "device = torch.neuron.current_device()\n"
-        "total = torch.ones(1) * (dist.get_rank() + 1)\n"
-        "dist.all_reduce(total)\n"
-        'print("RANK", dist.get_rank(), mesh.device_type, mesh.size(), device, int(total.item()), flush=True)\n'
-        "dist.barrier()\n"
-    )
+def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transformer_and_makes_the_same_image(
+    tmp_path: Path,
+) -> None:
+    """`torchrun --nproc_per_node=2 -m neuron_app emulate examples/guide_tp.py`: `init_process_group("neuron")`
+    (gloo underneath), `DeviceMesh("neuron", ...)` and diffusers' TensorParallelConfig really shard the
+    transformer (DTensor parameters, each rank half of every sharded weight), and rank 0's image is one process's."""
+    import numpy as np
+    from PIL import Image
+
+    guide = {"GUIDE_MODEL": str(ROOT / "neuron_app" / "models" / "tiny-shapes"), "GUIDE_SIZE": "64"}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "TORCH_NEURONX_"))}
-    env |= {"PYTHONPATH": str(ROOT), "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")}
+    env |= {"PYTHONPATH": str(ROOT), "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"), "GLOO_SOCKET_IFNAME": "lo"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
+    command += [f"--master_port={free_port()}", "-m", "neuron_app", "emulate", str(ROOT / "examples" / "guide_tp.py")]
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "neuron_app", "emulate", "mesh.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        command, cwd=tmp_path, env=env | guide | {"GUIDE_OUTPUT": "tp.png"}, capture_output=True, text=True, timeout=900
     )
-    ranks = sorted(line for line in done.stdout.splitlines() if line.startswith("RANK"))
-    assert done.returncode == 0 and ranks == ["RANK 0 neuron 2 0 3", "RANK 1 neuron 2 0 3"], done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-4000:]
+    shards = shard_lines(done.stderr)
+    assert set(shards) == {"0", "1"}, done.stderr[-3000:]
+    for line in shards.values():  # tiny-shapes' transformer: 28 planned weights (no biases), each split in two
+        assert line.startswith("tensor parallel: mesh neuron x2, 28 sharded parameters"), line
+        assert "this rank holds 638976 of their 1277952 elements, 0.50)" in line, line
+    assert done.stderr.count("violations 0") == 2, done.stderr[-3000:]
+
+    (tmp_path / "reference.py").write_text(REFERENCE)
+    single = emulate(["reference.py"], tmp_path, **guide, GUIDE_OUTPUT="one.png")
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert "tensor parallel:" not in single.stderr  # one process, nothing sharded
+    got = np.asarray(Image.open(tmp_path / "tp.png").convert("RGB")).astype(int)
+    expected = np.asarray(Image.open(tmp_path / "one.png").convert("RGB")).astype(int)
+    assert got.shape == expected.shape == (64, 64, 3)
+    difference = np.abs(got - expected)
+    assert difference.mean() <= TP_MEAN_PIXEL and (difference > 8).mean() <= TP_OFF_BY_8, (
+        difference.mean(),
+        (difference > 8).mean(),
+    )

@@ -284,3 +284,15 @@ def test_a_failed_request_drops_what_the_device_latched_so_the_next_one_succeeds
         manager.generate("a fox", "64x64", 2, 2)
     manager.pipe.vae.decode = decode
     assert manager.generate("an unrelated fox", "64x64", 2, 3).image is not None
+
+
+def test_a_meta_tensor_says_meta_under_the_rules(emulator: Any) -> None:
+    """A host tensor answers `.device` for itself: a `meta` buffer that said `cpu` was never materialized by
+    transformers (the text encoder's RoPE frequencies were left as uninitialized memory under `emulate`: a
+    different image in every process)."""
+    import torch
+
+    meta = torch.empty(3, device="meta")
+    with emulator.device_work():
+        assert meta.device.type == "meta" and not meta.is_cpu
+        assert torch.ones(2).device.type == "cpu" and on_device(emulator, torch.ones(2)).device.type == "neuron"

@@ -59,7 +59,18 @@ from neuron_app.settings import PROJECT_ROOT
 REGISTRY: dict[str, ModuleType] = {
     module.__name__.rsplit(".", 1)[-1]: module
     for module in (
-        modes, restart, recompile, serving, concurrency, memory, startup, lora, replicas, families, edit, postprocess
+        modes,
+        restart,
+        recompile,
+        serving,
+        concurrency,
+        memory,
+        startup,
+        lora,
+        replicas,
+        families,
+        edit,
+        postprocess,
     )
 }
 #: Sections measured on the one serving worker (`section(harness, server)`), in this order.

@@ -4,8 +4,9 @@ Stages, each a share of the budget: the VAE (reconstruction, then the latent bat
 de-normalises with); the transformer and the text encoder together with the flow-matching objective, at the
 pipeline's own sampling sigmas for 1, 2, 4 and 8 steps (the world is deterministic given its prompt, so the
 velocity a few-step sampler needs is learnable directly: no teacher, no distillation); then the `outline` LoRA
-on the frozen model. Everything goes through the pipeline's own helpers (prompt encoding, patchify, pack, ids),
-so what is trained is what `Flux2KleinPipeline.__call__` runs. Seeded; the log is JSON lines of loss by step.
+on the frozen model; last, the live previews' latent-to-RGB map for this VAE (preview_fit.py). Everything goes
+through the pipeline's own helpers (prompt encoding, patchify, pack, ids), so what is trained is what
+`Flux2KleinPipeline.__call__` runs. Seeded; the log is JSON lines of loss by step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from neuron_app.engine.model import shapes_world as world
 from neuron_app.engine.model.tiny import RECIPE_VERSION, SHAPES_RECIPE, build_pipeline
+from neuron_app.engine.model.training import preview_fit
 from neuron_app.engine.model.training.data import SIZES, Bucket, build_buckets, render_batch, set_latent_statistics
 
 log = logging.getLogger(__name__)
@@ -351,6 +353,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
     for component in (pipe.vae, pipe.transformer, pipe.text_encoder):
         component.requires_grad_(True)
     pipe.save_pretrained(staging)
+    preview_fit.write(pipe, staging, plan.seed)  # the live previews' latent-to-RGB map for this VAE
     (staging / "lora").mkdir()
     save_file(state, str(staging / "lora" / "outline.safetensors"))
     recipe = asdict(SHAPES_RECIPE) | {"version": RECIPE_VERSION}

@@ -78,16 +78,25 @@ def preview_size(width: int, height: int) -> tuple[int, int]:
     return max(1, width // PREVIEW_DIVISOR), max(1, height // PREVIEW_DIVISOR)
 
 
-def latent_pixels(packed: Any, width: int, height: int) -> Any:
-    """Packed latents (B, (H/16)*(W/16), 4*C) as the first image's latent pixels, (H/8, W/8, C) float32 numpy:
-    the inverse of the pipeline's patchify-and-pack."""
+def _subpixels(packed: Any, width: int, height: int) -> Any:
+    """The first image's packed latents as (tokens, 2x2 sub-pixels, C) float32 numpy, a view."""
     import torch
 
-    rows, cols = height // 16, width // 16
     x = packed.detach().to("cpu")[0].to(torch.float32).numpy()  # the one device-to-host copy; the rest on the host
     channels = x.shape[-1] // 4
-    x = x.reshape(rows, cols, channels, 2, 2).transpose(0, 3, 1, 4, 2)  # (rows, dy, cols, dx, C)
-    return x.reshape(rows * 2, cols * 2, channels)
+    return x.reshape((height // 16) * (width // 16), channels, 4).transpose(0, 2, 1)
+
+
+def _grid(values: Any, width: int, height: int) -> Any:
+    """(tokens, 4, K) -> (H/8, W/8, K): the inverse of the pipeline's patchify-and-pack."""
+    rows, cols = height // 16, width // 16
+    k = values.shape[-1]
+    return values.reshape(rows, cols, 2, 2, k).transpose(0, 2, 1, 3, 4).reshape(rows * 2, cols * 2, k)
+
+
+def latent_pixels(packed: Any, width: int, height: int) -> Any:
+    """Packed latents (B, (H/16)*(W/16), 4*C) as the first image's latent pixels, (H/8, W/8, C)."""
+    return _grid(_subpixels(packed, width, height), width, height)
 
 
 def latent_preview(packed: Any, width: int, height: int, factors: Factors | None = None) -> Any:
@@ -95,23 +104,23 @@ def latent_preview(packed: Any, width: int, height: int, factors: Factors | None
     model's own `factors` (read_factors) when it has them.
 
     numpy on one thread: torch's intra-op threads cost more than the work on a busy host (60 vs 5 ms at
-    1024x1024 on the 2-core CI machine)."""
+    1024x1024 on the 2-core CI machine); the map runs on the packed view, before the pixels are rearranged."""
     import numpy as np
     from PIL import Image
 
-    x = latent_pixels(packed, width, height)
+    x = _subpixels(packed, width, height)
     channels = x.shape[-1]
     if factors is None and channels == len(FLUX2_RGB):
         factors = FLUX2_RGB, FLUX2_RGB_BIAS
     if factors is not None and len(factors[0]) == channels:
         rgb = np.matmul(x, np.asarray(factors[0], np.float32)) + np.asarray(factors[1], np.float32)
-        pixels = (np.clip(rgb, -1.0, 1.0) + 1.0) * 127.5
+        rgb = (np.clip(rgb, -1.0, 1.0) + 1.0) * 127.5  # (tokens, 4, 3)
     else:  # no factors for these channels: gray from the channels' mean, stretched
         gray = x.mean(-1)
         low, high = float(gray.min()), float(gray.max())
         gray = (gray - low) * (255.0 / (high - low)) if high > low else np.full_like(gray, 127.5)
-        pixels = np.repeat(gray[..., None], 3, axis=-1)
-    image = Image.fromarray((pixels + 0.5).astype(np.uint8), "RGB")
+        rgb = np.repeat(gray[..., None], 3, axis=-1)
+    image = Image.fromarray((_grid(rgb, width, height) + 0.5).astype(np.uint8), "RGB")
     return image.resize(preview_size(width, height), Image.Resampling.BILINEAR)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from neuron_app.engine.model.text_encoder import truncate_pipeline_encoder
 from neuron_app.engine.model.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
+from neuron_app.engine.modes.previews import read_factors
 from neuron_app.errors import ModelLoadError, one_line
 from neuron_app.settings import MODEL_DEFAULTS, Settings, shipped_model
 
@@ -91,6 +92,8 @@ def load_pipeline(settings: Settings, source: ModelSource, device: str, dtype: A
     except Exception as exc:
         raise ModelLoadError(_explain_load_error(source, exc)) from exc
     pipe.set_progress_bar_config(disable=True)
+    # A model trained here brings its own latent-to-RGB map for the live previews (engine/modes/previews.py).
+    pipe.preview_rgb = read_factors(Path(source.location)) if source.is_local else None
     truncate_pipeline_encoder(pipe)  # before the move: the cut layers never reach the device
     if tp_mesh is None:
         pipe.to(device)

@@ -58,7 +58,9 @@ def run_call(
             tracing.end(spans.pop("denoise", None), steps=total)
             spans["decode"] = tracing.start("decode")
         if on_step is not None:
-            preview = latent_preview(kwargs["latents"], call.width, call.height) if call.previews else None
+            preview = None
+            if call.previews:
+                preview = latent_preview(kwargs["latents"], call.width, call.height, getattr(pipe, "preview_rgb", None))
             on_step(step + 1, total, preview)
         return kwargs
 

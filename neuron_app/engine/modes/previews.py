@@ -2,15 +2,20 @@
 
 No VAE call, no device graph, no compile: the packed latents (B, tokens, 128) are copied to the host, unpacked
 to the VAE's 32 channels at 1/8 of the image's size (FLUX.2 packs 2x2 patches of 32 channels into 128) and
-projected to RGB by a fixed linear map. For FLUX.2's VAE the map is the published 32x3 latent-to-RGB factors
-(ComfyUI's `comfy/latent_formats.py`, class Flux2, which acts on the same batch-normalized latents the
-transformer denoises); any other channel count (the tiny model has 1) gets a generic map: the channels' mean
-as gray, stretched to the preview's range. The preview is a quarter of the image's size a side.
+projected to RGB by a fixed linear map. A model trained here ships its own map beside its weights
+(`preview_rgb.json`, fitted by least squares from its latents to what its VAE decodes:
+engine/model/training/preview_fit.py), read once at load (engine/model/loader.py). Otherwise, for FLUX.2's VAE,
+the map is the published 32x3 latent-to-RGB factors (ComfyUI's `comfy/latent_formats.py`, class Flux2, which
+acts on the same batch-normalized latents the transformer denoises); any other channel count (the tiny model
+has 1) gets a generic map: the channels' mean as gray, stretched to the preview's range. The preview is a
+quarter of the image's size a side.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from neuron_app.engine.records import ProgressEvent
@@ -54,36 +59,68 @@ FLUX2_RGB = (
     (-0.0111, -0.0460, -0.0614),
 )
 FLUX2_RGB_BIAS = (-0.0329, -0.0718, -0.0851)
+#: A model folder's own latent-to-RGB map: {"factors": C rows of 3, "bias": 3, ...how it was fitted}.
+PREVIEW_FILE = "preview_rgb.json"
+
+Factors = tuple[tuple[tuple[float, ...], ...], tuple[float, ...]]
+
+
+def read_factors(folder: Path) -> Factors | None:
+    """A model folder's fitted map (PREVIEW_FILE), or None when it has none."""
+    path = folder / PREVIEW_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return tuple(tuple(float(v) for v in row) for row in data["factors"]), tuple(float(v) for v in data["bias"])
 
 
 def preview_size(width: int, height: int) -> tuple[int, int]:
     return max(1, width // PREVIEW_DIVISOR), max(1, height // PREVIEW_DIVISOR)
 
 
-def latent_preview(packed: Any, width: int, height: int) -> Any:
-    """An RGB PIL preview of packed latents (B, (H/16)*(W/16), 4*C) for a `width` x `height` image.
-
-    numpy on one thread: torch's intra-op threads cost more than the work on a busy host (60 vs 5 ms at
-    1024x1024 on the 2-core CI machine)."""
-    import numpy as np
+def _subpixels(packed: Any, width: int, height: int) -> Any:
+    """The first image's packed latents as (tokens, 2x2 sub-pixels, C) float32 numpy, a view."""
     import torch
-    from PIL import Image
 
-    rows, cols = height // 16, width // 16
     x = packed.detach().to("cpu")[0].to(torch.float32).numpy()  # the one device-to-host copy; the rest on the host
     channels = x.shape[-1] // 4
-    x = x.reshape(rows * cols, channels, 4).transpose(0, 2, 1)  # (tokens, 2x2 sub-pixels, C), a view
-    if channels == len(FLUX2_RGB):
-        rgb = np.matmul(x, np.asarray(FLUX2_RGB, np.float32)) + np.asarray(FLUX2_RGB_BIAS, np.float32)
+    return x.reshape((height // 16) * (width // 16), channels, 4).transpose(0, 2, 1)
+
+
+def _grid(values: Any, width: int, height: int) -> Any:
+    """(tokens, 4, K) -> (H/8, W/8, K): the inverse of the pipeline's patchify-and-pack."""
+    rows, cols = height // 16, width // 16
+    k = values.shape[-1]
+    return values.reshape(rows, cols, 2, 2, k).transpose(0, 2, 1, 3, 4).reshape(rows * 2, cols * 2, k)
+
+
+def latent_pixels(packed: Any, width: int, height: int) -> Any:
+    """Packed latents (B, (H/16)*(W/16), 4*C) as the first image's latent pixels, (H/8, W/8, C)."""
+    return _grid(_subpixels(packed, width, height), width, height)
+
+
+def latent_preview(packed: Any, width: int, height: int, factors: Factors | None = None) -> Any:
+    """An RGB PIL preview of packed latents (B, (H/16)*(W/16), 4*C) for a `width` x `height` image, through the
+    model's own `factors` (read_factors) when it has them.
+
+    numpy on one thread: torch's intra-op threads cost more than the work on a busy host (60 vs 5 ms at
+    1024x1024 on the 2-core CI machine); the map runs on the packed view, before the pixels are rearranged."""
+    import numpy as np
+    from PIL import Image
+
+    x = _subpixels(packed, width, height)
+    channels = x.shape[-1]
+    if factors is None and channels == len(FLUX2_RGB):
+        factors = FLUX2_RGB, FLUX2_RGB_BIAS
+    if factors is not None and len(factors[0]) == channels:
+        rgb = np.matmul(x, np.asarray(factors[0], np.float32)) + np.asarray(factors[1], np.float32)
         rgb = (np.clip(rgb, -1.0, 1.0) + 1.0) * 127.5  # (tokens, 4, 3)
-    else:  # no published factors: gray from the channels' mean, stretched
+    else:  # no factors for these channels: gray from the channels' mean, stretched
         gray = x.mean(-1)
         low, high = float(gray.min()), float(gray.max())
         gray = (gray - low) * (255.0 / (high - low)) if high > low else np.full_like(gray, 127.5)
         rgb = np.repeat(gray[..., None], 3, axis=-1)
-    # (rows, cols, dy, dx, 3) -> (2 rows, 2 cols, 3): the inverse of the pipeline's patchify-and-pack.
-    pixels = rgb.reshape(rows, cols, 2, 2, 3).transpose(0, 2, 1, 3, 4).reshape(rows * 2, cols * 2, 3)
-    image = Image.fromarray((pixels + 0.5).astype(np.uint8), "RGB")
+    image = Image.fromarray((_grid(rgb, width, height) + 0.5).astype(np.uint8), "RGB")
     return image.resize(preview_size(width, height), Image.Resampling.BILINEAR)
 
 

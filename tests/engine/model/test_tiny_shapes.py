@@ -132,6 +132,25 @@ def test_outline_style_shows_when_on_and_not_when_off(drawn: PipelineManager) ->
     assert drawn.status().compiles == before
 
 
+def test_the_last_preview_names_the_final_images_colours(drawn: PipelineManager) -> None:
+    """The live preview after the last step shows what the decode then shows: the same background and shape colour
+    read by the judge. Breaks if the previews use a map that is not this VAE's (without the model's
+    preview_rgb.json they fall back to gray: 0 of 6), or unpack the tokens in the wrong order."""
+    from dataclasses import replace
+
+    from neuron_app.engine.modes.previews import PreviewEvent
+
+    same = 0
+    for i, scene in enumerate(EVAL_SCENES[:6]):
+        events: list[Any] = []
+        record = drawn.run(replace(drawn.validate(scene.prompt, "128x128", 4, 100 + i), previews=True), events.append)
+        last = [e for e in events if isinstance(e, PreviewEvent)][-1].preview
+        preview, final = judge(last), judge(record.image)
+        print(scene.prompt, "preview:", preview.background, preview.colour, "image:", final.background, final.colour)
+        same += (preview.background, preview.colour) == (final.background, final.colour)
+    assert same == 6, same
+
+
 def _psnr(a: Any, b: Any) -> float:
     mse = float(((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2).mean())
     return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)

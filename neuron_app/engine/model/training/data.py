@@ -18,7 +18,7 @@ SIZES: dict[tuple[int, int], float] = {
     (64, 128): 0.05,
     (192, 192): 0.04,
     (256, 256): 0.1,
-    (256, 128): 0.1,
+    (256, 128): 0.14,
     (128, 256): 0.1,
     (192, 128): 0.04,
     (128, 192): 0.04,
@@ -28,16 +28,63 @@ SIZES: dict[tuple[int, int], float] = {
 EDIT_SIZES = ((128, 128), (64, 64), (128, 64), (64, 128))
 
 
-def render_batch(scenes: list[world.Scene], width: int, height: int, rng: random.Random) -> Any:
+Jitter = tuple[float, float, float]
+
+
+def jitters(count: int, rng: random.Random) -> list[Jitter]:
+    """Small moves of place and size, one per scene."""
+    return [(rng.uniform(-0.03, 0.03), rng.uniform(-0.03, 0.03), rng.uniform(-0.06, 0.06)) for _ in range(count)]
+
+
+def render_batch(
+    scenes: list[world.Scene], width: int, height: int, rng: random.Random, moved: list[Jitter] | None = None
+) -> Any:
     """Rendered scenes as a (B, 3, H, W) tensor in [-1, 1], with small jitter of place and size."""
     import numpy as np
     import torch
 
-    arrays = []
-    for scene in scenes:
-        jitter = (rng.uniform(-0.03, 0.03), rng.uniform(-0.03, 0.03), rng.uniform(-0.06, 0.06))
-        arrays.append(np.asarray(world.render(scene, width, height, jitter), dtype=np.float32))
+    moved = moved or jitters(len(scenes), rng)
+    arrays = [np.asarray(world.render(s, width, height, j), np.float32) for s, j in zip(scenes, moved, strict=True)]
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2) / 127.5 - 1.0
+
+
+def _coverage(scene: world.Scene, width: int, height: int, jitter: Jitter) -> Any:
+    """The share of each latent token (16x16 px) the scene's shape covers, (tokens,) in the packed order."""
+    import numpy as np
+
+    mask = world.Scene("white", scene.shape, "black", scene.position, scene.size, scene.outline)
+    pixels = np.asarray(world.render(mask, width // 4, height // 4, jitter), dtype=np.float32)[..., 0]
+    share = (pixels - world.COLOURS["black"][0]) / (world.COLOURS["white"][0] - world.COLOURS["black"][0])
+    return share.reshape(height // 16, 4, width // 16, 4).mean(axis=(1, 3)).reshape(-1)
+
+
+def _alternatives(scene: world.Scene) -> list[world.Scene]:
+    """The scenes a model that missed one word of the prompt would draw instead: another shape, the centre, the
+    medium size, the filled shape for an outline."""
+    others = [replace(scene, shape=shape) for shape in world.SHAPES if shape != scene.shape]
+    if scene.position != "centre":
+        others.append(replace(scene, position="centre"))
+    if scene.size != "medium":
+        others.append(replace(scene, size="medium"))
+    if scene.outline:
+        others.append(replace(scene, outline=False))
+    return others
+
+
+def decisive_tokens(scenes: list[world.Scene], width: int, height: int, moved: list[Jitter]) -> Any:
+    """(N, tokens, 1) in [0, 1]: how much each token's content depends on the shape, position, size and style
+    words (the largest change of its coverage over `_alternatives`). The loss weighs these tokens up: they are few,
+    and where an alternative would draw but the scene does not (a shape drawn at the centre instead of on the
+    left) is background, which a weight on the shape's own tokens alone leaves cheap to get wrong."""
+    import numpy as np
+    import torch
+
+    rows = []
+    for scene, jitter in zip(scenes, moved, strict=True):
+        own = _coverage(scene, width, height, jitter)
+        changes = [np.abs(own - _coverage(other, width, height, jitter)) for other in _alternatives(scene)]
+        rows.append(np.max(changes, axis=0))
+    return torch.from_numpy(np.stack(rows)).unsqueeze(-1)
 
 
 def encode(pipe: Any, images: Any) -> Any:
@@ -75,6 +122,8 @@ class Bucket:
     references: Any = None  # (N, tokens, channels) for edit pairs
     latent_ids: Any = None
     reference_ids: Any = None
+    decisive: Any = None  # (N, tokens, 1): decisive_tokens
+    positioned: Any = None  # (N,) bool: the prompt names a position (the log splits the loss by it)
 
 
 def normalise(pipe: Any, patchified: Any) -> Any:
@@ -92,9 +141,14 @@ def build_buckets(pipe: Any, per_size: int, rng: random.Random, outline: bool = 
         scenes = [world.random_scene(rng) for _ in range(count)]
         if outline:
             scenes = [replace(s, outline=True) for s in scenes]
-        latents = normalise(pipe, encode(pipe, render_batch(scenes, width, height, rng)))
+        moved = jitters(len(scenes), rng)
+        latents = normalise(pipe, encode(pipe, render_batch(scenes, width, height, rng, moved)))
         ids = pipe._prepare_latent_ids(latents[:1])
-        buckets.append(Bucket(width, height, pipe._pack_latents(latents), [s.prompt for s in scenes], None, ids))
+        prompts = [s.prompt for s in scenes]
+        decisive = decisive_tokens(scenes, width, height, moved)
+        buckets.append(
+            Bucket(width, height, pipe._pack_latents(latents), prompts, None, ids, None, decisive, _positioned(scenes))
+        )
     if outline:
         return buckets
     for width, height in EDIT_SIZES:
@@ -104,15 +158,19 @@ def build_buckets(pipe: Any, per_size: int, rng: random.Random, outline: bool = 
             colour = rng.choice([c for c in world.COLOURS if c not in (scene.colour, scene.background)])
             targets.append(world.edited(scene, colour))
             prompts.append(f"make the {scene.shape} {colour}")
-        seed = rng.random()
         # The same jitter for a source and its target: only the colour changes.
-        source_images = render_batch(sources, width, height, random.Random(seed))
-        target_images = render_batch(targets, width, height, random.Random(seed))
-        refs = normalise(pipe, encode(pipe, source_images))
-        target = normalise(pipe, encode(pipe, target_images))
+        moved = jitters(len(sources), rng)
+        refs = normalise(pipe, encode(pipe, render_batch(sources, width, height, rng, moved)))
+        target = normalise(pipe, encode(pipe, render_batch(targets, width, height, rng, moved)))
         ids = pipe._prepare_latent_ids(target[:1])
         ref_ids = pipe._prepare_image_ids([refs[:1]])
-        buckets.append(
-            Bucket(width, height, pipe._pack_latents(target), prompts, pipe._pack_latents(refs), ids, ref_ids)
-        )
+        decisive = decisive_tokens(targets, width, height, moved)
+        refs, target = pipe._pack_latents(refs), pipe._pack_latents(target)
+        buckets.append(Bucket(width, height, target, prompts, refs, ids, ref_ids, decisive, _positioned(targets)))
     return buckets
+
+
+def _positioned(scenes: list[world.Scene]) -> Any:
+    import torch
+
+    return torch.tensor([s.position != "centre" for s in scenes])

@@ -4,8 +4,9 @@ Stages, each a share of the budget: the VAE (reconstruction, then the latent bat
 de-normalises with); the transformer and the text encoder together with the flow-matching objective, at the
 pipeline's own sampling sigmas for 1, 2, 4 and 8 steps (the world is deterministic given its prompt, so the
 velocity a few-step sampler needs is learnable directly: no teacher, no distillation); then the `outline` LoRA
-on the frozen model. Everything goes through the pipeline's own helpers (prompt encoding, patchify, pack, ids),
-so what is trained is what `Flux2KleinPipeline.__call__` runs. Seeded; the log is JSON lines of loss by step.
+on the frozen model; last, the live previews' latent-to-RGB map for this VAE (preview_fit.py). Everything goes
+through the pipeline's own helpers (prompt encoding, patchify, pack, ids), so what is trained is what
+`Flux2KleinPipeline.__call__` runs. Seeded; the log is JSON lines of loss by step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from neuron_app.engine.model import shapes_world as world
 from neuron_app.engine.model.tiny import RECIPE_VERSION, SHAPES_RECIPE, build_pipeline
+from neuron_app.engine.model.training import preview_fit
 from neuron_app.engine.model.training.data import SIZES, Bucket, build_buckets, render_batch, set_latent_statistics
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_v_proj")
 LORA_RANK = 8
 SEQUENCE_LENGTHS = (32, 32, 32, 32, 32, 64)  # prompts padded as the app pads them (max_sequence_length)
+DECISIVE_WEIGHT = 5.0  # flow_loss: the extra weight of the tokens the shape, position, size and style words decide
+EDIT_WEIGHT = 0.04  # how often each edit bucket is drawn, against data.SIZES' weights (4 buckets: ~12% of batches)
 
 
 @dataclass
@@ -163,10 +167,21 @@ def flow_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: 
         return_dict=False,
     )[0][:, : x0.shape[1]]
     # The shape is a few tokens among many of background: weigh the tokens away from the image's median token
-    # (the background) four times, or the background is learnt long before the shape's colour.
+    # (the background) four times, or the background is learnt long before the shape's colour; and the tokens
+    # the shape, position, size and style words decide (data.decisive_tokens) five times more, or the model
+    # draws a centred blob of the right colours whatever those words say.
     away = (x0 - x0.median(dim=1, keepdim=True).values).norm(dim=-1, keepdim=True) > 0.5
     weight = 1.0 + 3.0 * away.float()
-    return (weight * (prediction - (noise - x0)) ** 2).sum() / (weight.sum() * x0.shape[-1])
+    if bucket.decisive is not None:
+        weight = weight + DECISIVE_WEIGHT * bucket.decisive[index]
+    per_example = (weight * (prediction - (noise - x0)) ** 2).sum(dim=(1, 2)) / (weight.sum(dim=(1, 2)) * x0.shape[-1])
+    split = {}
+    if bucket.positioned is not None:
+        positioned = bucket.positioned[index]
+        for name, rows in (("loss_positioned", positioned), ("loss_centred", ~positioned)):
+            if rows.any():
+                split[name] = round(float(per_example[rows].detach().mean()), 5)
+    return per_example.mean(), split
 
 
 def _batch(plan: Plan, bucket: Bucket) -> int:
@@ -188,7 +203,7 @@ def train_flow(
     import torch
 
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    weights = [SIZES.get((b.width, b.height), 0.0) if b.references is None else 0.06 for b in buckets]
+    weights = [SIZES.get((b.width, b.height), 0.0) if b.references is None else EDIT_WEIGHT for b in buckets]
     table: dict[int, list[list[float]]] = {}
     checks = [0.25, 0.5, 0.75]
     for step, done in _timed(seconds):
@@ -198,7 +213,7 @@ def train_flow(
         bucket = rng.choices(buckets, weights)[0]
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, done, lr)
-        loss = flow_loss(pipe, bucket, _batch(plan, bucket), rng, table)
+        loss, split = flow_loss(pipe, bucket, _batch(plan, bucket), rng, table)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -209,6 +224,7 @@ def train_flow(
             loss=round(float(loss), 5),
             size=f"{bucket.width}x{bucket.height}",
             edit=bucket.references is not None,
+            **split,
         )
 
 
@@ -337,6 +353,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
     for component in (pipe.vae, pipe.transformer, pipe.text_encoder):
         component.requires_grad_(True)
     pipe.save_pretrained(staging)
+    preview_fit.write(pipe, staging, plan.seed)  # the live previews' latent-to-RGB map for this VAE
     (staging / "lora").mkdir()
     save_file(state, str(staging / "lora" / "outline.safetensors"))
     recipe = asdict(SHAPES_RECIPE) | {"version": RECIPE_VERSION}

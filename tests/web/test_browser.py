@@ -311,7 +311,11 @@ def test_dropdown_and_table_agree_before_and_after_a_restart(browser: Any, tmp_p
 WATCH_GALLERY = """() => {
   window.__shown = [];
   const record = (img) => {
-    const note = () => window.__shown.push([img.naturalWidth, img.naturalHeight]);
+    // only a load of what is on show counts: a replaced preview may finish loading after its successor (busy host)
+    const src = img.src;
+    const note = () => {
+      if (img.isConnected && img.src === src) window.__shown.push([img.naturalWidth, img.naturalHeight]);
+    };
     if (img.complete && img.naturalWidth) note(); else img.addEventListener('load', note, {once: true});
   };
   new MutationObserver((changes) => {

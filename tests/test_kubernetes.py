@@ -253,6 +253,8 @@ def test_the_rayservice_serves_the_apps_own_deployment(
     assert deployment.autoscaling_config == options["autoscaling_config"]
     assert deployment.ray_actor_options.model_dump(exclude_unset=True) == options["ray_actor_options"]
     assert deployment.max_ongoing_requests == options["max_ongoing_requests"]
+    assert deployment.request_router_config["request_router_class"] == serve_app.ROUTER_CLASS
+    assert options["request_router_config"] == {"request_router_class": serve_app.ROUTER_CLASS}
     cluster = service["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
     from importlib.metadata import version

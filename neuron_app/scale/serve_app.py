@@ -28,6 +28,8 @@ BOARD_NAME = "neuron_app_status_board"
 LOOK_BACK_MIN_S = 11.0
 #: How long an attaching front end waits for the RayService's application before it gives up (the pod restarts).
 ATTACH_WAIT_S = 900.0
+#: The replicas' request router, imported by Ray where requests are routed (a path: importing it imports Ray).
+ROUTER_CLASS = "neuron_app.scale.routing:GraphAffinityRouter"
 
 
 def deployment_scale(settings: Settings) -> dict[str, Any]:
@@ -69,6 +71,8 @@ def deployment_options(settings: Settings) -> dict[str, Any]:
         "name": DEPLOYMENT_NAME,
         **deployment_scale(settings),  # num_replicas, or autoscaling_config for replicas = "MIN-MAX"
         "max_ongoing_requests": 1,  # one device per replica: a busy replica is skipped by the router
+        # ... yet a request waits a moment for a replica holding its graph (routing.py: why)
+        "request_router_config": {"request_router_class": ROUTER_CLASS},
         "ray_actor_options": actor_options(settings),
         "health_check_period_s": 2,
         "health_check_timeout_s": 60,

@@ -10,7 +10,7 @@ from tests.support import ROOT
 
 PAGE = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "neuron_app"
-ROOMS = ("model", "compile", "cache", "remote", "modes", "trust")
+ROOMS = ("model", "compile", "cache", "remote", "modes", "trust", "output")
 CLI = {"__main__", "doctor", "verify", "selftest"}
 WINGS = ("web", "scale", "backends", "bench")
 

@@ -30,7 +30,7 @@ from neuron_app.engine.model.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.model.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
 from neuron_app.engine.modes.lora import AdapterSet
 from neuron_app.engine.observers import Listener, Observers
-from neuron_app.engine.postprocess import Lane, PostStage, finish, post_workers
+from neuron_app.engine.output.postprocess import Lane, PostStage, finish, post_workers
 from neuron_app.engine.records import (
     CompileOutcome,
     GenerationRecord,
@@ -95,7 +95,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         self.warmup = Warmup(self)
         self.admission = Admission()  # graceful shutdown: `drain` refuses new work, waits for work in flight
         self.safety = SafetyChecker(settings)  # classifies every image on the host CPU; loads on first use
-        self.post = PostStage(post_workers(settings))  # the host work after the device (engine/postprocess.py)
+        self.post = PostStage(post_workers(settings))  # the host work after the device (engine/output/postprocess.py)
 
     # --- identity --------------------------------------------------------------------------
     def _fingerprint_fields(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from neuron_app.engine.contract import Manager
-from neuron_app.engine.images import ImageStore
+from neuron_app.engine.output.images import ImageStore
 from neuron_app.engine.records import GenerationRecord, ProgressCallback, ProgressEvent
 from neuron_app.errors import app_error_of, one_line
 from neuron_app.web import tool_docs

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from neuron_app.engine.images import write_image
+from neuron_app.engine.output.images import write_image
 from neuron_app.engine.records import GenerationRecord
 from neuron_app.engine.trust.marks import Marker
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_app import tracing
 from neuron_app.engine.contract import Manager
-from neuron_app.engine.images import write_png
+from neuron_app.engine.output.images import write_png
 from neuron_app.engine.records import GenerationRecord, ProgressCallback, ProgressEvent
 from neuron_app.errors import Cancelled, Conflict, NotFound, RequestError
 from neuron_app.settings import Settings
@@ -165,7 +165,7 @@ class Jobs:
 
     def _start_workers(self) -> None:
         # One worker per device lane: a job waiting for the device stays queued (cancelled at once by DELETE), so a
-        # job's host work (engine/postprocess.py) still holds its worker until it ends.
+        # job's host work (engine/output/postprocess.py) still holds its worker until it ends.
         while len(self._workers) < self.settings.device_lanes:
             worker = threading.Thread(target=self._work, name=f"image-job-{len(self._workers)}", daemon=True)
             self._workers.append(worker)

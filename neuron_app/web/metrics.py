@@ -110,7 +110,7 @@ class _StateCollector(Collector):
 
 
 def _stage_gauges(stages: dict[str, Any]) -> Iterator[Metric]:
-    """A request's two stages (engine/postprocess.py): waiting and running on the device lane and in the post slots."""
+    """A request's two stages (output/postprocess.py): waiting and running on the device lane and in the post slots."""
     if not stages:
         return
     depth = GaugeMetricFamily(

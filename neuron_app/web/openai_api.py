@@ -31,8 +31,8 @@ from starlette.routing import Route
 
 from neuron_app import tracing
 from neuron_app.engine.contract import Manager
-from neuron_app.engine.images import encoded
 from neuron_app.engine.modes.sizing import fit_record
+from neuron_app.engine.output.images import encoded
 from neuron_app.engine.records import GenerationRecord, ProgressEvent
 from neuron_app.engine.requests import AUTO_SIZE, MAX_SEED, check_images, resolve_size
 from neuron_app.engine.trust.marks import MIME, Marker

@@ -88,8 +88,8 @@ def build_app(settings: Settings, manager: Manager) -> App:
     """The Blocks with its queue: one device lane, bounded waiting room."""
     import gradio as gr
 
-    from neuron_app.engine.images import ImageStore
-    from neuron_app.engine.postprocess import request_slots
+    from neuron_app.engine.output.images import ImageStore
+    from neuron_app.engine.output.postprocess import request_slots
     from neuron_app.engine.trust.marks import Marker
     from neuron_app.web.access import Access
     from neuron_app.web.cancel_tool import add_cancel_job
@@ -106,7 +106,7 @@ def build_app(settings: Settings, manager: Manager) -> App:
     # Every image is marked as AI-made (watermark, IPTC, signed C2PA): the signer is checked here, at start.
     marker = Marker.for_settings(settings)
     demo = build_ui(manager, ImageStore(settings.outputs_dir, marker=marker), access)
-    # Each device lane's next request starts while the last one's image is in a post slot (engine/postprocess.py).
+    # Each device lane's next request starts while the last one's image is in a post slot (output/postprocess.py).
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=request_slots(settings))
     openai_api = OpenAIImages(settings, manager, demo, access)
     add_cancel_job(demo, openai_api.jobs)  # the MCP tool cancel_job (web/cancel_tool.py)

@@ -14,8 +14,8 @@ from typing import Any
 import gradio as gr
 
 from neuron_app.engine.contract import Manager
-from neuron_app.engine.images import ImageStore
-from neuron_app.engine.postprocess import request_slots
+from neuron_app.engine.output.images import ImageStore
+from neuron_app.engine.output.postprocess import request_slots
 from neuron_app.engine.records import (
     GenerationRecord,
     ManagerStatus,
@@ -47,7 +47,7 @@ TEMP_FILE_MAX_AGE_S = 3600
 def build_ui(manager: Manager, images: ImageStore, access: Access | None = None) -> gr.Blocks:
     settings = manager.settings
     access = access or Access(settings)  # the per-address page limit and the content-refusal counts
-    lanes = request_slots(settings)  # one device event per replica, plus the post slots (engine/postprocess.py)
+    lanes = request_slots(settings)  # one device event per replica, plus the post slots (engine/output/postprocess.py)
     run = api_endpoints.runner(manager, access)
 
     def ui_generate(

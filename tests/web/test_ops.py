@@ -65,7 +65,7 @@ def test_health_ready_and_metrics_follow_a_generate(launched_app: Any, client: C
     assert metric(text, "neuron_app_requests_total", result="ok") == 2
     assert metric(text, "neuron_app_cache_results_total", kind="memory") == 1
     assert metric(text, "neuron_app_compiles_total", shape="64x64") == 1
-    # both stages, idle now; the device's idle share between the two requests' device work (engine/postprocess.py)
+    # both stages, idle now; the device's idle share between the two requests' device work (output/postprocess.py)
     for stage in ("device", "post"):
         assert metric(text, "neuron_app_stage_requests", stage=stage, state="waiting") == 0
         assert metric(text, "neuron_app_stage_requests", stage=stage, state="running") == 0

@@ -249,7 +249,7 @@ def test_png_metadata_records_how_the_image_was_made(auth_client: Client, auth_a
 
 def test_image_store_keeps_the_newest(tmp_path: Path, make_settings: Callable[..., Any]) -> None:
     """Outputs stay bounded: files already in the folder (an earlier run) count, and the oldest go first."""
-    from neuron_app.engine.images import ImageStore
+    from neuron_app.engine.output.images import ImageStore
     from neuron_app.engine.records import CacheResult, GenerationRecord
     from neuron_app.engine.trust.marks import Marker
 

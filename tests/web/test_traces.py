@@ -70,7 +70,7 @@ def test_one_request_is_one_trace_with_every_phase_under_its_parent(exported: An
     assert parent(compile_span) == "manager.run" and compile_span.attributes["shape"] == "128x64"
     assert compile_span.attributes["graphs"] >= 1 and "graph_key" in compile_span.attributes
     assert [parent(s) for s in by_name["queue"]] == ["manager.run"]
-    # the host work after the device (engine/postprocess.py) runs on its own thread, still in the request's trace
+    # the host work after the device (engine/output/postprocess.py) runs on its own thread, still in the request's trace
     assert [parent(s) for s in by_name["postprocess"]] == ["manager.run"]
     assert [parent(s) for s in by_name["safety"]] == ["postprocess"]
     # the request's own denoise and decode run under manager.run; the compile's warm-up run nests under it

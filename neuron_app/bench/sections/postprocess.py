@@ -106,7 +106,7 @@ def _manifest() -> dict[str, Any]:
 
 def _queue(manager: Any, shape: str, steps: int, workers: int, safety: bool) -> dict[str, Any]:
     """8 requests at once through `request_slots` threads, as Gradio's queue runs them."""
-    from neuron_app.engine.postprocess import PostStage, idle_fraction
+    from neuron_app.engine.output.postprocess import PostStage, idle_fraction
 
     manager.post = PostStage(workers)
     manager.safety.enabled = safety

@@ -15,7 +15,7 @@ Three marks, because each survives something the others do not:
 
 The order is fixed by what binds what: watermark the pixels, then write the PNG with its text chunks and the
 XMP, then sign: the manifest covers the exact bytes that leave the server. The provenance text chunks
-(prompt, seed, steps, ...) are written by `engine/images.py` as before.
+(prompt, seed, steps, ...) are written by `engine/output/images.py` as before.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The post-processing stage (engine/postprocess.py): the device lane takes its next request while the last one's
+"""The post-processing stage (engine/output/postprocess.py): the device lane takes its next request while the last one's
 image is in a host slot, waits when every slot is busy, and a flagged image or a failure stays that request's own.
 
 The host work is held up with a real lock of the real signer (every image is signed under it), not with a stand-in:
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from neuron_app.engine.postprocess import Lane, PostStage, idle_fraction
+from neuron_app.engine.output.postprocess import Lane, PostStage, idle_fraction
 from neuron_app.engine.trust.marks import Marker
 from neuron_app.errors import ContentRefused
 from tests.support import wait_for
@@ -146,7 +146,7 @@ def test_the_lane_serves_in_arrival_order_and_its_idle_share() -> None:
 
 def test_postprocess_workers_sets_the_stage_and_the_entries_slots(make_settings: Callable[..., Any]) -> None:
     from neuron_app.engine.manager import PipelineManager
-    from neuron_app.engine.postprocess import request_slots
+    from neuron_app.engine.output.postprocess import request_slots
 
     settings = make_settings(postprocess_workers=3)
     assert PipelineManager(settings).post.workers == 3 and request_slots(settings) == settings.device_lanes + 3

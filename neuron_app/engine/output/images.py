@@ -82,7 +82,7 @@ def write_image(
 
 def encoded(record: Any, marker: Marker | None = None, fmt: str = "png", quality: int | None = None) -> bytes:
     """The record's marked, signed file as `fmt` (png, jpeg, webp): the one the post-processing stage made
-    (engine/postprocess.py) when it is of this image, format and marker, else made now."""
+    (engine/output/postprocess.py) when it is of this image, format and marker, else made now."""
     if marker is None:
         from neuron_app.settings import get_settings
 

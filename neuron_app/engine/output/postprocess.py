@@ -155,8 +155,8 @@ class PostStage:
 def finish(manager: Any, req: Any, image: Any, outcome: Any, **timings: Any) -> Any:
     """One image's host work after the device: the safety check (a flagged image raises `ContentRefused` here, so
     nothing marks, stores or returns it), the record, then the marked, signed file (`record.encoded`, which the
-    entries' writers reuse: engine/images.py)."""
-    from neuron_app.engine.images import encoded
+    entries' writers reuse: engine/output/images.py)."""
+    from neuron_app.engine.output.images import encoded
     from neuron_app.engine.records import GenerationRecord
     from neuron_app.engine.trust.marks import Marker
 

@@ -9,7 +9,8 @@ inpaint at a ready shape meeting 0 compiles. It prints a verdict per check and w
 (`--report`) to attach to an issue. Elsewhere the same script runs on `neuron-emulated` with the tiny model (the
 gate is then evaluated on the traced graph: 480 text tokens make 128x64 qualify and 64x64 not).
 TP=2 against TP=1: the diffusers guide's tensor-parallel snippet (examples/guide_tp.py) under torchrun with 2
-ranks and with 1 (on the emulator under `python -m neuron_app emulate`). Not yet here: an edit and a LoRA switch.
+ranks and with 1 (on the emulator under `python -m neuron_app emulate`). An edit at a precompiled edit graph and a
+LoRA switch (`--lora NAME=SOURCE` twice; two tiny adapters with the tiny model) at a ready shape meet 0 compiles.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ GUIDE_TP = Path(__file__).resolve().parent.parent / "examples" / "guide_tp.py"
 TP_EMULATED_MODEL, TP_PSNR_DB = Path(__file__).resolve().parent / "models" / "tiny-shapes", 30.0
 #: On the emulator: the tiny model, 480 text tokens (128x64: 32 + 480 = 512, the kernel; 64x64: 496, not).
 EMULATED_SHAPES, EMULATED_TILES, EMULATED_TEXT = ["128x64", "64x64"], [256, 384, 512], 480
+#: The LoRA switch with the tiny model: two random adapters of ranks 4 and 8 (slots padded to the larger).
+TINY_LORAS = {"selftest-a": "tiny:1", "selftest-b": "tiny:2"}
 
 
 @dataclass
@@ -93,35 +96,6 @@ def check_in_place(manager: Any) -> Verdict:
     )
 
 
-def check_tiled_decode(manager: Any) -> tuple[Verdict, float]:
-    start = time.perf_counter()
-    try:
-        record = manager.generate("a lighthouse", "64x64", 2, 1)
-    except Exception as exc:
-        return Verdict("tiled VAE decode", "fail", str(exc).splitlines()[0][:200]), 0.0
-    took = time.perf_counter() - start
-    found = (
-        f"64x64 in {took:.1f} s with its compile ({record.graphs_compiled} graph(s), {record.eager_compiles} eager "
-        f"op(s)); VAE graphs {manager.status().vae_compiles}"
-    )
-    return Verdict("tiled VAE decode", "pass", found), took
-
-
-def check_sibling(manager: Any) -> Verdict:
-    """Review S2: a sibling of a token family shares the transformer graph but meets its own eager glue."""
-    manager.generate("wide", "128x64", 2, 1)
-    start = time.perf_counter()
-    first = manager.generate("tall", "64x128", 2, 1)
-    took = time.perf_counter() - start
-    again = manager.generate("tall again", "64x128", 2, 2)
-    found = (
-        f"64x128 after 128x64: {first.graphs_compiled} graph(s), {first.eager_compiles} eager compile(s), "
-        f"{took:.2f} s; next request {again.graphs_compiled} graph(s), {again.eager_compiles} eager"
-    )
-    ok = again.graphs_compiled == 0 and again.eager_compiles == 0
-    return Verdict("sibling shape", "pass" if ok else "fail", found)
-
-
 def device_memory() -> str:
     import torch
 
@@ -172,6 +146,39 @@ def check_sources_at_ready_shape(manager: Any, shape: str) -> Verdict:
     compiled = [r.graphs_compiled + r.eager_compiles for r in records]
     found = f"inpaint {compiled[0]} compile(s), image-to-image {compiled[1]} compile(s) at {shape}"
     return Verdict("img2img/inpaint ready", "pass" if not any(compiled) else "fail", found)
+
+
+def check_edit_ready(manager: Any, shape: str) -> Verdict:
+    """N4e: an edit whose graph was compiled ahead (as `precompile --references 1` does) meets 0 compiles."""
+    from PIL import Image
+
+    res = manager.configured_resolution(shape)
+    reference = Image.new("RGB", (res.width, res.height), (200, 40, 40))
+    try:
+        manager.compile_shape(shape, references=[shape])  # the bucket a reference of the same size snaps to
+        record = manager.generate("make it blue", shape, manager.settings.default_steps, 5, references=[reference])
+    except Exception as exc:
+        return Verdict("edit ready", "fail", str(exc).splitlines()[0][:200])
+    compiles = record.graphs_compiled + record.eager_compiles
+    found = f"1 reference at {shape}: {record.graphs_compiled} graph(s), {record.eager_compiles} eager compile(s)"
+    return Verdict("edit ready", "pass" if compiles == 0 else "fail", found)
+
+
+def check_lora_switch(manager: Any, shape: str) -> Verdict:
+    """N4e: switching LoRA styles at a ready shape (one style, the other, none) meets 0 compiles: the adapters
+    live in slots compiled into the graph, so a switch only copies weights."""
+    names = [n for n in manager.settings.loras]
+    if len(names) < 2:
+        return Verdict("LoRA switch", "skip", "give two styles (--lora NAME=SOURCE, twice) to switch between")
+    steps = manager.settings.default_steps
+    try:
+        manager.generate("a fox", shape, steps, 3, lora=names[0])  # the first load of a style may compile
+        records = [manager.generate("a fox", shape, steps, 3, lora=name) for name in (names[1], names[0], "none")]
+    except Exception as exc:
+        return Verdict("LoRA switch", "fail", str(exc).splitlines()[0][:200])
+    counts = [r.graphs_compiled + r.eager_compiles for r in records]
+    found = f"{names[1]}, {names[0]}, none at {shape}: {', '.join(map(str, counts))} compile(s)"
+    return Verdict("LoRA switch", "pass" if not any(counts) else "fail", found)
 
 
 def worker(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -284,13 +291,15 @@ def check_tp(device: str, model: str, cache_dir: Path) -> Verdict:
     return Verdict(name, "pass" if value >= TP_PSNR_DB and sharded else "fail", found)
 
 
-def run(device: str, model: str, cache_dir: Path) -> list[Verdict]:
+def run(device: str, model: str, cache_dir: Path, loras: dict[str, str] | None = None) -> list[Verdict]:
     from neuron_app.environment import prepare_process
 
     emulated = device != "neuron"
     shapes, tiles = (EMULATED_SHAPES, EMULATED_TILES) if emulated else (DEVICE_SHAPES, DEVICE_TILES)
     extra = {"max_sequence_length": EMULATED_TEXT} if emulated and model == "tiny" else {}
-    settings = _settings(device, cache_dir / "main", model=model, shapes=shapes, **extra)
+    if loras is None and model == "tiny":
+        loras = TINY_LORAS
+    settings = _settings(device, cache_dir / "main", model=model, shapes=shapes, loras=loras or {}, **extra)
     prepare_process(settings)
     from neuron_app.engine.manager import PipelineManager
 
@@ -301,7 +310,7 @@ def run(device: str, model: str, cache_dir: Path) -> list[Verdict]:
     verdicts.append(check_restart(device, model, shapes[0], cache_dir / "main"))
     verdicts += check_tiles(device, model, tiles, cache_dir)
     verdicts += [check_nki_sdpa(device, model, shapes[0], cache_dir), check_tp(device, model, cache_dir / "tp")]
-    verdicts.append(Verdict("edit, LoRA switch", "skip", "not in the selftest yet (tests/backends on neuron-emulated)"))
+    verdicts += [check_edit_ready(manager, shapes[0]), check_lora_switch(manager, shapes[0])]
     return verdicts
 
 
@@ -348,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, help="default: a throw-away folder")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--report", type=Path, help="also write the JSON report here (attach it to an issue)")
+    parser.add_argument(
+        "--lora",
+        action="append",
+        default=None,
+        metavar="NAME=SOURCE",
+        help="a LoRA style for the switch check (twice: a .safetensors path or a Hub id each); tiny ones by default",
+    )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -360,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or (DEVICE_MODEL if device == "neuron" else "tiny")
     with tempfile.TemporaryDirectory(prefix="neuron-selftest-") as tmp:
         cache_dir = args.cache_dir or Path(tmp)
-        verdicts = run(device, model, cache_dir)
+        loras = dict(item.split("=", 1) for item in args.lora) if args.lora else None
+        verdicts = run(device, model, cache_dir, loras)
     failed = [v for v in verdicts if v.verdict == "fail"]
     report = {"device": device, "model": model, "failed": len(failed), "checks": [asdict(v) for v in verdicts]}
     if args.report:

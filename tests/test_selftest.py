@@ -38,6 +38,8 @@ def test_the_selftest_runs_every_check_and_writes_its_report(tmp_path: Path) -> 
         checks["restart (2nd process)"]["verdict"] == "pass" and "0 eager" in checks["restart (2nd process)"]["found"]
     )
     assert checks["img2img/inpaint ready"]["verdict"] == "pass"
+    assert checks["edit ready"]["verdict"] == "pass" and "0 graph(s), 0 eager" in checks["edit ready"]["found"]
+    assert checks["LoRA switch"]["verdict"] == "pass" and ": 0, 0, 0 compile(s)" in checks["LoRA switch"]["found"]
     for tile in (256, 384, 512):
         assert "PSNR" in checks[f"VAE tile {tile} px"]["found"] and checks[f"VAE tile {tile} px"]["verdict"] != "fail"
     tp = checks["TP=2 equals TP=1"]  # the guide's snippet, 2 ranks against 1, each rank half of every sharded weight

@@ -26,13 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from neuron_app.bench import SCHEMA_VERSION
-from neuron_app.bench.common import (
-    RESULT_TAG,
-    BenchError,
-    ShareOfOthers,
-    free_port,
-    settings_env,
-)
+from neuron_app.bench.common import RESULT_TAG, BenchError, ShareOfOthers, free_port, settings_env
 from neuron_app.bench.config import BenchConfig
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
 from neuron_app.bench.sections import (

@@ -10,13 +10,8 @@ import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    PROMPT,
-    good_result,
-    summarize,
-)
+from neuron_app.bench.common import PROMPT, good_result, summarize
 
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "5. Concurrency"
 
 

@@ -5,18 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    facts,
-    ratio,
-    summarize,
-    timed_generate,
-    worker_manager,
-)
+from neuron_app.bench.common import facts, ratio, summarize, timed_generate, worker_manager
 from neuron_app.shapes import Resolution
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "edit"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "11. Editing with reference images"
 
 

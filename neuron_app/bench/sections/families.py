@@ -19,9 +19,7 @@ from neuron_app.bench.common import (
 )
 from neuron_app.shapes import Resolution
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "families"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "10. Token families, the tiled VAE and the prompt cache"
 
 

@@ -12,9 +12,7 @@ from typing import Any
 
 from neuron_app.bench.common import facts, summarize, timed_generate, worker_manager
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "lora"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "8. LoRA style switch"
 #: Adapter counts measured (0 is the server without LoRA); the smoke run keeps two.
 FULL_COUNTS = (0, 1, 4, 8)

@@ -9,18 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    facts,
-    ratio,
-    since_process_start,
-    summarize,
-    timed_generate,
-    worker_manager,
-)
+from neuron_app.bench.common import facts, ratio, since_process_start, summarize, timed_generate, worker_manager
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "measure"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "1. Eager vs full vs regional compile"
 
 

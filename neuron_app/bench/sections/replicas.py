@@ -20,7 +20,6 @@ from neuron_app.bench.process import wait_up
 from neuron_app.bench.sections.concurrency import run_clients
 
 PROMPT = "a lighthouse on a cliff at dawn"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "9. Replicas (Ray Serve)"
 REPLICA_COUNTS = (1, 2)
 #: Requests each client sends per throughput run: enough that start and end effects stay small.

@@ -9,11 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    ratio,
-)
+from neuron_app.bench.common import ratio
 
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "2. Cold vs warm restart"
 
 

@@ -29,9 +29,7 @@ from neuron_app.bench.common import (
 )
 from neuron_app.bench.process import Lines
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "serve"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "4. Serving overhead"
 
 

@@ -19,7 +19,6 @@ from neuron_app.bench import markdown as md
 from neuron_app.bench.common import PROMPT, BenchError, free_port
 from neuron_app.bench.process import wait_up
 
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "7. Start-up"
 
 

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from neuron_app.bench import SCHEMA_VERSION
-from neuron_app.bench.common import RESULT_TAG, BenchError, ShareOfOthers, free_port, settings_env
+from neuron_app.bench.common import RESULT_TAG, BenchError, CpuMeter, free_port, settings_env
 from neuron_app.bench.config import BenchConfig
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
 from neuron_app.bench.sections import (
@@ -145,37 +145,18 @@ class Harness:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         return env
 
-    def popen(
-        self, args: list[str], name: str, env: dict[str, str] | None = None, **kwargs: Any
-    ) -> tuple[subprocess.Popen[str], Path]:
-        """Start a process in its own group; its stderr goes to a log file named after it."""
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log_path = self.logs / f"{next(self._worker_ids):02d}-{name}.log"
-        log_file = log_path.open("w")
-        proc = subprocess.Popen(
-            args,
-            cwd=PROJECT_ROOT,
-            env=env or self.env(),
-            stderr=log_file,
-            text=True,
-            start_new_session=True,  # its own process group: stopped as a whole, by id
-            **kwargs,
-        )
-        log_file.close()
-        return proc, log_path
-
     @contextlib.contextmanager
     def process(
-        self,
-        args: list[str],
-        name: str,
-        env: dict[str, str] | None = None,
-        stop: dict[str, Any] | None = None,
-        **kwargs: Any,
+        self, args: list[str], name: str, env: dict[str, str] | None = None, stop: dict | None = None, **kw: Any
     ) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-        """`popen`, then what went wrong while it ran quotes the log's tail; the group is stopped at the end
-        (`stop`: `stop_group`'s options)."""
-        proc, log_path = self.popen(args, name, env, **kwargs)
+        """A process in its own group (stopped as a whole, by id, at the end: `stop` holds `stop_group`'s options),
+        its stderr in a log named after it; what goes wrong while it runs quotes the log's tail."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log_path = self.logs / f"{next(self._worker_ids):02d}-{name}.log"
+        with log_path.open("w") as log_file:
+            proc = subprocess.Popen(
+                args, cwd=PROJECT_ROOT, env=env or self.env(), stderr=log_file, text=True, start_new_session=True, **kw
+            )
         try:
             yield proc, log_path
         except Exception as exc:
@@ -286,7 +267,7 @@ class Harness:
     def run(self) -> dict[str, Any]:
         started = datetime.now(UTC)
         wall = time.perf_counter()
-        others = ShareOfOthers()
+        others = CpuMeter()
         sections = self.cfg.sections
         machine = machine_info()
         self.log(
@@ -323,7 +304,7 @@ class Harness:
             if not self.cfg.keep_work:
                 shutil.rmtree(self.work, ignore_errors=True)
         machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-        machine["others_cpu_share"] = round(others.share(), 3)
+        machine["others_cpu_share"] = round(others.others_share(), 3)
         device = self.resolved.get("device") or self.cfg.device
         return {
             "schema": SCHEMA_VERSION,

@@ -16,7 +16,6 @@ TITLE = "5. Concurrency"
 
 
 def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
-    """K clients, each with its own connection, hammering one ready shape; every request accounted for."""
     shape, steps = harness.cfg.shapes[0], harness.cfg.steps
     rows = []
     for k in harness.cfg.clients:
@@ -77,22 +76,14 @@ def run_clients(
     }
 
 
+COLUMNS = [("clients", "clients"), ("sent", "sent"), ("ok", "ok"), ("errors", "errors"), ("lost", "lost"),
+           ("wall s", "wall_s", md.s), ("images/s", "images_per_s", md.num), ("median ms", "latency.median_s", md.ms),
+           ("p95 ms", "latency.p95_s", md.ms)]  # fmt: skip
+
+
 def render(sec: dict[str, Any]) -> str:
     return (
         f"Shape {sec['shape']}, {sec['per_client']} request(s) per client, each client its own "
         "`gradio_client.Client` in its own thread; the server runs one generation at a time.\n\n"
-        + md.columns(
-            [
-                ("clients", "clients"),
-                ("sent", "sent"),
-                ("ok", "ok"),
-                ("errors", "errors"),
-                ("lost", "lost"),
-                ("wall s", "wall_s", md.s),
-                ("images/s", "images_per_s", md.num),
-                ("median ms", "latency.median_s", md.ms),
-                ("p95 ms", "latency.p95_s", md.ms),
-            ],
-            sec["rows"],
-        )
+        + md.columns(COLUMNS, sec["rows"])
     )

@@ -13,7 +13,6 @@ TITLE = "11. Editing with reference images"
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """Editing: compile seconds and latency for 0, 1 and 2 references at one output shape, fresh cache."""
     shape = harness.cfg.shapes[0]
     others = [s for s in harness.cfg.all_shapes if s != shape]
     warm_shape = others[0] if others else None
@@ -58,6 +57,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     return facts(manager) | {"rows": rows}
 
 
+COLUMNS = [("references", "references"), ("image tokens", "image_tokens"), ("graphs", "graphs"),
+           ("compile s", "compile_s", md.s), ("compile vs 0", "compile_over_0", md.x),
+           ("first image s", "first_image_s", md.s), ("latency median ms", "steady.median_s", md.ms),
+           ("latency p95 ms", "steady.p95_s", md.ms), ("latency vs 0", "latency_over_0", md.x), ("n", "steady.n"),
+           ("recompiles after", "steady_graphs")]  # fmt: skip
+
+
 def render(sec: dict[str, Any]) -> str:
     warm = f" after the compiler's start-up was paid on {sec['warm_shape']}" if sec.get("warm_shape") else ""
     return (
@@ -65,20 +71,5 @@ def render(sec: dict[str, Any]) -> str:
         f"empty cache folder{warm}. References are of the output's size (one bucket each), so each adds the "
         "output's image tokens to the transformer's sequence. Compile = the first call's compile; latency = "
         "`generate(..., references=...)` after it (reference preparation and VAE encoding included).\n\n"
-        + md.columns(
-            [
-                ("references", "references"),
-                ("image tokens", "image_tokens"),
-                ("graphs", "graphs"),
-                ("compile s", "compile_s", md.s),
-                ("compile vs 0", "compile_over_0", md.x),
-                ("first image s", "first_image_s", md.s),
-                ("latency median ms", "steady.median_s", md.ms),
-                ("latency p95 ms", "steady.p95_s", md.ms),
-                ("latency vs 0", "latency_over_0", md.x),
-                ("n", "steady.n"),
-                ("recompiles after", "steady_graphs"),
-            ],
-            sec["rows"],
-        )
+        + md.columns(COLUMNS, sec["rows"])
     )

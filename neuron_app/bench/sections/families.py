@@ -40,8 +40,6 @@ def family_shapes(harness: Any) -> tuple[list[str], int, int]:
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """Graphs compiled for the default shapes: the VAE compiled per latent shape (what a static-shape
-    compiler pays today) beside the tiled VAE (one graph); and the prompt cache's saving."""
     shapes, tile, overlap = family_shapes(harness)
     mode = "full" if "full" in harness.cfg.modes else harness.cfg.serving_mode
     paths = {}
@@ -108,6 +106,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+COLUMNS = [("path", "path"), ("transformer graphs", "transformer_graphs"), ("VAE graphs", "vae_graphs"),
+           ("compile s (all shapes)", "compile_s", md.s), ("encode ms", "encode.median_s", md.ms),
+           ("generate, new prompt ms", "generate_miss.median_s", md.ms),
+           ("generate, cached prompt ms", "generate_hit.median_s", md.ms),
+           ("cached / new", "cached_over_new", md.x)]  # fmt: skip
+
+
 def render(sec: dict[str, Any]) -> str:
     labels = {"whole-vae": "VAE compiled whole (one graph per latent shape)", "tiled-vae": "tiled VAE (vae_compile on)"}
     rows = [
@@ -124,18 +129,5 @@ def render(sec: dict[str, Any]) -> str:
         f"mode {sec['mode']}, VAE tile {sec['tile']} latent px, overlap {sec['overlap']}; each path in a fresh "
         f"process and an empty cache folder. Tiled path compiles one transformer graph per family and one VAE "
         f"graph: {verdict}. Then, on the last shape: the text encoder alone, a generation with a new prompt "
-        "(cache miss) and with a repeated one (hit: the encoder is skipped).\n\n"
-        + md.columns(
-            [
-                ("path", "path"),
-                ("transformer graphs", "transformer_graphs"),
-                ("VAE graphs", "vae_graphs"),
-                ("compile s (all shapes)", "compile_s", md.s),
-                ("encode ms", "encode.median_s", md.ms),
-                ("generate, new prompt ms", "generate_miss.median_s", md.ms),
-                ("generate, cached prompt ms", "generate_hit.median_s", md.ms),
-                ("cached / new", "cached_over_new", md.x),
-            ],
-            rows,
-        )
+        "(cache miss) and with a repeated one (hit: the encoder is skipped).\n\n" + md.columns(COLUMNS, rows)
     )

@@ -16,8 +16,6 @@ TITLE = "1. Eager vs full vs regional compile"
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """Eager vs full vs regional: a fresh process and an empty cache folder each."""
-
     def one(mode: str) -> dict[str, Any]:
         return harness.measure_mode(mode, harness.new_cache(f"mode-{mode}"), f"modes-{mode}")
 
@@ -35,7 +33,6 @@ def section(harness: Any) -> dict[str, Any]:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Per shape: cold compile (compile_shape), the first image, then the steady latency of N calls."""
     steps, repeats = spec["steps"], spec["repeats"]
     manager = worker_manager(spec)
     loaded_at = since_process_start()
@@ -80,29 +77,14 @@ def render(sec: dict[str, Any]) -> str:
         "warm-up at that shape); the first shape of a process also pays the compiler's one-time start-up. "
         "Latency = `generate()` wall time after the first image.\n\n"
     )
-    text += md.columns(
-        [
-            ("shape", "shape"),
-            ("mode", "mode"),
-            ("backend", "backend"),
-            ("graphs", "graphs"),
-            ("cold compile s", "compile_s", md.s),
-            ("first image s", "first_image_s", md.s),
-            ("latency median ms", "steady.median_s", md.ms),
-            ("latency p95 ms", "steady.p95_s", md.ms),
-            ("n", "steady.n"),
-            ("recompiles after", "steady_graphs"),
-        ],
-        rows,
-    )
+    columns = [("shape", "shape"), ("mode", "mode"), ("backend", "backend"), ("graphs", "graphs"),
+               ("cold compile s", "compile_s", md.s), ("first image s", "first_image_s", md.s),
+               ("latency median ms", "steady.median_s", md.ms), ("latency p95 ms", "steady.p95_s", md.ms),
+               ("n", "steady.n"), ("recompiles after", "steady_graphs")]  # fmt: skip
+    text += md.columns(columns, rows)
     if sec["ratios"]:
         ratio_rows = [r | {"shape": shape} for shape, r in sec["ratios"].items()]
-        text += "\n\n" + md.columns(
-            [
-                ("shape", "shape"),
-                ("compile regional/full", "compile_regional_over_full", md.x),
-                ("latency regional/full", "latency_regional_over_full", md.x),
-            ],
-            ratio_rows,
-        )
+        columns = [("shape", "shape"), ("compile regional/full", "compile_regional_over_full", md.x),
+                   ("latency regional/full", "latency_regional_over_full", md.x)]  # fmt: skip
+        text += "\n\n" + md.columns(columns, ratio_rows)
     return text

@@ -27,8 +27,6 @@ def section(harness: Any) -> dict[str, Any]:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """The scripted request sequence; each distinct graph shape must compile exactly once."""
-
     a, b, steps = spec["shape_a"], spec["shape_b"], spec["steps"]
     calls = [
         ("A", a, steps, 0, PROMPT),
@@ -68,22 +66,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+COLUMNS = [("#", "n"), ("call", "call"), ("shape", "shape"), ("steps", "steps"), ("seed", "seed"),
+           ("prompt", "prompt"), ("graphs compiled", "graphs_counted"), ("cache", "cache")]  # fmt: skip
+
+
 def render(sec: dict[str, Any]) -> str:
     verdict = "OK" if sec["ok"] else "**WRONG**"
     return (
-        md.columns(
-            [
-                ("#", "n"),
-                ("call", "call"),
-                ("shape", "shape"),
-                ("steps", "steps"),
-                ("seed", "seed"),
-                ("prompt", "prompt"),
-                ("graphs compiled", "graphs_counted"),
-                ("cache", "cache"),
-            ],
-            [c | {"n": i + 1} for i, c in enumerate(sec["calls"])],
-        )
+        md.columns(COLUMNS, [c | {"n": i + 1} for i, c in enumerate(sec["calls"])])
         + f"\n\nMode {sec['mode']} / {sec['backend']}, cache folder {sec['cache_folder']}: "
         f"**{sec['compile_events']} compile(s) for {sec['distinct_graph_keys']} distinct graph shape(s)** "
         f"({sec['graphs_total']} graph(s) in all, {sec['compile_failures']} failure(s)): {verdict}."

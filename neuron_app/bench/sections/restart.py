@@ -15,7 +15,6 @@ TITLE = "2. Cold vs warm restart"
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """Cold (empty cache folder) vs warm (the same folder, a new process): time to first image."""
     mode = harness.cfg.serving_mode
     modes = harness.results.get("modes", {})
     if modes.get("status") == "ok" and mode in modes["runs"]:

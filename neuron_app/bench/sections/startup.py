@@ -23,7 +23,6 @@ TITLE = "7. Start-up"
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """`python app.py` to the page answering, to the model loaded, to the first image: lazy vs load_on_start."""
     cache_dir, cache_note = harness.cache_for("startup", fresh=harness.parallel)
     starts = [("lazy", False), ("load_on_start", True)]
     with ThreadPoolExecutor(max_workers=harness.cfg.jobs) as pool:
@@ -129,14 +128,9 @@ def _status_http(url: str) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    columns = [
-        ("start", "start"),
-        ("page HTTP 200 s", "page_s", md.s),
-        ("model loaded s", "loaded_s", md.s),
-        ("load itself s", "load_s", md.s),
-        ("first image s", "first_image_s", md.s),
-        ("cache", "first_cache"),
-    ]
+    columns = [("start", "start"), ("page HTTP 200 s", "page_s", md.s), ("model loaded s", "loaded_s", md.s),
+               ("load itself s", "load_s", md.s), ("first image s", "first_image_s", md.s),
+               ("cache", "first_cache")]  # fmt: skip
     floor = ""
     if "trivial_page_s" in sec:  # a one-textbox Gradio app started in the same run
         floor = (

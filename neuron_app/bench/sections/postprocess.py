@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import PROMPT, ratio, summarize
+from neuron_app.bench.common import PROMPT, ratio, seconds, summarize
 
 KIND = "postprocess"
 TITLE = "12. Post-processing: the host work after the device"
@@ -49,12 +49,7 @@ def _vit_b16(folder: Any) -> str:
 
 def _timed(fn: Any, repeats: int) -> dict[str, Any]:
     fn()  # warm
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return summarize(samples)
+    return summarize(seconds(lambda _: fn(), range(repeats)))
 
 
 def _stages(manager: Any, repeats: int, sides: list[int]) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import CpuMeter, summarize
+from neuron_app.bench.common import CpuMeter, seconds, summarize
 from neuron_app.bench.process import wait_up
 from neuron_app.bench.sections.concurrency import run_clients
 
@@ -111,11 +111,7 @@ def _measure(
     client = harness.client(url)
     _ready_everywhere(client, ready, steps, count, timeout_s)
     throughput = _throughput(harness, url, clients, ready)
-    solo = []
-    for seed in range(1, 6):
-        t0 = time.perf_counter()
-        client.predict(PROMPT, ready, steps, seed, api_name="/generate")
-        solo.append(time.perf_counter() - t0)
+    solo = seconds(lambda seed: client.predict(PROMPT, ready, steps, seed, api_name="/generate"), range(1, 6))
     compiler = harness.client(url)
     cold_job = compiler.submit(PROMPT, cold, steps, 0, api_name="/generate")
     while client.predict(api_name="/status")["shapes"][cold]["state"] == "not_compiled" and not cold_job.done():

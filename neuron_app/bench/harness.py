@@ -1,9 +1,7 @@
 """The orchestrator: runs each section's subprocesses in order and gathers one results dict.
 
-Sections share what one of them built when that is not what the other measures: the cache
-folder filled by the cold run of the serving mode is reused (and said to be reused) by the
-warm restart, the recompile sequence, the server and the start-up runs, so only the
-measurements that are about a cold compile pay for one.
+The cache folder filled by the serving mode's cold run is reused (and said to be) by the warm restart, the
+recompile sequence, the server and the start-up runs: only the measurements about a cold compile pay for one.
 """
 
 from __future__ import annotations
@@ -50,23 +48,8 @@ from neuron_app.settings import PROJECT_ROOT
 #: `section(harness)`, `render(its results)` and `TITLE`; one with its own worker kind also `KIND` and
 #: `measure(spec)`. `SECTIONS`, `worker.KINDS` and the report's sections are read from here: a new section is
 #: one module, imported above and named here.
-REGISTRY: dict[str, ModuleType] = {
-    module.__name__.rsplit(".", 1)[-1]: module
-    for module in (
-        modes,
-        restart,
-        recompile,
-        serving,
-        concurrency,
-        memory,
-        startup,
-        lora,
-        replicas,
-        families,
-        edit,
-        postprocess,
-    )
-}
+_ORDER = (modes, restart, recompile, serving, concurrency, memory, startup, lora, replicas, families, edit, postprocess)
+REGISTRY: dict[str, ModuleType] = {module.__name__.rsplit(".", 1)[-1]: module for module in _ORDER}
 #: Sections measured on the one serving worker (`section(harness, server)`), in this order.
 ON_SERVER = ("serving", "concurrency")
 #: Sections that read what the others measured, run after every phase.

@@ -61,13 +61,9 @@ def section(harness: Any) -> dict[str, Any]:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Compile every shape on one VAE path; count transformer and VAE graphs apart. Then, on the last shape,
-    the text encoder's share of a generation and what the prompt cache saves.
-
-    Paths: `eager-vae` (today on CPU/GPU: the VAE runs eager, no graph), `whole-vae` (the VAE decoder compiled
-    on the whole latent: what a static-shape compiler such as Neuron pays today, one graph per latent shape)
-    and `tiled-vae` (vae_compile on: one tile graph for every shape).
-    """
+    """Every shape on one VAE path (`whole-vae`: the decoder compiled on the whole latent, one graph per latent
+    shape; `tiled-vae`: one tile graph for all), transformer and VAE graphs counted apart; then, on the last
+    shape, the text encoder's share of a generation and what the prompt cache saves."""
     manager = worker_manager(spec)
     pipe = manager.pipe
     if spec["path"] == "whole-vae":

@@ -1,15 +1,9 @@
 """Bench section `postprocess`: the host work after the device, per stage, and what the post stage gives the lane.
 
-One worker process on `neuron-emulated` (the device lane under TorchNeuron's rules, on the CPU):
-- per-stage host milliseconds at 256, 512 and 1024 px on one thread: the safety classifier (a ViT-B/16 at 224 px,
-  the default model's shape, random weights saved and loaded through transformers: the Hub is out of reach here),
-  batch 1 and batch 4 per image; the lumaQim watermark embed and read-back; the PNG encode at Pillow's default
-  level 6 (before) and at 1 (after); JPEG and WebP at quality 90; the C2PA signature;
-- a queue of 8 requests, run as the Gradio queue runs them (`request_slots` at once), with the post stage overlapped
-  and in-line (`postprocess_workers` 2 and 0) on the same manager, graphs compiled once: the device lane's idle
-  fraction between its holds, the wall time and the throughput ratio; with the safety checker on and off.
-On two cores the host work and the emulated device share the CPU, so the idle fraction is the figure that does not
-depend on it: the lane's own holds.
+One worker on `neuron-emulated`: each host stage's milliseconds on one thread (the safety classifier, a random
+ViT-B/16 at the default model's shape, batch 1 and 4; the watermark; PNG at level 6 and 1, JPEG, WebP; the C2PA
+signature), then 8 queued requests with the post stage overlapped and in-line, safety on and off. On two cores the
+host work and the emulated device share the CPU: the lane's idle fraction is the figure that does not depend on it.
 """
 
 from __future__ import annotations
@@ -165,13 +159,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 def section(harness: Any) -> dict[str, Any]:
     cfg = harness.cfg
-    settings = harness.settings(cfg.serving_mode, harness.new_cache("postprocess"), device="neuron-emulated")
     shape = "64x64" if cfg.smoke else "256x256"  # 256: the smallest side that carries the watermark
-    spec = {"kind": KIND, "settings": settings, "shape": shape, "steps": cfg.steps, "repeats": cfg.repeats}
-    spec |= {"smoke": cfg.smoke, "sides": [256] if cfg.smoke else list(SIDES)}
-    spec["settings"] |= {"resolutions": [shape], "default_resolution": shape}
+    settings = {"device": "neuron-emulated", "resolutions": [shape], "default_resolution": shape}
     load_start = os.getloadavg()[0]
-    result = harness.run_worker("postprocess", spec)
+    sides = [256] if cfg.smoke else list(SIDES)
+    result = harness.measure("postprocess", KIND, None, settings, shape=shape, smoke=cfg.smoke, sides=sides)
     # its own command and load: BENCHMARKS.md may show it beside a CPU run made with another command
     result |= {"command": cfg.command, "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     result["load_avg"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]

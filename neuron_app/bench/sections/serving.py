@@ -67,13 +67,9 @@ def server(harness: Any) -> Iterator[dict[str, Any]]:
 
 
 def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
-    """The same ready shape on the manager and through gradio_client, interleaved; then the status round trip.
-
-    The floor is `/floor`, a text endpoint on the same server. gradio_client reads its message queue every
-    50 ms, so its round trips come in steps; the same calls are also timed on the wire (`WireClient`, no
-    polling), where `/floor` also sleeps as long as the generate before it took in the manager (`total_s`):
-    generate minus that matched floor is what serving an image adds.
-    """
+    """The same ready shape on the manager, through gradio_client and on the wire (`WireClient`, no 50 ms poll),
+    interleaved, each beside `/floor`; on the wire the floor sleeps as long as the generate before it took in the
+    manager (`total_s`): generate minus that matched floor is what serving an image adds."""
     from neuron_app.bench.wire import WireClient
 
     shape, steps = harness.cfg.shapes[0], harness.cfg.steps
@@ -125,12 +121,8 @@ def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
 
 
 def _add_floor_endpoint(demo: Any) -> None:
-    """`/floor`: a queued endpoint with a text answer, on the same server: what any Gradio request costs here.
-
-    It sleeps the milliseconds it is given, in Gradio's worker thread as `generate` runs. gradio_client reads its
-    message queue every 50 ms, so a round trip grows in steps with the handler's duration: a floor that does
-    nothing is one step below a generate whose handler takes 40 ms, and compares badly with it.
-    """
+    """`/floor`: a queued text endpoint on the same server, what any Gradio request costs here; it sleeps the
+    milliseconds it is given (in Gradio's worker thread, as `generate` runs), to match a generate's handler."""
     import gradio as gr
 
     def floor(ms: float | None = 0.0) -> str:
@@ -143,13 +135,9 @@ def _add_floor_endpoint(demo: Any) -> None:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """The real app on a ready shape, for outside clients; direct manager calls on request.
-
-    The orchestrator drives the app from its own process (as a real client would) and, on
-    "direct SEED" lines, has this process time one `generate()` on the manager itself, so
-    direct and served calls interleave and see the same machine. "quit" ends it; the answer
-    then carries this server process's peak memory.
-    """
+    """The real app on a ready shape, driven from the orchestrator's process as a real client would; on a "direct
+    SEED" line, one `generate()` timed on the manager here, so direct and served calls interleave on the same
+    machine. "quit" ends it (the answer carries this process's peak memory)."""
     from neuron_app.web.server import build_app, launch, prepare_environment
 
     settings = worker_settings(spec)

@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from neuron_app.bench import SECTIONS
 from neuron_app.bench.config import OPTIONS, config_from_args
+from neuron_app.bench.harness import SECTIONS
 
 
 def build_parser() -> argparse.ArgumentParser:

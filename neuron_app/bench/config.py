@@ -86,7 +86,7 @@ def _csv(text: str) -> list[str]:
 
 def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
     """The run's configuration from the command line, or `SystemExit` with one line naming what is wrong."""
-    from neuron_app.bench import SECTIONS
+    from neuron_app.bench.harness import SECTIONS
     from neuron_app.shapes import Resolution
 
     defaults = {name: smoke if args.smoke else full for name, full, smoke, _kind, _text in OPTIONS}

@@ -23,7 +23,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from neuron_app.bench import SCHEMA_VERSION
 from neuron_app.bench.common import RESULT_TAG, BenchError, CpuMeter, free_port, settings_env
 from neuron_app.bench.config import BenchConfig
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
@@ -50,6 +49,8 @@ from neuron_app.settings import PROJECT_ROOT
 #: one module, imported above and named here.
 _ORDER = (modes, restart, recompile, serving, concurrency, memory, startup, lora, replicas, families, edit, postprocess)
 REGISTRY: dict[str, ModuleType] = {module.__name__.rsplit(".", 1)[-1]: module for module in _ORDER}
+SECTIONS = tuple(REGISTRY)
+SCHEMA_VERSION = 1
 #: Sections measured on the one serving worker (`section(harness, server)`), in this order.
 ON_SERVER = ("serving", "concurrency")
 #: Sections that read what the others measured, run after every phase.
@@ -301,4 +302,4 @@ class Harness:
         }
 
 
-__all__ = ["REGISTRY", "BenchConfig", "BenchError", "Harness", "machine_info", "settings_env"]
+__all__ = ["REGISTRY", "SECTIONS", "BenchConfig", "BenchError", "Harness", "machine_info", "settings_env"]

@@ -26,24 +26,16 @@ REPLICA_COUNTS = (1, 2)
 REQUESTS_PER_CLIENT = 6
 
 
-def _cold_shape(ready: str, shapes: list[str]) -> str | None:
-    """A configured shape with another graph than `ready` (another image-token count)."""
-    from neuron_app.shapes import Resolution
-
-    tokens = Resolution.parse(ready).image_tokens
-    return next((s for s in shapes if Resolution.parse(s).image_tokens != tokens), None)
-
-
 def section(harness: Any) -> dict[str, Any]:
     from neuron_app.shapes import Resolution
 
     cfg = harness.cfg
     ready = cfg.replicas_shape or cfg.shapes[0]
+    tokens = Resolution.parse(ready).image_tokens
+    others = [s for s in cfg.all_shapes if Resolution.parse(s).image_tokens != tokens]  # another graph than ready's
     # The first configured shape, when its graph differs: it is the cold compile, then the small-image throughput.
-    small = (
-        cfg.shapes[0] if Resolution.parse(cfg.shapes[0]).image_tokens != Resolution.parse(ready).image_tokens else None
-    )
-    cold = small or _cold_shape(ready, cfg.all_shapes)
+    small = cfg.shapes[0] if cfg.shapes[0] in others else None
+    cold = small or next(iter(others), None)
     if cold is None:
         raise RuntimeError("the replicas section needs two shapes with different token counts (--recompile-shapes)")
     clients = max(cfg.clients, default=1)

@@ -184,13 +184,18 @@ def worker_settings(spec: dict[str, Any]) -> Any:
     return settings
 
 
-def worker_manager(spec: dict[str, Any]) -> Any:
-    """A worker's `PipelineManager` on the spec's settings, loaded."""
+def loaded_manager(settings: Any) -> Any:
+    """A `PipelineManager` on these settings, loaded."""
     from neuron_app.engine.manager import PipelineManager
 
-    manager = PipelineManager(worker_settings(spec))
+    manager = PipelineManager(settings)
     manager.ensure_loaded()
     return manager
+
+
+def worker_manager(spec: dict[str, Any]) -> Any:
+    """A worker's `PipelineManager` on the spec's settings, loaded."""
+    return loaded_manager(worker_settings(spec))
 
 
 def timed_generate(

@@ -4,8 +4,6 @@
   and 8 steps, through the manager (eager: the numbers do not depend on a compile);
 - the tiled VAE against the whole decode: PSNR per tile size and overlap, on the trained VAE;
 - seconds per image beside the random `tiny` model.
-
-`--json PATH` writes the section (benchmarks/quality.json) for `python -m neuron_app bench render`.
 """
 
 from __future__ import annotations

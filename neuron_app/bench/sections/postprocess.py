@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import PROMPT, ratio, seconds, summarize
+from neuron_app.bench.common import PROMPT, loaded_manager, ratio, seconds, summarize
 
 KIND = "postprocess"
 TITLE = "12. Post-processing: the host work after the device"
@@ -134,14 +134,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import tempfile
     from pathlib import Path
 
-    from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
 
     folder = Path(tempfile.mkdtemp(prefix="vit-b16-"))
     classifier = "tiny" if spec["smoke"] else _vit_b16(folder)  # the smoke run: the tests' stand-in
     overrides = spec["settings"] | {"safety_checker": "on", "safety_model": classifier, "safety_threads": 1}
-    manager = PipelineManager(load_settings(**overrides))
-    manager.ensure_loaded()
+    manager = loaded_manager(load_settings(**overrides))
     shape, steps = spec["shape"], spec["steps"]
     manager.compile_shape(shape)
     record = manager.generate(PROMPT, shape, steps, 0)  # the classifier and the signer loaded

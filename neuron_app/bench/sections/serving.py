@@ -22,6 +22,7 @@ from neuron_app.bench.common import (
     emit,
     facts,
     good_result,
+    loaded_manager,
     seconds,
     summarize,
     timed_generate,
@@ -142,10 +143,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
     settings = worker_settings(spec)
     prepare_environment(settings)  # gradio's temp folder, before gradio is imported
-    from neuron_app.engine.manager import PipelineManager
-
-    manager = PipelineManager(settings)
-    manager.ensure_loaded()
+    manager = loaded_manager(settings)
     shape, steps = spec["shape"], spec["steps"]
     outcome = manager.compile_shape(shape)
     timed_generate(manager, shape, steps, 0)  # warm: the first call after a compile can be slower

@@ -83,24 +83,12 @@ class Harness:
 
     def settings(self, mode: str, cache_dir: Path, **extra: Any) -> dict[str, Any]:
         """Overrides for `load_settings`: everything that matters is explicit, nothing left to settings.toml."""
-        shapes = self.cfg.all_shapes
-        data: dict[str, Any] = {
-            "model": self.cfg.model,
-            "device": self.cfg.device,
-            "compile_mode": mode,
-            "compile_backend": self.cfg.backend,
-            "resolutions": shapes,
-            "default_resolution": shapes[0],
-            "max_sequence_length": self.cfg.seq_len,
-            "max_steps": max(16, self.cfg.steps + 1),
-            "default_steps": self.cfg.steps,
-            "cache_dir": str(cache_dir),
-            "load_on_start": False,
-            "warmup": "none",
-            "only_precompiled": False,
-            "log_level": "WARNING",
-        }
-        return data | extra
+        cfg, shapes = self.cfg, self.cfg.all_shapes
+        model = {"model": cfg.model, "device": cfg.device, "compile_mode": mode, "compile_backend": cfg.backend}
+        run = {"resolutions": shapes, "default_resolution": shapes[0], "max_sequence_length": cfg.seq_len}
+        run |= {"max_steps": max(16, cfg.steps + 1), "default_steps": cfg.steps, "cache_dir": str(cache_dir)}
+        quiet = {"load_on_start": False, "warmup": "none", "only_precompiled": False, "log_level": "WARNING"}
+        return model | run | quiet | extra
 
     def spec(
         self, kind: str, cache_dir: Path, mode: str | None = None, settings: dict[str, Any] | None = None, **fields: Any

@@ -45,17 +45,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             first_image_at = since_process_start()
         graphs_before = manager.counter.graphs
         latencies = [timed_generate(manager, shape, steps, seed)[0] for seed in range(1, repeats + 1)]
-        shapes[shape] = {
-            "compile_s": outcome.compile_s,
-            "graphs": outcome.graphs,
-            "compiled": outcome.compiled,
-            "cache": str(outcome.cache),
-            "first_generate_s": first_s,
-            "first_image_s": outcome.compile_s + first_s,
-            "first_generate_graphs": first.graphs_compiled,
-            "steady": summarize(latencies),
-            "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0: no recompile on seed
-        }
+        row = {"compile_s": outcome.compile_s, "graphs": outcome.graphs, "compiled": outcome.compiled}
+        row |= {"cache": str(outcome.cache), "first_generate_s": first_s, "first_image_s": outcome.compile_s + first_s}
+        row |= {"first_generate_graphs": first.graphs_compiled, "steady": summarize(latencies)}
+        shapes[shape] = row | {"steady_graphs": manager.counter.graphs - graphs_before}  # 0: no recompile on seed
     return facts(manager) | {
         "load_s": manager.status().load_s,
         "loaded_at_s": loaded_at,

@@ -41,20 +41,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     for label, shape, call_steps, seed, prompt in calls:
         before = manager.counter.graphs
         elapsed, record = timed_generate(manager, shape, call_steps, seed, prompt)
-        rows.append(
-            {
-                "call": label,
-                "shape": shape,
-                "steps": call_steps,
-                "seed": seed,
-                "prompt": "other" if prompt == OTHER_PROMPT else "same",
-                "compiled": record.compiled,
-                "graphs_compiled": record.graphs_compiled,
-                "graphs_counted": manager.counter.graphs - before,  # the backend's own count, any phase
-                "cache": str(record.cache),
-                "total_s": elapsed,
-            }
-        )
+        row = {"call": label, "shape": shape, "steps": call_steps, "seed": seed}
+        row |= {"prompt": "other" if prompt == OTHER_PROMPT else "same", "compiled": record.compiled}
+        row["graphs_compiled"] = record.graphs_compiled
+        row["graphs_counted"] = manager.counter.graphs - before  # the backend's own count, any phase
+        rows.append(row | {"cache": str(record.cache), "total_s": elapsed})
     keys = {manager.graph_key(Resolution.parse(s)) for s in (a, b)}
     return facts(manager) | {
         "calls": rows,

@@ -118,22 +118,12 @@ def _measure(
         _ready_everywhere(client, small, steps, count, timeout_s)
         small_throughput = _throughput(harness, url, clients, small)
     status = client.predict(api_name="/status")
-    solo_summary = summarize(solo)
-    return {
-        "replicas": count,
-        "page_up_s": up_s,
-        "images_per_s": throughput["images_per_s"],
-        "throughput": throughput,
-        "small_throughput": small_throughput,
-        "solo": solo_summary,
-        "during_compile_s": during,
-        "during_vs_solo": during / statistics.median(solo),
-        "overlapped_compile": overlapped,
-        "cold_compile_s": cold_info.get("compile_s"),
-        "served_by": info.get("replica"),
-        "cold_served_by": cold_info.get("replica"),
-        "healthy_replicas": sum(1 for r in status.get("replicas", []) if r["healthy"]) or 1,
-    }
+    row = {"replicas": count, "page_up_s": up_s, "images_per_s": throughput["images_per_s"], "throughput": throughput}
+    row |= {"small_throughput": small_throughput, "solo": summarize(solo), "during_compile_s": during}
+    row |= {"during_vs_solo": during / statistics.median(solo), "overlapped_compile": overlapped}
+    row |= {"cold_compile_s": cold_info.get("compile_s"), "served_by": info.get("replica")}
+    healthy = sum(1 for r in status.get("replicas", []) if r["healthy"]) or 1
+    return row | {"cold_served_by": cold_info.get("replica"), "healthy_replicas": healthy}
 
 
 def render(sec: dict[str, Any]) -> str:

@@ -100,25 +100,16 @@ def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
     direct, app = summarize(direct), summarize(via_app)
     on_wire = {"generate": summarize(wire_generate), "floor": summarize(wire_floor)}
     on_wire["matched_floor"] = summarize(wire_matched)
-    return {
-        "shape": shape,
-        "steps": steps,
-        "mode": server["mode"],
-        "backend": server["backend"],
-        "cache_folder": server["cache_folder"],
-        "server_compile": server["compile"],
-        "direct": direct,
-        "via_app": app,
-        "status_rtt": summarize(status),
-        "floor_rtt": summarize(floor),
-        "wire": on_wire,
-        # what serving an image adds to a text endpoint whose handler takes as long, with no client polling
-        "wire_above_matched_floor_ms": 1000 * (on_wire["generate"]["median_s"] - on_wire["matched_floor"]["median_s"]),
-        "overhead_above_floor_ms": 1000 * (app["median_s"] - direct["median_s"] - summarize(floor)["median_s"]),
-        "overhead_median_ms": 1000 * (app["median_s"] - direct["median_s"]),
-        "overhead_p95_ms": 1000 * (app["p95_s"] - direct["p95_s"]),
-        "bad_results": bad,
-    }
+    result = {"shape": shape, "steps": steps, **{key: server[key] for key in ("mode", "backend", "cache_folder")}}
+    result |= {"server_compile": server["compile"], "direct": direct, "via_app": app}
+    result |= {"status_rtt": summarize(status), "floor_rtt": summarize(floor), "wire": on_wire}
+    # what serving an image adds to a text endpoint whose handler takes as long, with no client polling
+    result["wire_above_matched_floor_ms"] = 1000 * (
+        on_wire["generate"]["median_s"] - on_wire["matched_floor"]["median_s"]
+    )
+    result["overhead_above_floor_ms"] = 1000 * (app["median_s"] - direct["median_s"] - summarize(floor)["median_s"])
+    result["overhead_median_ms"] = 1000 * (app["median_s"] - direct["median_s"])
+    return result | {"overhead_p95_ms": 1000 * (app["p95_s"] - direct["p95_s"]), "bad_results": bad}
 
 
 def _add_floor_endpoint(demo: Any) -> None:

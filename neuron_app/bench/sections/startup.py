@@ -28,14 +28,8 @@ def section(harness: Any) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=harness.cfg.jobs) as pool:
         rows = list(pool.map(lambda start: _start_app(harness, *start, cache_dir), starts))
     trivial = _start_trivial_gradio(harness)
-    return {
-        "cache_folder": cache_note,
-        "mode": harness.cfg.serving_mode,
-        "shape": harness.cfg.shapes[0],
-        "rows": rows,
-        "trivial_page_s": trivial,
-        "page_vs_trivial": rows[0]["page_s"] / trivial,
-    }
+    result = {"cache_folder": cache_note, "mode": harness.cfg.serving_mode, "shape": harness.cfg.shapes[0]}
+    return result | {"rows": rows, "trivial_page_s": trivial, "page_vs_trivial": rows[0]["page_s"] / trivial}
 
 
 def _start_trivial_gradio(harness: Any) -> float:
@@ -91,11 +85,10 @@ def _start_app(harness: Any, label: str, load_on_start: bool, cache_dir: Path) -
             raise BenchError(f"the first request: {first['error']}")
         sample()
     harness.log(f"startup {label}: page {page_s:.2f} s, loaded {loaded_s:.2f} s, image {first['first_image_s']:.2f} s")
+    times = {"page_s": page_s, "loaded_s": loaded_s, "first_image_s": first["first_image_s"]}
     return {
         "start": label,
-        "page_s": page_s,
-        "loaded_s": loaded_s,
-        "first_image_s": first["first_image_s"],
+        **times,
         "load_s": status.get("load_s"),
         "first_cache": first.get("cache"),
         "peak_rss_mb": peak,

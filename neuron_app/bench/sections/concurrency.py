@@ -64,16 +64,9 @@ def run_clients(
     sent = k * per_client
     ok = [t for kind, t in done if kind == "ok"]
     errors = sum(1 for kind, _ in done if kind != "ok")
-    return {
-        "clients": k,
-        "sent": sent,
-        "ok": len(ok),
-        "errors": errors,
-        "lost": sent - len(ok) - errors,  # neither answered nor refused before the timeout
-        "wall_s": wall,
-        "images_per_s": len(ok) / wall if wall > 0 else None,
-        "latency": summarize(ok),
-    }
+    lost = sent - len(ok) - errors  # neither answered nor refused before the timeout
+    row = {"clients": k, "sent": sent, "ok": len(ok), "errors": errors, "lost": lost, "wall_s": wall}
+    return row | {"images_per_s": len(ok) / wall if wall > 0 else None, "latency": summarize(ok)}
 
 
 COLUMNS = [("clients", "clients"), ("sent", "sent"), ("ok", "ok"), ("errors", "errors"), ("lost", "lost"),

@@ -43,17 +43,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         first_s, first = timed_generate(manager, shape, steps, 0, references=refs)
         graphs_before = manager.counter.graphs
         latencies = [timed_generate(manager, shape, steps, seed, references=refs)[0] for seed in range(1, repeats + 1)]
-        rows.append(
-            {
-                "references": count,
-                "image_tokens": res.image_tokens * (count + 1),
-                "graphs": first.graphs_compiled,
-                "compile_s": first.compile_s,
-                "first_image_s": first_s,
-                "steady": summarize(latencies),
-                "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0
-            }
-        )
+        row = {"references": count, "image_tokens": res.image_tokens * (count + 1), "graphs": first.graphs_compiled}
+        row |= {"compile_s": first.compile_s, "first_image_s": first_s, "steady": summarize(latencies)}
+        rows.append(row | {"steady_graphs": manager.counter.graphs - graphs_before})  # must be 0
     return facts(manager) | {"rows": rows}
 
 

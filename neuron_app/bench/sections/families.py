@@ -49,6 +49,7 @@ def section(harness: Any) -> dict[str, Any]:
         paths[path] = harness.measure(f"families-{path}", "families", mode, extra, path=path, shapes=shapes)
     families = len({Resolution.parse(s).image_tokens for s in shapes})
     tiled = paths["tiled-vae"]
+    ok = tiled["transformer_graphs"] == families and tiled["vae_graphs"] == 1
     return {
         "shapes": shapes,
         "tile": tile,
@@ -56,7 +57,7 @@ def section(harness: Any) -> dict[str, Any]:
         "mode": mode,
         "families": families,
         "paths": paths,
-        "ok": tiled["transformer_graphs"] == families and tiled["vae_graphs"] == 1,
+        "ok": ok,
     }
 
 
@@ -73,16 +74,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         total, vae = manager.counter.graphs, manager.vae_counter.graphs
         outcome = manager.compile_shape(shape)
         timed_generate(manager, shape, 1, 0)  # the request itself: a shape that shares a graph compiles nothing
-        rows.append(
-            {
-                "shape": shape,
-                "tokens": Resolution.parse(shape).image_tokens,
-                "transformer_graphs": (manager.counter.graphs - total) - (manager.vae_counter.graphs - vae),
-                "vae_graphs": manager.vae_counter.graphs - vae,
-                "compile_s": outcome.compile_s,
-                "cache": str(outcome.cache),
-            }
-        )
+        vae_graphs = manager.vae_counter.graphs - vae
+        row = {"shape": shape, "tokens": Resolution.parse(shape).image_tokens}
+        row |= {"transformer_graphs": (manager.counter.graphs - total) - vae_graphs, "vae_graphs": vae_graphs}
+        rows.append(row | {"compile_s": outcome.compile_s, "cache": str(outcome.cache)})
     shape, steps, repeats = spec["shapes"][-1], spec["steps"], spec["repeats"]
     length = manager.settings.max_sequence_length
     encode = seconds(lambda i: pipe.encode_prompt(prompt=f"{PROMPT} {i}", max_sequence_length=length), range(repeats))

@@ -45,7 +45,7 @@ def run(argv: list[str]) -> int:
     from neuron_app.bench.report import data_path, render_run, write_benchmarks
 
     args = build_parser().parse_args(argv)
-    config = config_from_args(args, argv)
+    config = config_from_args(args, argv, SECTIONS)
     config.out.mkdir(parents=True, exist_ok=True)
     harness = Harness(config)
     results = harness.run()

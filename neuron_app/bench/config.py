@@ -84,9 +84,9 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
-    """The run's configuration from the command line, or `SystemExit` with one line naming what is wrong."""
-    from neuron_app.bench.harness import SECTIONS
+def config_from_args(args: argparse.Namespace, argv: list[str], known: tuple[str, ...]) -> Any:
+    """The run's configuration from the command line (`known`: the sections there are), or `SystemExit` with one
+    line naming what is wrong."""
     from neuron_app.shapes import Resolution
 
     defaults = {name: smoke if args.smoke else full for name, full, smoke, _kind, _text in OPTIONS}
@@ -94,9 +94,9 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
     shapes = [str(Resolution.parse(s)) for s in _csv(value["shapes"])]
     recompile = [str(Resolution.parse(s)) for s in _csv(value["recompile_shapes"] or ",".join(shapes[:2]))]
     modes = _csv(value["modes"])
-    sections = list(SECTIONS) if args.sections == "all" else _csv(args.sections)
+    sections = list(known) if args.sections == "all" else _csv(args.sections)
     errors = [f"unknown mode {m!r}" for m in modes if m not in ("eager", "full", "regional")]
-    errors += [f"unknown section {s!r}" for s in sections if s not in SECTIONS]
+    errors += [f"unknown section {s!r}" for s in sections if s not in known]
     errors += [f"unknown device {value['device']!r}"] if value["device"] not in DEVICES else []
     if not shapes or not modes:
         errors.append("give at least one shape and one mode")

@@ -1,9 +1,8 @@
 """Bench section `lora`: what a LoRA style switch costs beside a generation, as configured LoRAs grow.
 
-One fresh process per adapter count (0 = no LoRA configured, the baseline without the slot), each
-with `tiny:<seed>` adapters on the serving mode: the switch alone (`AdapterSet.activate`, timed in
-the process), a generation that does not switch, a generation that switches on every call, and the
-graphs compiled after the shape's first compile (must be 0).
+One fresh process per adapter count (0 = no LoRA configured, the baseline without the slot), each with `tiny:<seed>`
+adapters on the serving mode: the switch alone (`AdapterSet.activate`, timed in the process), a generation that does not
+switch, a generation that switches on every call, and the graphs compiled after the shape's first compile (must be 0).
 
 `python -m neuron_app.bench.sections.lora` (standalone, in this process): what each extra LoRA slot costs, several
 styles at once. One manager per slot count (0 = no slot injected; k = `max_loras_per_request` k), the shape compiled

@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from neuron_app.bench import SECTIONS
 from neuron_app.bench.config import OPTIONS, config_from_args
+from neuron_app.bench.harness import SECTIONS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +45,7 @@ def run(argv: list[str]) -> int:
     from neuron_app.bench.report import data_path, render_run, write_benchmarks
 
     args = build_parser().parse_args(argv)
-    config = config_from_args(args, argv)
+    config = config_from_args(args, argv, SECTIONS)
     config.out.mkdir(parents=True, exist_ok=True)
     harness = Harness(config)
     results = harness.run()

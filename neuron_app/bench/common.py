@@ -141,14 +141,10 @@ class CpuMeter:
         wall, busy, own = (b - a for a, b in zip(self.start, now, strict=True))
         return wall, busy, own
 
-
-class ShareOfOthers(CpuMeter):
-    """How much of the machine other processes used during the run: busy time minus our own (waited) time."""
-
-    def share(self) -> float:
+    def others_share(self) -> float:
+        """How much of the machine other processes used meanwhile: busy time minus our own (waited) time."""
         wall, busy, own = self.elapsed()
-        cores = os.cpu_count() or 1
-        return max(0.0, min(1.0, (busy - own) / (wall * cores))) if wall > 0 else 0.0
+        return max(0.0, min(1.0, (busy - own) / (wall * (os.cpu_count() or 1)))) if wall > 0 else 0.0
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -170,19 +166,12 @@ def good_result(path: Any, info: Any, shape: str, seed: int) -> bool:
 
 
 def settings_env(overrides: dict[str, Any]) -> dict[str, str]:
-    """Settings overrides as `NEURON_APP_*` variables (lists as JSON), for `python app.py`."""
-    env = {}
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, list | dict):
-            text = json.dumps(value)
-        else:
-            text = str(value)
-        env[f"NEURON_APP_{key.upper()}"] = text
-    return env
+    """Settings overrides as `NEURON_APP_*` variables for `python app.py`: strings as they are, the rest as JSON."""
+    return {
+        f"NEURON_APP_{key.upper()}": value if isinstance(value, str) else json.dumps(value)
+        for key, value in overrides.items()
+        if value is not None
+    }
 
 
 def worker_settings(spec: dict[str, Any]) -> Any:
@@ -195,13 +184,18 @@ def worker_settings(spec: dict[str, Any]) -> Any:
     return settings
 
 
-def worker_manager(spec: dict[str, Any]) -> Any:
-    """A worker's `PipelineManager` on the spec's settings, loaded."""
+def loaded_manager(settings: Any) -> Any:
+    """A `PipelineManager` on these settings, loaded."""
     from neuron_app.engine.manager import PipelineManager
 
-    manager = PipelineManager(worker_settings(spec))
+    manager = PipelineManager(settings)
     manager.ensure_loaded()
     return manager
+
+
+def worker_manager(spec: dict[str, Any]) -> Any:
+    """A worker's `PipelineManager` on the spec's settings, loaded."""
+    return loaded_manager(worker_settings(spec))
 
 
 def timed_generate(

@@ -84,9 +84,9 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
-    """The run's configuration from the command line, or `SystemExit` with one line naming what is wrong."""
-    from neuron_app.bench import SECTIONS
+def config_from_args(args: argparse.Namespace, argv: list[str], known: tuple[str, ...]) -> Any:
+    """The run's configuration from the command line (`known`: the sections there are), or `SystemExit` with one
+    line naming what is wrong."""
     from neuron_app.shapes import Resolution
 
     defaults = {name: smoke if args.smoke else full for name, full, smoke, _kind, _text in OPTIONS}
@@ -94,9 +94,9 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
     shapes = [str(Resolution.parse(s)) for s in _csv(value["shapes"])]
     recompile = [str(Resolution.parse(s)) for s in _csv(value["recompile_shapes"] or ",".join(shapes[:2]))]
     modes = _csv(value["modes"])
-    sections = list(SECTIONS) if args.sections == "all" else _csv(args.sections)
+    sections = list(known) if args.sections == "all" else _csv(args.sections)
     errors = [f"unknown mode {m!r}" for m in modes if m not in ("eager", "full", "regional")]
-    errors += [f"unknown section {s!r}" for s in sections if s not in SECTIONS]
+    errors += [f"unknown section {s!r}" for s in sections if s not in known]
     errors += [f"unknown device {value['device']!r}"] if value["device"] not in DEVICES else []
     if not shapes or not modes:
         errors.append("give at least one shape and one mode")
@@ -104,27 +104,15 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> Any:
         errors.append("--recompile-shapes takes one or two shapes")
     if errors:
         raise SystemExit("bench: " + "; ".join(errors))
-    timeout = args.timeout or (7200.0 if value["device"] == "neuron" else 900.0)
+    tiny = value["model"] in VARIANTS
+    counts = {key: int(value[key]) for key in ("steps", "repeats", "per_client")}
     return BenchConfig(
-        model=value["model"],
-        device=value["device"],
-        shapes=shapes,
-        steps=int(value["steps"]),
-        modes=modes,
-        backend=value["backend"],
-        repeats=int(value["repeats"]),
-        clients=[int(c) for c in _csv(value["clients"])],
-        per_client=int(value["per_client"]),
-        jobs=max(1, int(value["jobs"])),
-        threads=(1 if value["model"] in VARIANTS else None) if args.threads is None else (args.threads or None),
+        **{key: value[key] for key in ("model", "device", "backend")}, **counts, shapes=shapes, modes=modes,
+        clients=[int(c) for c in _csv(value["clients"])], jobs=max(1, int(value["jobs"])),
+        threads=(1 if tiny else None) if args.threads is None else (args.threads or None),
         models_dir=args.models_dir.resolve() if args.models_dir else None,
-        seq_len=args.seq_len or (32 if value["model"] in VARIANTS else 512),
-        sections=sections,
-        recompile_shapes=recompile,
-        timeout_s=timeout,
-        out=args.out,
-        command=shlex.join(["python", "-m", "neuron_app.bench", *argv]),
-        smoke=args.smoke,
-        keep_work=args.keep_work,
+        seq_len=args.seq_len or (32 if tiny else 512), sections=sections, recompile_shapes=recompile,
+        timeout_s=args.timeout or (7200.0 if value["device"] == "neuron" else 900.0), out=args.out,
+        command=shlex.join(["python", "-m", "neuron_app.bench", *argv]), smoke=args.smoke, keep_work=args.keep_work,
         replicas_shape=str(Resolution.parse(value["replicas_shape"])) if value["replicas_shape"] else None,
-    )
+    )  # fmt: skip

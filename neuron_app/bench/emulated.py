@@ -3,20 +3,19 @@
 Eager device ops compile a NEFF on first use per signature on Neuron; the emulator counts them exactly (op,
 input shapes, dtypes). This measures, per shape in serving order: the first request's transformer graphs and
 eager compiles, the next request's, a sibling of a token family, a step count other than the warmed one, and
-everything again after a restart on the same cache folder. Writes `benchmarks/neuron-emulated.json`, which
-`python -m neuron_app.bench render` turns into a section of BENCHMARKS.md.
+everything again after a restart on the same cache folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from neuron_app.bench import markdown as md
 from neuron_app.bench import script
+from neuron_app.bench.common import timed_generate
 
 #: A family-preserving small set: 128x64 and 64x128 share a token count (a family), 64x64 stands alone.
 SHAPES = ["64x64", "128x64", "64x128"]
@@ -35,18 +34,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         manager = _manager(Path(tmp), args.variant)
 
         def timed(label: str, shape: str, steps: int = 4, man: Any = manager) -> None:
-            start = time.perf_counter()
-            record = man.generate("a lighthouse at dawn", shape, steps, len(rows))
-            took = time.perf_counter() - start
-            rows.append(
-                {
-                    "request": label,
-                    "graphs": record.graphs_compiled,
-                    "eager_compiles": record.eager_compiles,
-                    "cache": str(record.cache),
-                    "seconds": round(took, 3),
-                }
-            )
+            took, record = timed_generate(man, shape, steps, len(rows), "a lighthouse at dawn")
+            row = {"request": label, "graphs": record.graphs_compiled, "eager_compiles": record.eager_compiles}
+            rows.append(row | {"cache": str(record.cache), "seconds": round(took, 3)})
 
         timed("64x64, first request", "64x64")
         timed("64x64, second request", "64x64")

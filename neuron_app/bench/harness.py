@@ -1,9 +1,7 @@
 """The orchestrator: runs each section's subprocesses in order and gathers one results dict.
 
-Sections share what one of them built when that is not what the other measures: the cache
-folder filled by the cold run of the serving mode is reused (and said to be reused) by the
-warm restart, the recompile sequence, the server and the start-up runs, so only the
-measurements that are about a cold compile pay for one.
+The cache folder filled by the serving mode's cold run is reused (and said to be) by the warm restart, the
+recompile sequence, the server and the start-up runs: only the measurements about a cold compile pay for one.
 """
 
 from __future__ import annotations
@@ -25,14 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from neuron_app.bench import SCHEMA_VERSION
-from neuron_app.bench.common import (
-    RESULT_TAG,
-    BenchError,
-    ShareOfOthers,
-    free_port,
-    settings_env,
-)
+from neuron_app.bench.common import RESULT_TAG, BenchError, CpuMeter, free_port, settings_env
 from neuron_app.bench.config import BenchConfig
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
 from neuron_app.bench.sections import (
@@ -56,23 +47,10 @@ from neuron_app.settings import PROJECT_ROOT
 #: `section(harness)`, `render(its results)` and `TITLE`; one with its own worker kind also `KIND` and
 #: `measure(spec)`. `SECTIONS`, `worker.KINDS` and the report's sections are read from here: a new section is
 #: one module, imported above and named here.
-REGISTRY: dict[str, ModuleType] = {
-    module.__name__.rsplit(".", 1)[-1]: module
-    for module in (
-        modes,
-        restart,
-        recompile,
-        serving,
-        concurrency,
-        memory,
-        startup,
-        lora,
-        replicas,
-        families,
-        edit,
-        postprocess,
-    )
-}
+_ORDER = (modes, restart, recompile, serving, concurrency, memory, startup, lora, replicas, families, edit, postprocess)
+REGISTRY: dict[str, ModuleType] = {module.__name__.rsplit(".", 1)[-1]: module for module in _ORDER}
+SECTIONS = tuple(REGISTRY)
+SCHEMA_VERSION = 1
 #: Sections measured on the one serving worker (`section(harness, server)`), in this order.
 ON_SERVER = ("serving", "concurrency")
 #: Sections that read what the others measured, run after every phase.
@@ -105,24 +83,12 @@ class Harness:
 
     def settings(self, mode: str, cache_dir: Path, **extra: Any) -> dict[str, Any]:
         """Overrides for `load_settings`: everything that matters is explicit, nothing left to settings.toml."""
-        shapes = self.cfg.all_shapes
-        data: dict[str, Any] = {
-            "model": self.cfg.model,
-            "device": self.cfg.device,
-            "compile_mode": mode,
-            "compile_backend": self.cfg.backend,
-            "resolutions": shapes,
-            "default_resolution": shapes[0],
-            "max_sequence_length": self.cfg.seq_len,
-            "max_steps": max(16, self.cfg.steps + 1),
-            "default_steps": self.cfg.steps,
-            "cache_dir": str(cache_dir),
-            "load_on_start": False,
-            "warmup": "none",
-            "only_precompiled": False,
-            "log_level": "WARNING",
-        }
-        return data | extra
+        cfg, shapes = self.cfg, self.cfg.all_shapes
+        model = {"model": cfg.model, "device": cfg.device, "compile_mode": mode, "compile_backend": cfg.backend}
+        run = {"resolutions": shapes, "default_resolution": shapes[0], "max_sequence_length": cfg.seq_len}
+        run |= {"max_steps": max(16, cfg.steps + 1), "default_steps": cfg.steps, "cache_dir": str(cache_dir)}
+        quiet = {"load_on_start": False, "warmup": "none", "only_precompiled": False, "log_level": "WARNING"}
+        return model | run | quiet | extra
 
     def spec(
         self, kind: str, cache_dir: Path, mode: str | None = None, settings: dict[str, Any] | None = None, **fields: Any
@@ -151,37 +117,18 @@ class Harness:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         return env
 
-    def popen(
-        self, args: list[str], name: str, env: dict[str, str] | None = None, **kwargs: Any
-    ) -> tuple[subprocess.Popen[str], Path]:
-        """Start a process in its own group; its stderr goes to a log file named after it."""
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log_path = self.logs / f"{next(self._worker_ids):02d}-{name}.log"
-        log_file = log_path.open("w")
-        proc = subprocess.Popen(
-            args,
-            cwd=PROJECT_ROOT,
-            env=env or self.env(),
-            stderr=log_file,
-            text=True,
-            start_new_session=True,  # its own process group: stopped as a whole, by id
-            **kwargs,
-        )
-        log_file.close()
-        return proc, log_path
-
     @contextlib.contextmanager
     def process(
-        self,
-        args: list[str],
-        name: str,
-        env: dict[str, str] | None = None,
-        stop: dict[str, Any] | None = None,
-        **kwargs: Any,
+        self, args: list[str], name: str, env: dict[str, str] | None = None, stop: dict | None = None, **kw: Any
     ) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-        """`popen`, then what went wrong while it ran quotes the log's tail; the group is stopped at the end
-        (`stop`: `stop_group`'s options)."""
-        proc, log_path = self.popen(args, name, env, **kwargs)
+        """A process in its own group (stopped as a whole, by id, at the end: `stop` holds `stop_group`'s options),
+        its stderr in a log named after it; what goes wrong while it runs quotes the log's tail."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log_path = self.logs / f"{next(self._worker_ids):02d}-{name}.log"
+        with log_path.open("w") as log_file:
+            proc = subprocess.Popen(
+                args, cwd=PROJECT_ROOT, env=env or self.env(), stderr=log_file, text=True, start_new_session=True, **kw
+            )
         try:
             yield proc, log_path
         except Exception as exc:
@@ -292,7 +239,7 @@ class Harness:
     def run(self) -> dict[str, Any]:
         started = datetime.now(UTC)
         wall = time.perf_counter()
-        others = ShareOfOthers()
+        others = CpuMeter()
         sections = self.cfg.sections
         machine = machine_info()
         self.log(
@@ -329,7 +276,7 @@ class Harness:
             if not self.cfg.keep_work:
                 shutil.rmtree(self.work, ignore_errors=True)
         machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-        machine["others_cpu_share"] = round(others.share(), 3)
+        machine["others_cpu_share"] = round(others.others_share(), 3)
         device = self.resolved.get("device") or self.cfg.device
         return {
             "schema": SCHEMA_VERSION,
@@ -343,4 +290,4 @@ class Harness:
         }
 
 
-__all__ = ["REGISTRY", "BenchConfig", "BenchError", "Harness", "machine_info", "settings_env"]
+__all__ = ["REGISTRY", "SECTIONS", "BenchConfig", "BenchError", "Harness", "machine_info", "settings_env"]

@@ -4,10 +4,6 @@
   before and after `engine/model/text_encoder.py` cuts the layers klein never reads (timed at a narrower Qwen3 with
   Qwen3-4B's depth and vocabulary: the 2-core CI host cannot hold 4B parameters twice);
 - previews: the host-side latent-to-RGB preview per denoising step (`engine/modes/previews.py`), at serving shapes.
-
-Prints a Markdown section; `--json PATH` also writes it with the raw figures (benchmarks/klein-modes.json: a
-section of BENCHMARKS.md, put there by `python -m neuron_app.bench render`). `--skip-encoder` measures the previews
-only (seconds).
 """
 
 from __future__ import annotations
@@ -22,24 +18,11 @@ from neuron_app.bench import script
 from neuron_app.bench.common import seconds
 
 #: Qwen3-4B (FLUX.2-klein-4B's text encoder), from its config.json.
-QWEN3_4B = {
-    "vocab_size": 151936,
-    "hidden_size": 2560,
-    "intermediate_size": 9728,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": True,
-}
+QWEN3_4B = {"vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "tie_word_embeddings": True}  # fmt: skip
 #: Timed stand-in: Qwen3-4B's depth, vocabulary and head layout at 1024 wide.
-NARROW = {
-    **QWEN3_4B,
-    "hidden_size": 1024,
-    "intermediate_size": 3840,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-}
+NARROW = QWEN3_4B | {"hidden_size": 1024, "intermediate_size": 3840, "num_attention_heads": 8, "num_key_value_heads": 2}
 READ = (9, 18, 27)
 TITLE = "klein's extra modes on the host: the truncated text encoder, live step previews"
 
@@ -181,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     found = script.parser("klein_modes", __doc__, "also write the section (benchmarks/klein-modes.json)")
     found.add_argument("--tokens", type=int, default=128, help="prompt tokens encoded (klein pads to 512)")
     found.add_argument("--repeats", type=int, default=3)
-    found.add_argument("--skip-encoder", action="store_true")
+    found.add_argument("--skip-encoder", action="store_true", help="measure the previews only (seconds)")
     found.add_argument("--preview-shapes", default="1024x1024,1344x768,512x512,64x64")
     return script.main("klein_modes", TITLE, found, measure, render, argv)
 

@@ -73,19 +73,13 @@ class Lines:
                 return found
 
 
-def http_ok(url: str) -> bool:
-    """Whether `url` answers 200 now (2 s at most): the probe for "the page is up"."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def wait_up(url: str, proc: subprocess.Popen[Any], deadline: float, tick: Callable[[], None] | None = None) -> None:
-    """Until `url` answers 200 (polled every 20 ms, `tick` run between polls); BenchError if the process ends or
-    the deadline (of `time.monotonic`) passes first."""
-    while not http_ok(url):
+    """Until `url` answers 200 (polled every 20 ms, 2 s at most each, `tick` run between polls); BenchError if the
+    process ends or the deadline (of `time.monotonic`) passes first."""
+    while True:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return
         if proc.poll() is not None:
             raise BenchError(f"the process exited with {proc.returncode} before {url} answered")
         if time.monotonic() > deadline:

@@ -4,21 +4,21 @@
   and 8 steps, through the manager (eager: the numbers do not depend on a compile);
 - the tiled VAE against the whole decode: PSNR per tile size and overlap, on the trained VAE;
 - seconds per image beside the random `tiny` model.
-
-`--json PATH` writes the section (benchmarks/quality.json) for `python -m neuron_app bench render`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from neuron_app.bench import markdown as md
 from neuron_app.bench import script
+from neuron_app.bench.common import seconds
 
 TITLE = "What tiny-shapes draws: prompt accuracy, the tiled VAE's seams, seconds per image"
 SHAPES = ["128x128", "256x256", "256x128", "128x256", "64x64"]
@@ -76,12 +76,8 @@ def tile_psnr(manager: Any) -> dict[str, float]:
 
 def seconds_per_image(manager: Any, repeats: int) -> float:
     manager.generate("warm", "128x128", 4, 0)
-    times = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        manager.generate("a red circle on a blue background", "128x128", 4, i)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    generate = functools.partial(manager.generate, "a red circle on a blue background", "128x128", 4)
+    return statistics.median(seconds(generate, range(repeats)))
 
 
 def training() -> dict[str, Any]:
@@ -94,56 +90,47 @@ def training() -> dict[str, Any]:
 
 
 def _training_lines(summary: dict[str, Any]) -> list[str]:
-    recipe = summary["recipe"]
-    lines = [
-        f"**Training** (`python -m neuron_app train-tiny`, docs/tiny-shapes.md): transformer {recipe['double_blocks']} "
-        f"double + {recipe['single_blocks']} single blocks, {recipe['heads']} heads of {recipe['head_dim']}; Qwen3 "
-        f"{recipe['text_layers']} layers of {recipe['text_hidden']}; VAE widths {recipe['vae_widths']}, "
-        f"{recipe['latent_channels']} latent channels; words as tokens.",
-        "",
-        "| run | budget (min) | stages (VAE / transformer / LoRA) | took (s) | torch threads | machine "
-        "| judge at 128x128, 4 steps (of 12) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    recipe, rows = summary["recipe"], []
     for i, run in enumerate(summary["runs"], 1):
         plan, shares = run["plan"], run["plan"]["shares"]
         kind = "continued from the run before (VAE kept)" if plan.get("init") else "from scratch"
         stages = " / ".join(str(shares[k]) for k in ("vae", "transformer", "lora"))
         verdict = ", ".join(f"{k} {v}" for k, v in run["eval_128x128_4_steps"].items())
-        lines.append(
-            f"| {i}: {kind} | {plan['minutes']} | {stages} | {run['train_s']} | {run['torch_threads']} "
-            f"| {run.get('machine', '-')} | {verdict} |"
-        )
-    return [*lines, ""]
+        rows.append([f"{i}: {kind}", plan["minutes"], stages, run["train_s"], run["torch_threads"]])
+        rows[-1] += [run.get("machine", "-"), verdict]
+    head = ["run", "budget (min)", "stages (VAE / transformer / LoRA)", "took (s)", "torch threads", "machine"]
+    return [
+        f"**Training** (`python -m neuron_app train-tiny`, docs/tiny-shapes.md): transformer {recipe['double_blocks']} "
+        f"double + {recipe['single_blocks']} single blocks, {recipe['heads']} heads of {recipe['head_dim']}; Qwen3 "
+        f"{recipe['text_layers']} layers of {recipe['text_hidden']}; VAE widths {recipe['vae_widths']}, "
+        f"{recipe['latent_channels']} latent channels; words as tokens.",
+        "",
+        md.table([*head, "judge at 128x128, 4 steps (of 12)"], rows),
+        "",
+    ]
 
 
 def render(report: dict[str, Any], command: str) -> str:
-    steps_list = report["steps"]
-    lines = [
-        *_training_lines(report["training"]),
-        f"Command: `{command}`. The judge (neuron_app/engine/model/shapes_world.py) reads each image back; counts "
-        f"are out of {report['prompts']} prompts (the fixed set: every colour as shape and background, every shape "
-        "four times, four positions), seeds 100-111.",
-        "",
-        "| shape | steps | background | colour | shape | position |",
-        "|---|---|---|---|---|---|",
-    ]
-    for shape in SHAPES:
-        for steps in steps_list:
-            c = report["accuracy"][f"{shape}/{steps}"]
-            lines.append(f"| {shape} | {steps} | " + " | ".join(str(c[f]) for f in FIELDS) + " |")
-    lines += [
-        "",
-        "Tiled VAE against the whole decode at 256x256 (mean PSNR over 4 scenes; the app's Neuron default "
-        "is a 256 px tile with 64 px overlap, the tests' tiny shapes use smaller ones):",
-        "",
-        "| tile / overlap | PSNR (dB) |",
-        "|---|---|",
-    ]
-    lines += [f"| {key} | {value} |" for key, value in report["tiles"].items()]
-    lines += ["", "| model | seconds per 128x128 image, 4 steps, eager (median) |", "|---|---|"]
-    lines += [f"| {name} | {value:.3f} |" for name, value in report["seconds"].items()]
-    return "\n".join(lines)
+    rows = [[shape, steps, *(report["accuracy"][f"{shape}/{steps}"][f] for f in FIELDS)]
+            for shape in SHAPES for steps in report["steps"]]  # fmt: skip
+    seconds_head = ["model", "seconds per 128x128 image, 4 steps, eager (median)"]
+    return "\n".join(
+        [
+            *_training_lines(report["training"]),
+            f"Command: `{command}`. The judge (neuron_app/engine/model/shapes_world.py) reads each image back; counts "
+            f"are out of {report['prompts']} prompts (the fixed set: every colour as shape and background, every shape "
+            "four times, four positions), seeds 100-111.",
+            "",
+            md.table(["shape", "steps", *FIELDS], rows),
+            "",
+            "Tiled VAE against the whole decode at 256x256 (mean PSNR over 4 scenes; the app's Neuron default "
+            "is a 256 px tile with 64 px overlap, the tests' tiny shapes use smaller ones):",
+            "",
+            md.table(["tile / overlap", "PSNR (dB)"], list(map(list, report["tiles"].items()))),
+            "",
+            md.table(seconds_head, [[name, f"{value:.3f}"] for name, value in report["seconds"].items()]),
+        ]
+    )
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -76,8 +76,6 @@ def tiny_settings(resolutions: list[str], cache_dir: Path | None = None, **extra
 
 def tiny_manager(resolutions: list[str], cache_dir: Path | None = None, **extra: Any) -> Any:
     """A loaded `PipelineManager` on `tiny_settings`."""
-    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.bench.common import loaded_manager
 
-    manager = PipelineManager(tiny_settings(resolutions, cache_dir, **extra))
-    manager.ensure_loaded()
-    return manager
+    return loaded_manager(tiny_settings(resolutions, cache_dir, **extra))

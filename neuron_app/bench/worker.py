@@ -1,8 +1,8 @@
 """What runs inside one benchmark subprocess: a fresh interpreter, so dynamo and the caches start clean.
 
-Invoked as `python -m neuron_app.bench _worker '<json spec>'`. The spec names the kind of
-measurement and the settings overrides; the answer is one `BENCH_RESULT {json}` line.
-Everything goes through the project's public API (`PipelineManager`, `build_app`, `launch`).
+Invoked as `python -m neuron_app.bench _worker '<json spec>'`. The spec names the kind of measurement and the settings
+overrides; the answer is one `BENCH_RESULT {json}` line. Everything goes through the project's public API
+(`PipelineManager`, `build_app`, `launch`).
 """
 
 from __future__ import annotations

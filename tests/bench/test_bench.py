@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from neuron_app.bench import SECTIONS
 from neuron_app.bench.__main__ import main as bench_main
 from neuron_app.bench.common import percentile, summarize
-from neuron_app.bench.harness import settings_env
+from neuron_app.bench.harness import SECTIONS, settings_env
 from neuron_app.bench.report import TRN_COMMAND
 from tests.support import ROOT
 

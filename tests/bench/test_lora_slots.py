@@ -1,4 +1,4 @@
-"""`python -m neuron_app.bench.lora_slots` runs on the tiny model: one row per slot count, no recompile."""
+"""`python -m neuron_app.bench.sections.lora`, the LoRA slots run, on the tiny model: one row per slot count."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from tests.support import link_models
 def test_lora_slots_measures_each_slot_count_with_no_recompile(
     tmp_path: Path, shared_models: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from neuron_app.bench import lora_slots
+    from neuron_app.bench.sections import lora
 
     out, cache_dir = tmp_path / "slots.json", link_models(tmp_path / "cache", shared_models)
     argv = ["--repeats", "1", "--max-slots", "2", "--json", str(out), "--cache-dir", str(cache_dir)]
-    assert lora_slots.main(argv) == 0
+    assert lora.main(argv) == 0
     runs = json.loads(out.read_text())["results"]
     assert [run["slots"] for run in runs] == [0, 1, 2]
     assert all(run["graphs_after_compile"] == 0 for run in runs)

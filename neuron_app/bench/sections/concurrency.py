@@ -10,18 +10,12 @@ import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    PROMPT,
-    good_result,
-    summarize,
-)
+from neuron_app.bench.common import PROMPT, good_result, summarize
 
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "5. Concurrency"
 
 
 def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
-    """K clients, each with its own connection, hammering one ready shape; every request accounted for."""
     shape, steps = harness.cfg.shapes[0], harness.cfg.steps
     rows = []
     for k in harness.cfg.clients:
@@ -70,34 +64,19 @@ def run_clients(
     sent = k * per_client
     ok = [t for kind, t in done if kind == "ok"]
     errors = sum(1 for kind, _ in done if kind != "ok")
-    return {
-        "clients": k,
-        "sent": sent,
-        "ok": len(ok),
-        "errors": errors,
-        "lost": sent - len(ok) - errors,  # neither answered nor refused before the timeout
-        "wall_s": wall,
-        "images_per_s": len(ok) / wall if wall > 0 else None,
-        "latency": summarize(ok),
-    }
+    lost = sent - len(ok) - errors  # neither answered nor refused before the timeout
+    row = {"clients": k, "sent": sent, "ok": len(ok), "errors": errors, "lost": lost, "wall_s": wall}
+    return row | {"images_per_s": len(ok) / wall if wall > 0 else None, "latency": summarize(ok)}
+
+
+COLUMNS = [("clients", "clients"), ("sent", "sent"), ("ok", "ok"), ("errors", "errors"), ("lost", "lost"),
+           ("wall s", "wall_s", md.s), ("images/s", "images_per_s", md.num), ("median ms", "latency.median_s", md.ms),
+           ("p95 ms", "latency.p95_s", md.ms)]  # fmt: skip
 
 
 def render(sec: dict[str, Any]) -> str:
     return (
         f"Shape {sec['shape']}, {sec['per_client']} request(s) per client, each client its own "
         "`gradio_client.Client` in its own thread; the server runs one generation at a time.\n\n"
-        + md.columns(
-            [
-                ("clients", "clients"),
-                ("sent", "sent"),
-                ("ok", "ok"),
-                ("errors", "errors"),
-                ("lost", "lost"),
-                ("wall s", "wall_s", md.s),
-                ("images/s", "images_per_s", md.num),
-                ("median ms", "latency.median_s", md.ms),
-                ("p95 ms", "latency.p95_s", md.ms),
-            ],
-            sec["rows"],
-        )
+        + md.columns(COLUMNS, sec["rows"])
     )

@@ -5,23 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    facts,
-    ratio,
-    summarize,
-    timed_generate,
-    worker_manager,
-)
+from neuron_app.bench.common import facts, ratio, summarize, timed_generate, worker_manager
 from neuron_app.shapes import Resolution
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "edit"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "11. Editing with reference images"
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """Editing: compile seconds and latency for 0, 1 and 2 references at one output shape, fresh cache."""
     shape = harness.cfg.shapes[0]
     others = [s for s in harness.cfg.all_shapes if s != shape]
     warm_shape = others[0] if others else None
@@ -52,18 +43,17 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         first_s, first = timed_generate(manager, shape, steps, 0, references=refs)
         graphs_before = manager.counter.graphs
         latencies = [timed_generate(manager, shape, steps, seed, references=refs)[0] for seed in range(1, repeats + 1)]
-        rows.append(
-            {
-                "references": count,
-                "image_tokens": res.image_tokens * (count + 1),
-                "graphs": first.graphs_compiled,
-                "compile_s": first.compile_s,
-                "first_image_s": first_s,
-                "steady": summarize(latencies),
-                "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0
-            }
-        )
+        row = {"references": count, "image_tokens": res.image_tokens * (count + 1), "graphs": first.graphs_compiled}
+        row |= {"compile_s": first.compile_s, "first_image_s": first_s, "steady": summarize(latencies)}
+        rows.append(row | {"steady_graphs": manager.counter.graphs - graphs_before})  # must be 0
     return facts(manager) | {"rows": rows}
+
+
+COLUMNS = [("references", "references"), ("image tokens", "image_tokens"), ("graphs", "graphs"),
+           ("compile s", "compile_s", md.s), ("compile vs 0", "compile_over_0", md.x),
+           ("first image s", "first_image_s", md.s), ("latency median ms", "steady.median_s", md.ms),
+           ("latency p95 ms", "steady.p95_s", md.ms), ("latency vs 0", "latency_over_0", md.x), ("n", "steady.n"),
+           ("recompiles after", "steady_graphs")]  # fmt: skip
 
 
 def render(sec: dict[str, Any]) -> str:
@@ -73,20 +63,5 @@ def render(sec: dict[str, Any]) -> str:
         f"empty cache folder{warm}. References are of the output's size (one bucket each), so each adds the "
         "output's image tokens to the transformer's sequence. Compile = the first call's compile; latency = "
         "`generate(..., references=...)` after it (reference preparation and VAE encoding included).\n\n"
-        + md.columns(
-            [
-                ("references", "references"),
-                ("image tokens", "image_tokens"),
-                ("graphs", "graphs"),
-                ("compile s", "compile_s", md.s),
-                ("compile vs 0", "compile_over_0", md.x),
-                ("first image s", "first_image_s", md.s),
-                ("latency median ms", "steady.median_s", md.ms),
-                ("latency p95 ms", "steady.p95_s", md.ms),
-                ("latency vs 0", "latency_over_0", md.x),
-                ("n", "steady.n"),
-                ("recompiles after", "steady_graphs"),
-            ],
-            sec["rows"],
-        )
+        + md.columns(COLUMNS, sec["rows"])
     )

@@ -19,9 +19,7 @@ from neuron_app.bench.common import (
 )
 from neuron_app.shapes import Resolution
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "families"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "10. Token families, the tiled VAE and the prompt cache"
 
 
@@ -42,8 +40,6 @@ def family_shapes(harness: Any) -> tuple[list[str], int, int]:
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """Graphs compiled for the default shapes: the VAE compiled per latent shape (what a static-shape
-    compiler pays today) beside the tiled VAE (one graph); and the prompt cache's saving."""
     shapes, tile, overlap = family_shapes(harness)
     mode = "full" if "full" in harness.cfg.modes else harness.cfg.serving_mode
     paths = {}
@@ -53,6 +49,7 @@ def section(harness: Any) -> dict[str, Any]:
         paths[path] = harness.measure(f"families-{path}", "families", mode, extra, path=path, shapes=shapes)
     families = len({Resolution.parse(s).image_tokens for s in shapes})
     tiled = paths["tiled-vae"]
+    ok = tiled["transformer_graphs"] == families and tiled["vae_graphs"] == 1
     return {
         "shapes": shapes,
         "tile": tile,
@@ -60,18 +57,14 @@ def section(harness: Any) -> dict[str, Any]:
         "mode": mode,
         "families": families,
         "paths": paths,
-        "ok": tiled["transformer_graphs"] == families and tiled["vae_graphs"] == 1,
+        "ok": ok,
     }
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Compile every shape on one VAE path; count transformer and VAE graphs apart. Then, on the last shape,
-    the text encoder's share of a generation and what the prompt cache saves.
-
-    Paths: `eager-vae` (today on CPU/GPU: the VAE runs eager, no graph), `whole-vae` (the VAE decoder compiled
-    on the whole latent: what a static-shape compiler such as Neuron pays today, one graph per latent shape)
-    and `tiled-vae` (vae_compile on: one tile graph for every shape).
-    """
+    """Every shape on one VAE path (`whole-vae`: the decoder compiled on the whole latent, one graph per latent
+    shape; `tiled-vae`: one tile graph for all), transformer and VAE graphs counted apart; then, on the last
+    shape, the text encoder's share of a generation and what the prompt cache saves."""
     manager = worker_manager(spec)
     pipe = manager.pipe
     if spec["path"] == "whole-vae":
@@ -81,16 +74,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         total, vae = manager.counter.graphs, manager.vae_counter.graphs
         outcome = manager.compile_shape(shape)
         timed_generate(manager, shape, 1, 0)  # the request itself: a shape that shares a graph compiles nothing
-        rows.append(
-            {
-                "shape": shape,
-                "tokens": Resolution.parse(shape).image_tokens,
-                "transformer_graphs": (manager.counter.graphs - total) - (manager.vae_counter.graphs - vae),
-                "vae_graphs": manager.vae_counter.graphs - vae,
-                "compile_s": outcome.compile_s,
-                "cache": str(outcome.cache),
-            }
-        )
+        vae_graphs = manager.vae_counter.graphs - vae
+        row = {"shape": shape, "tokens": Resolution.parse(shape).image_tokens}
+        row |= {"transformer_graphs": (manager.counter.graphs - total) - vae_graphs, "vae_graphs": vae_graphs}
+        rows.append(row | {"compile_s": outcome.compile_s, "cache": str(outcome.cache)})
     shape, steps, repeats = spec["shapes"][-1], spec["steps"], spec["repeats"]
     length = manager.settings.max_sequence_length
     encode = seconds(lambda i: pipe.encode_prompt(prompt=f"{PROMPT} {i}", max_sequence_length=length), range(repeats))
@@ -110,6 +97,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+COLUMNS = [("path", "path"), ("transformer graphs", "transformer_graphs"), ("VAE graphs", "vae_graphs"),
+           ("compile s (all shapes)", "compile_s", md.s), ("encode ms", "encode.median_s", md.ms),
+           ("generate, new prompt ms", "generate_miss.median_s", md.ms),
+           ("generate, cached prompt ms", "generate_hit.median_s", md.ms),
+           ("cached / new", "cached_over_new", md.x)]  # fmt: skip
+
+
 def render(sec: dict[str, Any]) -> str:
     labels = {"whole-vae": "VAE compiled whole (one graph per latent shape)", "tiled-vae": "tiled VAE (vae_compile on)"}
     rows = [
@@ -126,18 +120,5 @@ def render(sec: dict[str, Any]) -> str:
         f"mode {sec['mode']}, VAE tile {sec['tile']} latent px, overlap {sec['overlap']}; each path in a fresh "
         f"process and an empty cache folder. Tiled path compiles one transformer graph per family and one VAE "
         f"graph: {verdict}. Then, on the last shape: the text encoder alone, a generation with a new prompt "
-        "(cache miss) and with a repeated one (hit: the encoder is skipped).\n\n"
-        + md.columns(
-            [
-                ("path", "path"),
-                ("transformer graphs", "transformer_graphs"),
-                ("VAE graphs", "vae_graphs"),
-                ("compile s (all shapes)", "compile_s", md.s),
-                ("encode ms", "encode.median_s", md.ms),
-                ("generate, new prompt ms", "generate_miss.median_s", md.ms),
-                ("generate, cached prompt ms", "generate_hit.median_s", md.ms),
-                ("cached / new", "cached_over_new", md.x),
-            ],
-            rows,
-        )
+        "(cache miss) and with a repeated one (hit: the encoder is skipped).\n\n" + md.columns(COLUMNS, rows)
     )

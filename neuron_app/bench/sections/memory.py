@@ -5,11 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    BenchError,
-)
+from neuron_app.bench.common import BenchError
 
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "6. Memory"
 
 

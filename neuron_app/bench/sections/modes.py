@@ -9,24 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    facts,
-    ratio,
-    since_process_start,
-    summarize,
-    timed_generate,
-    worker_manager,
-)
+from neuron_app.bench.common import facts, ratio, since_process_start, summarize, timed_generate, worker_manager
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "measure"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "1. Eager vs full vs regional compile"
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """Eager vs full vs regional: a fresh process and an empty cache folder each."""
-
     def one(mode: str) -> dict[str, Any]:
         return harness.measure_mode(mode, harness.new_cache(f"mode-{mode}"), f"modes-{mode}")
 
@@ -44,7 +33,6 @@ def section(harness: Any) -> dict[str, Any]:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Per shape: cold compile (compile_shape), the first image, then the steady latency of N calls."""
     steps, repeats = spec["steps"], spec["repeats"]
     manager = worker_manager(spec)
     loaded_at = since_process_start()
@@ -57,17 +45,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             first_image_at = since_process_start()
         graphs_before = manager.counter.graphs
         latencies = [timed_generate(manager, shape, steps, seed)[0] for seed in range(1, repeats + 1)]
-        shapes[shape] = {
-            "compile_s": outcome.compile_s,
-            "graphs": outcome.graphs,
-            "compiled": outcome.compiled,
-            "cache": str(outcome.cache),
-            "first_generate_s": first_s,
-            "first_image_s": outcome.compile_s + first_s,
-            "first_generate_graphs": first.graphs_compiled,
-            "steady": summarize(latencies),
-            "steady_graphs": manager.counter.graphs - graphs_before,  # must be 0: no recompile on seed
-        }
+        row = {"compile_s": outcome.compile_s, "graphs": outcome.graphs, "compiled": outcome.compiled}
+        row |= {"cache": str(outcome.cache), "first_generate_s": first_s, "first_image_s": outcome.compile_s + first_s}
+        row |= {"first_generate_graphs": first.graphs_compiled, "steady": summarize(latencies)}
+        shapes[shape] = row | {"steady_graphs": manager.counter.graphs - graphs_before}  # 0: no recompile on seed
     return facts(manager) | {
         "load_s": manager.status().load_s,
         "loaded_at_s": loaded_at,
@@ -89,29 +70,14 @@ def render(sec: dict[str, Any]) -> str:
         "warm-up at that shape); the first shape of a process also pays the compiler's one-time start-up. "
         "Latency = `generate()` wall time after the first image.\n\n"
     )
-    text += md.columns(
-        [
-            ("shape", "shape"),
-            ("mode", "mode"),
-            ("backend", "backend"),
-            ("graphs", "graphs"),
-            ("cold compile s", "compile_s", md.s),
-            ("first image s", "first_image_s", md.s),
-            ("latency median ms", "steady.median_s", md.ms),
-            ("latency p95 ms", "steady.p95_s", md.ms),
-            ("n", "steady.n"),
-            ("recompiles after", "steady_graphs"),
-        ],
-        rows,
-    )
+    columns = [("shape", "shape"), ("mode", "mode"), ("backend", "backend"), ("graphs", "graphs"),
+               ("cold compile s", "compile_s", md.s), ("first image s", "first_image_s", md.s),
+               ("latency median ms", "steady.median_s", md.ms), ("latency p95 ms", "steady.p95_s", md.ms),
+               ("n", "steady.n"), ("recompiles after", "steady_graphs")]  # fmt: skip
+    text += md.columns(columns, rows)
     if sec["ratios"]:
         ratio_rows = [r | {"shape": shape} for shape, r in sec["ratios"].items()]
-        text += "\n\n" + md.columns(
-            [
-                ("shape", "shape"),
-                ("compile regional/full", "compile_regional_over_full", md.x),
-                ("latency regional/full", "latency_regional_over_full", md.x),
-            ],
-            ratio_rows,
-        )
+        columns = [("shape", "shape"), ("compile regional/full", "compile_regional_over_full", md.x),
+                   ("latency regional/full", "latency_regional_over_full", md.x)]  # fmt: skip
+        text += "\n\n" + md.columns(columns, ratio_rows)
     return text

@@ -1,15 +1,9 @@
 """Bench section `postprocess`: the host work after the device, per stage, and what the post stage gives the lane.
 
-One worker process on `neuron-emulated` (the device lane under TorchNeuron's rules, on the CPU):
-- per-stage host milliseconds at 256, 512 and 1024 px on one thread: the safety classifier (a ViT-B/16 at 224 px,
-  the default model's shape, random weights saved and loaded through transformers: the Hub is out of reach here),
-  batch 1 and batch 4 per image; the lumaQim watermark embed and read-back; the PNG encode at Pillow's default
-  level 6 (before) and at 1 (after); JPEG and WebP at quality 90; the C2PA signature;
-- a queue of 8 requests, run as the Gradio queue runs them (`request_slots` at once), with the post stage overlapped
-  and in-line (`postprocess_workers` 2 and 0) on the same manager, graphs compiled once: the device lane's idle
-  fraction between its holds, the wall time and the throughput ratio; with the safety checker on and off.
-On two cores the host work and the emulated device share the CPU, so the idle fraction is the figure that does not
-depend on it: the lane's own holds.
+One worker on `neuron-emulated`: each host stage's milliseconds on one thread (the safety classifier, a random
+ViT-B/16 at the default model's shape, batch 1 and 4; the watermark; PNG at level 6 and 1, JPEG, WebP; the C2PA
+signature), then 8 queued requests with the post stage overlapped and in-line, safety on and off. On two cores the
+host work and the emulated device share the CPU: the lane's idle fraction is the figure that does not depend on it.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import PROMPT, ratio, summarize
+from neuron_app.bench.common import PROMPT, loaded_manager, ratio, seconds, summarize
 
 KIND = "postprocess"
 TITLE = "12. Post-processing: the host work after the device"
@@ -49,25 +43,22 @@ def _vit_b16(folder: Any) -> str:
 
 def _timed(fn: Any, repeats: int) -> dict[str, Any]:
     fn()  # warm
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return summarize(samples)
+    return summarize(seconds(lambda _: fn(), range(repeats)))
 
 
-def _stages(manager: Any, repeats: int, sides: list[int]) -> list[dict[str, Any]]:
+def _stages(manager: Any, repeats: int, sides: list[int], record: Any) -> list[dict[str, Any]]:
+    """Each stage on one thread; the C2PA signature over the manifest the app signs for `record`."""
     import torch
 
     from neuron_app.engine.trust import marks
 
     torch.set_num_threads(1)
     marker = marks.Marker.for_settings(manager.settings)
-    return [_stage_row(side, manager.safety, marker, repeats) for side in sides]
+    manifest = marker.manifest(record, datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    return [_stage_row(side, manager.safety, marker, manifest, repeats) for side in sides]
 
 
-def _stage_row(side: int, safety: Any, marker: Any, repeats: int) -> dict[str, Any]:
+def _stage_row(side: int, safety: Any, marker: Any, manifest: dict[str, Any], repeats: int) -> dict[str, Any]:
     import numpy as np
     from PIL import Image
 
@@ -90,18 +81,12 @@ def _stage_row(side: int, safety: Any, marker: Any, repeats: int) -> dict[str, A
         "png_1": _timed(lambda: save("PNG", compress_level=1), repeats),
         "jpeg_90": _timed(lambda: save("JPEG", quality=90), repeats),
         "webp_90": _timed(lambda: save("WEBP", quality=90), repeats),
-        "c2pa": _timed(lambda: marker.signer.sign(png.getvalue(), _manifest()), repeats),
+        "c2pa": _timed(lambda: marker.signer.sign(png.getvalue(), manifest), repeats),
     }
     row: dict[str, Any] = {"side": side, "holds": marks.embed_watermark(image, marker.payload) is not None}
     row |= {name: t["median_s"] * 1000 for name, t in times.items()}
     row["safety_b4"] /= 4  # per image
     return row
-
-
-def _manifest() -> dict[str, Any]:
-    action = {"action": "c2pa.created", "digitalSourceType": "http://cv.iptc.org/newscodes/digitalsourcetype/x"}
-    return {"claim_generator_info": [{"name": "bench", "version": "0"}], "title": "b.png", "format": "image/png",
-            "assertions": [{"label": "c2pa.actions", "data": {"actions": [action]}}]}  # fmt: skip
 
 
 def _queue(manager: Any, shape: str, steps: int, workers: int, safety: bool) -> dict[str, Any]:
@@ -149,18 +134,16 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import tempfile
     from pathlib import Path
 
-    from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
 
     folder = Path(tempfile.mkdtemp(prefix="vit-b16-"))
     classifier = "tiny" if spec["smoke"] else _vit_b16(folder)  # the smoke run: the tests' stand-in
     overrides = spec["settings"] | {"safety_checker": "on", "safety_model": classifier, "safety_threads": 1}
-    manager = PipelineManager(load_settings(**overrides))
-    manager.ensure_loaded()
+    manager = loaded_manager(load_settings(**overrides))
     shape, steps = spec["shape"], spec["steps"]
     manager.compile_shape(shape)
-    manager.generate(PROMPT, shape, steps, 0)  # the classifier and the signer loaded
-    stages = _stages(manager, spec["repeats"], spec["sides"])
+    record = manager.generate(PROMPT, shape, steps, 0)  # the classifier and the signer loaded
+    stages = _stages(manager, spec["repeats"], spec["sides"], record)
     runs = [_queue(manager, shape, steps, w, s) for s in (True, False) for w in (2, 0)]
     shutil.rmtree(folder, ignore_errors=True)
     classifier = "the tests' stand-in" if spec["smoke"] else "a ViT-B/16 at 224 px"
@@ -170,13 +153,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 def section(harness: Any) -> dict[str, Any]:
     cfg = harness.cfg
-    settings = harness.settings(cfg.serving_mode, harness.new_cache("postprocess"), device="neuron-emulated")
     shape = "64x64" if cfg.smoke else "256x256"  # 256: the smallest side that carries the watermark
-    spec = {"kind": KIND, "settings": settings, "shape": shape, "steps": cfg.steps, "repeats": cfg.repeats}
-    spec |= {"smoke": cfg.smoke, "sides": [256] if cfg.smoke else list(SIDES)}
-    spec["settings"] |= {"resolutions": [shape], "default_resolution": shape}
+    settings = {"device": "neuron-emulated", "resolutions": [shape], "default_resolution": shape}
     load_start = os.getloadavg()[0]
-    result = harness.run_worker("postprocess", spec)
+    sides = [256] if cfg.smoke else list(SIDES)
+    result = harness.measure("postprocess", KIND, None, settings, shape=shape, smoke=cfg.smoke, sides=sides)
     # its own command and load: BENCHMARKS.md may show it beside a CPU run made with another command
     result |= {"command": cfg.command, "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     result["load_avg"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]

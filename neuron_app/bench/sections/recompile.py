@@ -8,18 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import (
-    OTHER_PROMPT,
-    PROMPT,
-    facts,
-    timed_generate,
-    worker_manager,
-)
+from neuron_app.bench.common import OTHER_PROMPT, PROMPT, facts, timed_generate, worker_manager
 from neuron_app.shapes import Resolution
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "sequence"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "3. Recompile discipline"
 
 
@@ -35,8 +27,6 @@ def section(harness: Any) -> dict[str, Any]:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """The scripted request sequence; each distinct graph shape must compile exactly once."""
-
     a, b, steps = spec["shape_a"], spec["shape_b"], spec["steps"]
     calls = [
         ("A", a, steps, 0, PROMPT),
@@ -51,20 +41,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     for label, shape, call_steps, seed, prompt in calls:
         before = manager.counter.graphs
         elapsed, record = timed_generate(manager, shape, call_steps, seed, prompt)
-        rows.append(
-            {
-                "call": label,
-                "shape": shape,
-                "steps": call_steps,
-                "seed": seed,
-                "prompt": "other" if prompt == OTHER_PROMPT else "same",
-                "compiled": record.compiled,
-                "graphs_compiled": record.graphs_compiled,
-                "graphs_counted": manager.counter.graphs - before,  # the backend's own count, any phase
-                "cache": str(record.cache),
-                "total_s": elapsed,
-            }
-        )
+        row = {"call": label, "shape": shape, "steps": call_steps, "seed": seed}
+        row |= {"prompt": "other" if prompt == OTHER_PROMPT else "same", "compiled": record.compiled}
+        row["graphs_compiled"] = record.graphs_compiled
+        row["graphs_counted"] = manager.counter.graphs - before  # the backend's own count, any phase
+        rows.append(row | {"cache": str(record.cache), "total_s": elapsed})
     keys = {manager.graph_key(Resolution.parse(s)) for s in (a, b)}
     return facts(manager) | {
         "calls": rows,
@@ -76,22 +57,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+COLUMNS = [("#", "n"), ("call", "call"), ("shape", "shape"), ("steps", "steps"), ("seed", "seed"),
+           ("prompt", "prompt"), ("graphs compiled", "graphs_counted"), ("cache", "cache")]  # fmt: skip
+
+
 def render(sec: dict[str, Any]) -> str:
     verdict = "OK" if sec["ok"] else "**WRONG**"
     return (
-        md.columns(
-            [
-                ("#", "n"),
-                ("call", "call"),
-                ("shape", "shape"),
-                ("steps", "steps"),
-                ("seed", "seed"),
-                ("prompt", "prompt"),
-                ("graphs compiled", "graphs_counted"),
-                ("cache", "cache"),
-            ],
-            [c | {"n": i + 1} for i, c in enumerate(sec["calls"])],
-        )
+        md.columns(COLUMNS, [c | {"n": i + 1} for i, c in enumerate(sec["calls"])])
         + f"\n\nMode {sec['mode']} / {sec['backend']}, cache folder {sec['cache_folder']}: "
         f"**{sec['compile_events']} compile(s) for {sec['distinct_graph_keys']} distinct graph shape(s)** "
         f"({sec['graphs_total']} graph(s) in all, {sec['compile_failures']} failure(s)): {verdict}."

@@ -15,24 +15,15 @@ import time
 from typing import Any
 
 from neuron_app.bench import markdown as md
-from neuron_app.bench.common import CpuMeter, summarize
+from neuron_app.bench.common import CpuMeter, seconds, summarize
 from neuron_app.bench.process import wait_up
 from neuron_app.bench.sections.concurrency import run_clients
 
 PROMPT = "a lighthouse on a cliff at dawn"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "9. Replicas (Ray Serve)"
 REPLICA_COUNTS = (1, 2)
 #: Requests each client sends per throughput run: enough that start and end effects stay small.
 REQUESTS_PER_CLIENT = 6
-
-
-def _cold_shape(ready: str, shapes: list[str]) -> str | None:
-    """A configured shape with another graph than `ready` (another image-token count)."""
-    from neuron_app.shapes import Resolution
-
-    tokens = Resolution.parse(ready).image_tokens
-    return next((s for s in shapes if Resolution.parse(s).image_tokens != tokens), None)
 
 
 def section(harness: Any) -> dict[str, Any]:
@@ -40,11 +31,11 @@ def section(harness: Any) -> dict[str, Any]:
 
     cfg = harness.cfg
     ready = cfg.replicas_shape or cfg.shapes[0]
+    tokens = Resolution.parse(ready).image_tokens
+    others = [s for s in cfg.all_shapes if Resolution.parse(s).image_tokens != tokens]  # another graph than ready's
     # The first configured shape, when its graph differs: it is the cold compile, then the small-image throughput.
-    small = (
-        cfg.shapes[0] if Resolution.parse(cfg.shapes[0]).image_tokens != Resolution.parse(ready).image_tokens else None
-    )
-    cold = small or _cold_shape(ready, cfg.all_shapes)
+    small = cfg.shapes[0] if cfg.shapes[0] in others else None
+    cold = small or next(iter(others), None)
     if cold is None:
         raise RuntimeError("the replicas section needs two shapes with different token counts (--recompile-shapes)")
     clients = max(cfg.clients, default=1)
@@ -112,11 +103,7 @@ def _measure(
     client = harness.client(url)
     _ready_everywhere(client, ready, steps, count, timeout_s)
     throughput = _throughput(harness, url, clients, ready)
-    solo = []
-    for seed in range(1, 6):
-        t0 = time.perf_counter()
-        client.predict(PROMPT, ready, steps, seed, api_name="/generate")
-        solo.append(time.perf_counter() - t0)
+    solo = seconds(lambda seed: client.predict(PROMPT, ready, steps, seed, api_name="/generate"), range(1, 6))
     compiler = harness.client(url)
     cold_job = compiler.submit(PROMPT, cold, steps, 0, api_name="/generate")
     while client.predict(api_name="/status")["shapes"][cold]["state"] == "not_compiled" and not cold_job.done():
@@ -131,22 +118,12 @@ def _measure(
         _ready_everywhere(client, small, steps, count, timeout_s)
         small_throughput = _throughput(harness, url, clients, small)
     status = client.predict(api_name="/status")
-    solo_summary = summarize(solo)
-    return {
-        "replicas": count,
-        "page_up_s": up_s,
-        "images_per_s": throughput["images_per_s"],
-        "throughput": throughput,
-        "small_throughput": small_throughput,
-        "solo": solo_summary,
-        "during_compile_s": during,
-        "during_vs_solo": during / statistics.median(solo),
-        "overlapped_compile": overlapped,
-        "cold_compile_s": cold_info.get("compile_s"),
-        "served_by": info.get("replica"),
-        "cold_served_by": cold_info.get("replica"),
-        "healthy_replicas": sum(1 for r in status.get("replicas", []) if r["healthy"]) or 1,
-    }
+    row = {"replicas": count, "page_up_s": up_s, "images_per_s": throughput["images_per_s"], "throughput": throughput}
+    row |= {"small_throughput": small_throughput, "solo": summarize(solo), "during_compile_s": during}
+    row |= {"during_vs_solo": during / statistics.median(solo), "overlapped_compile": overlapped}
+    row |= {"cold_compile_s": cold_info.get("compile_s"), "served_by": info.get("replica")}
+    healthy = sum(1 for r in status.get("replicas", []) if r["healthy"]) or 1
+    return row | {"cold_served_by": cold_info.get("replica"), "healthy_replicas": healthy}
 
 
 def render(sec: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from neuron_app.bench.common import (
     emit,
     facts,
     good_result,
+    loaded_manager,
     seconds,
     summarize,
     timed_generate,
@@ -29,9 +30,7 @@ from neuron_app.bench.common import (
 )
 from neuron_app.bench.process import Lines
 
-#: The worker kind whose `measure` this module is (`python -m neuron_app.bench _worker`).
 KIND = "serve"
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "4. Serving overhead"
 
 
@@ -69,13 +68,9 @@ def server(harness: Any) -> Iterator[dict[str, Any]]:
 
 
 def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
-    """The same ready shape on the manager and through gradio_client, interleaved; then the status round trip.
-
-    The floor is `/floor`, a text endpoint on the same server. gradio_client reads its message queue every
-    50 ms, so its round trips come in steps; the same calls are also timed on the wire (`WireClient`, no
-    polling), where `/floor` also sleeps as long as the generate before it took in the manager (`total_s`):
-    generate minus that matched floor is what serving an image adds.
-    """
+    """The same ready shape on the manager, through gradio_client and on the wire (`WireClient`, no 50 ms poll),
+    interleaved, each beside `/floor`; on the wire the floor sleeps as long as the generate before it took in the
+    manager (`total_s`): generate minus that matched floor is what serving an image adds."""
     from neuron_app.bench.wire import WireClient
 
     shape, steps = harness.cfg.shapes[0], harness.cfg.steps
@@ -105,34 +100,21 @@ def section(harness: Any, server: dict[str, Any]) -> dict[str, Any]:
     direct, app = summarize(direct), summarize(via_app)
     on_wire = {"generate": summarize(wire_generate), "floor": summarize(wire_floor)}
     on_wire["matched_floor"] = summarize(wire_matched)
-    return {
-        "shape": shape,
-        "steps": steps,
-        "mode": server["mode"],
-        "backend": server["backend"],
-        "cache_folder": server["cache_folder"],
-        "server_compile": server["compile"],
-        "direct": direct,
-        "via_app": app,
-        "status_rtt": summarize(status),
-        "floor_rtt": summarize(floor),
-        "wire": on_wire,
-        # what serving an image adds to a text endpoint whose handler takes as long, with no client polling
-        "wire_above_matched_floor_ms": 1000 * (on_wire["generate"]["median_s"] - on_wire["matched_floor"]["median_s"]),
-        "overhead_above_floor_ms": 1000 * (app["median_s"] - direct["median_s"] - summarize(floor)["median_s"]),
-        "overhead_median_ms": 1000 * (app["median_s"] - direct["median_s"]),
-        "overhead_p95_ms": 1000 * (app["p95_s"] - direct["p95_s"]),
-        "bad_results": bad,
-    }
+    result = {"shape": shape, "steps": steps, **{key: server[key] for key in ("mode", "backend", "cache_folder")}}
+    result |= {"server_compile": server["compile"], "direct": direct, "via_app": app}
+    result |= {"status_rtt": summarize(status), "floor_rtt": summarize(floor), "wire": on_wire}
+    # what serving an image adds to a text endpoint whose handler takes as long, with no client polling
+    result["wire_above_matched_floor_ms"] = 1000 * (
+        on_wire["generate"]["median_s"] - on_wire["matched_floor"]["median_s"]
+    )
+    result["overhead_above_floor_ms"] = 1000 * (app["median_s"] - direct["median_s"] - summarize(floor)["median_s"])
+    result["overhead_median_ms"] = 1000 * (app["median_s"] - direct["median_s"])
+    return result | {"overhead_p95_ms": 1000 * (app["p95_s"] - direct["p95_s"]), "bad_results": bad}
 
 
 def _add_floor_endpoint(demo: Any) -> None:
-    """`/floor`: a queued endpoint with a text answer, on the same server: what any Gradio request costs here.
-
-    It sleeps the milliseconds it is given, in Gradio's worker thread as `generate` runs. gradio_client reads its
-    message queue every 50 ms, so a round trip grows in steps with the handler's duration: a floor that does
-    nothing is one step below a generate whose handler takes 40 ms, and compares badly with it.
-    """
+    """`/floor`: a queued text endpoint on the same server, what any Gradio request costs here; it sleeps the
+    milliseconds it is given (in Gradio's worker thread, as `generate` runs), to match a generate's handler."""
     import gradio as gr
 
     def floor(ms: float | None = 0.0) -> str:
@@ -145,21 +127,14 @@ def _add_floor_endpoint(demo: Any) -> None:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """The real app on a ready shape, for outside clients; direct manager calls on request.
-
-    The orchestrator drives the app from its own process (as a real client would) and, on
-    "direct SEED" lines, has this process time one `generate()` on the manager itself, so
-    direct and served calls interleave and see the same machine. "quit" ends it; the answer
-    then carries this server process's peak memory.
-    """
+    """The real app on a ready shape, driven from the orchestrator's process as a real client would; on a "direct
+    SEED" line, one `generate()` timed on the manager here, so direct and served calls interleave on the same
+    machine. "quit" ends it (the answer carries this process's peak memory)."""
     from neuron_app.web.server import build_app, launch, prepare_environment
 
     settings = worker_settings(spec)
     prepare_environment(settings)  # gradio's temp folder, before gradio is imported
-    from neuron_app.engine.manager import PipelineManager
-
-    manager = PipelineManager(settings)
-    manager.ensure_loaded()
+    manager = loaded_manager(settings)
     shape, steps = spec["shape"], spec["steps"]
     outcome = manager.compile_shape(shape)
     timed_generate(manager, shape, steps, 0)  # warm: the first call after a compile can be slower

@@ -19,25 +19,17 @@ from neuron_app.bench import markdown as md
 from neuron_app.bench.common import PROMPT, BenchError, free_port
 from neuron_app.bench.process import wait_up
 
-#: Its heading in the run's Markdown and BENCHMARKS.md.
 TITLE = "7. Start-up"
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """`python app.py` to the page answering, to the model loaded, to the first image: lazy vs load_on_start."""
     cache_dir, cache_note = harness.cache_for("startup", fresh=harness.parallel)
     starts = [("lazy", False), ("load_on_start", True)]
     with ThreadPoolExecutor(max_workers=harness.cfg.jobs) as pool:
         rows = list(pool.map(lambda start: _start_app(harness, *start, cache_dir), starts))
     trivial = _start_trivial_gradio(harness)
-    return {
-        "cache_folder": cache_note,
-        "mode": harness.cfg.serving_mode,
-        "shape": harness.cfg.shapes[0],
-        "rows": rows,
-        "trivial_page_s": trivial,
-        "page_vs_trivial": rows[0]["page_s"] / trivial,
-    }
+    result = {"cache_folder": cache_note, "mode": harness.cfg.serving_mode, "shape": harness.cfg.shapes[0]}
+    return result | {"rows": rows, "trivial_page_s": trivial, "page_vs_trivial": rows[0]["page_s"] / trivial}
 
 
 def _start_trivial_gradio(harness: Any) -> float:
@@ -93,11 +85,10 @@ def _start_app(harness: Any, label: str, load_on_start: bool, cache_dir: Path) -
             raise BenchError(f"the first request: {first['error']}")
         sample()
     harness.log(f"startup {label}: page {page_s:.2f} s, loaded {loaded_s:.2f} s, image {first['first_image_s']:.2f} s")
+    times = {"page_s": page_s, "loaded_s": loaded_s, "first_image_s": first["first_image_s"]}
     return {
         "start": label,
-        "page_s": page_s,
-        "loaded_s": loaded_s,
-        "first_image_s": first["first_image_s"],
+        **times,
         "load_s": status.get("load_s"),
         "first_cache": first.get("cache"),
         "peak_rss_mb": peak,
@@ -130,14 +121,9 @@ def _status_http(url: str) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    columns = [
-        ("start", "start"),
-        ("page HTTP 200 s", "page_s", md.s),
-        ("model loaded s", "loaded_s", md.s),
-        ("load itself s", "load_s", md.s),
-        ("first image s", "first_image_s", md.s),
-        ("cache", "first_cache"),
-    ]
+    columns = [("start", "start"), ("page HTTP 200 s", "page_s", md.s), ("model loaded s", "loaded_s", md.s),
+               ("load itself s", "load_s", md.s), ("first image s", "first_image_s", md.s),
+               ("cache", "first_cache")]  # fmt: skip
     floor = ""
     if "trivial_page_s" in sec:  # a one-textbox Gradio app started in the same run
         floor = (

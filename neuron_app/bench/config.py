@@ -107,12 +107,21 @@ def config_from_args(args: argparse.Namespace, argv: list[str], known: tuple[str
     tiny = value["model"] in VARIANTS
     counts = {key: int(value[key]) for key in ("steps", "repeats", "per_client")}
     return BenchConfig(
-        **{key: value[key] for key in ("model", "device", "backend")}, **counts, shapes=shapes, modes=modes,
-        clients=[int(c) for c in _csv(value["clients"])], jobs=max(1, int(value["jobs"])),
+        **{key: value[key] for key in ("model", "device", "backend")},
+        **counts,
+        shapes=shapes,
+        modes=modes,
+        clients=[int(c) for c in _csv(value["clients"])],
+        jobs=max(1, int(value["jobs"])),
         threads=(1 if tiny else None) if args.threads is None else (args.threads or None),
         models_dir=args.models_dir.resolve() if args.models_dir else None,
-        seq_len=args.seq_len or (32 if tiny else 512), sections=sections, recompile_shapes=recompile,
-        timeout_s=args.timeout or (7200.0 if value["device"] == "neuron" else 900.0), out=args.out,
-        command=shlex.join(["python", "-m", "neuron_app.bench", *argv]), smoke=args.smoke, keep_work=args.keep_work,
+        seq_len=args.seq_len or (32 if tiny else 512),
+        sections=sections,
+        recompile_shapes=recompile,
+        timeout_s=args.timeout or (7200.0 if value["device"] == "neuron" else 900.0),
+        out=args.out,
+        command=shlex.join(["python", "-m", "neuron_app.bench", *argv]),
+        smoke=args.smoke,
+        keep_work=args.keep_work,
         replicas_shape=str(Resolution.parse(value["replicas_shape"])) if value["replicas_shape"] else None,
-    )  # fmt: skip
+    )

@@ -18,9 +18,16 @@ from neuron_app.bench import script
 from neuron_app.bench.common import seconds
 
 #: Qwen3-4B (FLUX.2-klein-4B's text encoder), from its config.json.
-QWEN3_4B = {"vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-            "tie_word_embeddings": True}  # fmt: skip
+QWEN3_4B = {
+    "vocab_size": 151936,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": True,
+}
 #: Timed stand-in: Qwen3-4B's depth, vocabulary and head layout at 1024 wide.
 NARROW = QWEN3_4B | {"hidden_size": 1024, "intermediate_size": 3840, "num_attention_heads": 8, "num_key_value_heads": 2}
 READ = (9, 18, 27)

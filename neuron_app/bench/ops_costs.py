@@ -41,8 +41,10 @@ def main() -> None:
             tracing.shutdown()
     spans = statistics.median(counts)
     off_s, on_s = statistics.median(off), statistics.median(on)
-    print(f"warm {args.size} x{args.steps} steps: median {off_s * 1000:.1f} ms untraced, {on_s * 1000:.1f} ms traced "
-          f"({spans:.0f} spans each): ratio {on_s / off_s:.3f}")  # fmt: skip
+    print(
+        f"warm {args.size} x{args.steps} steps: median {off_s * 1000:.1f} ms untraced, {on_s * 1000:.1f} ms traced "
+        f"({spans:.0f} spans each): ratio {on_s / off_s:.3f}"
+    )
 
     freed, steps_ms = [], []  # the ask to a free device, over the step before it in the same run (the load drifts)
     for _ in range(args.repeats):
@@ -68,9 +70,11 @@ def main() -> None:
         step = ends[2] - ends[1]
         freed.append((free - ends[2]) / step)
         steps_ms.append(step * 1000)
-    print(f"cancel asked at the end of step 2 of {args.steps}: the device free after {statistics.median(freed):.2f} "
-          f"step times (median of {args.repeats}; max {max(freed):.2f}; the step before it took "
-          f"{statistics.median(steps_ms):.1f} ms, median)")  # fmt: skip
+    print(
+        f"cancel asked at the end of step 2 of {args.steps}: the device free after {statistics.median(freed):.2f} "
+        f"step times (median of {args.repeats}; max {max(freed):.2f}; the step before it took "
+        f"{statistics.median(steps_ms):.1f} ms, median)"
+    )
 
 
 if __name__ == "__main__":

@@ -111,8 +111,11 @@ def _training_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def render(report: dict[str, Any], command: str) -> str:
-    rows = [[shape, steps, *(report["accuracy"][f"{shape}/{steps}"][f] for f in FIELDS)]
-            for shape in SHAPES for steps in report["steps"]]  # fmt: skip
+    rows = [
+        [shape, steps, *(report["accuracy"][f"{shape}/{steps}"][f] for f in FIELDS)]
+        for shape in SHAPES
+        for steps in report["steps"]
+    ]
     seconds_head = ["model", "seconds per 128x128 image, 4 steps, eager (median)"]
     return "\n".join(
         [

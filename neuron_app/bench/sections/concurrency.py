@@ -69,9 +69,17 @@ def run_clients(
     return row | {"images_per_s": len(ok) / wall if wall > 0 else None, "latency": summarize(ok)}
 
 
-COLUMNS = [("clients", "clients"), ("sent", "sent"), ("ok", "ok"), ("errors", "errors"), ("lost", "lost"),
-           ("wall s", "wall_s", md.s), ("images/s", "images_per_s", md.num), ("median ms", "latency.median_s", md.ms),
-           ("p95 ms", "latency.p95_s", md.ms)]  # fmt: skip
+COLUMNS = [
+    ("clients", "clients"),
+    ("sent", "sent"),
+    ("ok", "ok"),
+    ("errors", "errors"),
+    ("lost", "lost"),
+    ("wall s", "wall_s", md.s),
+    ("images/s", "images_per_s", md.num),
+    ("median ms", "latency.median_s", md.ms),
+    ("p95 ms", "latency.p95_s", md.ms),
+]
 
 
 def render(sec: dict[str, Any]) -> str:

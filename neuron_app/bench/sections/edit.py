@@ -49,11 +49,19 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     return facts(manager) | {"rows": rows}
 
 
-COLUMNS = [("references", "references"), ("image tokens", "image_tokens"), ("graphs", "graphs"),
-           ("compile s", "compile_s", md.s), ("compile vs 0", "compile_over_0", md.x),
-           ("first image s", "first_image_s", md.s), ("latency median ms", "steady.median_s", md.ms),
-           ("latency p95 ms", "steady.p95_s", md.ms), ("latency vs 0", "latency_over_0", md.x), ("n", "steady.n"),
-           ("recompiles after", "steady_graphs")]  # fmt: skip
+COLUMNS = [
+    ("references", "references"),
+    ("image tokens", "image_tokens"),
+    ("graphs", "graphs"),
+    ("compile s", "compile_s", md.s),
+    ("compile vs 0", "compile_over_0", md.x),
+    ("first image s", "first_image_s", md.s),
+    ("latency median ms", "steady.median_s", md.ms),
+    ("latency p95 ms", "steady.p95_s", md.ms),
+    ("latency vs 0", "latency_over_0", md.x),
+    ("n", "steady.n"),
+    ("recompiles after", "steady_graphs"),
+]
 
 
 def render(sec: dict[str, Any]) -> str:

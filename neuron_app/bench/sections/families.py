@@ -97,11 +97,16 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-COLUMNS = [("path", "path"), ("transformer graphs", "transformer_graphs"), ("VAE graphs", "vae_graphs"),
-           ("compile s (all shapes)", "compile_s", md.s), ("encode ms", "encode.median_s", md.ms),
-           ("generate, new prompt ms", "generate_miss.median_s", md.ms),
-           ("generate, cached prompt ms", "generate_hit.median_s", md.ms),
-           ("cached / new", "cached_over_new", md.x)]  # fmt: skip
+COLUMNS = [
+    ("path", "path"),
+    ("transformer graphs", "transformer_graphs"),
+    ("VAE graphs", "vae_graphs"),
+    ("compile s (all shapes)", "compile_s", md.s),
+    ("encode ms", "encode.median_s", md.ms),
+    ("generate, new prompt ms", "generate_miss.median_s", md.ms),
+    ("generate, cached prompt ms", "generate_hit.median_s", md.ms),
+    ("cached / new", "cached_over_new", md.x),
+]
 
 
 def render(sec: dict[str, Any]) -> str:

@@ -70,14 +70,25 @@ def render(sec: dict[str, Any]) -> str:
         "warm-up at that shape); the first shape of a process also pays the compiler's one-time start-up. "
         "Latency = `generate()` wall time after the first image.\n\n"
     )
-    columns = [("shape", "shape"), ("mode", "mode"), ("backend", "backend"), ("graphs", "graphs"),
-               ("cold compile s", "compile_s", md.s), ("first image s", "first_image_s", md.s),
-               ("latency median ms", "steady.median_s", md.ms), ("latency p95 ms", "steady.p95_s", md.ms),
-               ("n", "steady.n"), ("recompiles after", "steady_graphs")]  # fmt: skip
+    columns = [
+        ("shape", "shape"),
+        ("mode", "mode"),
+        ("backend", "backend"),
+        ("graphs", "graphs"),
+        ("cold compile s", "compile_s", md.s),
+        ("first image s", "first_image_s", md.s),
+        ("latency median ms", "steady.median_s", md.ms),
+        ("latency p95 ms", "steady.p95_s", md.ms),
+        ("n", "steady.n"),
+        ("recompiles after", "steady_graphs"),
+    ]
     text += md.columns(columns, rows)
     if sec["ratios"]:
         ratio_rows = [r | {"shape": shape} for shape, r in sec["ratios"].items()]
-        columns = [("shape", "shape"), ("compile regional/full", "compile_regional_over_full", md.x),
-                   ("latency regional/full", "latency_regional_over_full", md.x)]  # fmt: skip
+        columns = [
+            ("shape", "shape"),
+            ("compile regional/full", "compile_regional_over_full", md.x),
+            ("latency regional/full", "latency_regional_over_full", md.x),
+        ]
         text += "\n\n" + md.columns(columns, ratio_rows)
     return text

@@ -123,10 +123,16 @@ def _queue(manager: Any, shape: str, steps: int, workers: int, safety: bool) -> 
     idle = idle_fraction(holds)
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(holds)]
     return {
-        "workers": workers, "safety": safety, "slots": slots, "wall_s": wall, "idle_fraction": idle,
-        "idle_gap_ms": 1000 * sum(gaps) / len(gaps) if gaps else None, "errors": errors,
-        "device_ms": 1000 * sum(e - s for s, e in holds) / len(holds), "throughput": QUEUE / wall,
-    }  # fmt: skip
+        "workers": workers,
+        "safety": safety,
+        "slots": slots,
+        "wall_s": wall,
+        "idle_fraction": idle,
+        "idle_gap_ms": 1000 * sum(gaps) / len(gaps) if gaps else None,
+        "errors": errors,
+        "device_ms": 1000 * sum(e - s for s, e in holds) / len(holds),
+        "throughput": QUEUE / wall,
+    }
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -147,8 +153,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     runs = [_queue(manager, shape, steps, w, s) for s in (True, False) for w in (2, 0)]
     shutil.rmtree(folder, ignore_errors=True)
     classifier = "the tests' stand-in" if spec["smoke"] else "a ViT-B/16 at 224 px"
-    return {"lane_device": manager.backend.name, "shape": shape, "steps": steps, "stages": stages, "runs": runs,
-            "classifier": classifier}  # fmt: skip
+    return {
+        "lane_device": manager.backend.name,
+        "shape": shape,
+        "steps": steps,
+        "stages": stages,
+        "runs": runs,
+        "classifier": classifier,
+    }
 
 
 def section(harness: Any) -> dict[str, Any]:
@@ -171,21 +183,53 @@ def section(harness: Any) -> dict[str, Any]:
 
 def render(sec: dict[str, Any]) -> str:
     stage_rows = [
-        [f"{r['side']}x{r['side']}", md.num(r["safety_b1"], 0), md.num(r["safety_b4"], 0), md.num(r["watermark"], 1),
-         md.num(r["png_6"], 1), md.num(r["png_1"], 1), md.num(r["jpeg_90"], 1), md.num(r["webp_90"], 1),
-         md.num(r["c2pa"], 1)]
+        [
+            f"{r['side']}x{r['side']}",
+            md.num(r["safety_b1"], 0),
+            md.num(r["safety_b4"], 0),
+            md.num(r["watermark"], 1),
+            md.num(r["png_6"], 1),
+            md.num(r["png_1"], 1),
+            md.num(r["jpeg_90"], 1),
+            md.num(r["webp_90"], 1),
+            md.num(r["c2pa"], 1),
+        ]
         for r in sec["stages"]
-    ]  # fmt: skip
-    heads = ["image", "safety b1 ms", "safety b4 ms/image", "watermark ms", "PNG level 6 (before) ms",
-             "PNG level 1 (after) ms", "JPEG q90 ms", "WebP q90 ms", "C2PA sign ms"]  # fmt: skip
+    ]
+    heads = [
+        "image",
+        "safety b1 ms",
+        "safety b4 ms/image",
+        "watermark ms",
+        "PNG level 6 (before) ms",
+        "PNG level 1 (after) ms",
+        "JPEG q90 ms",
+        "WebP q90 ms",
+        "C2PA sign ms",
+    ]
     queue_rows = [
-        [("on" if r["safety"] else "off"), ("overlapped (2 post slots)" if r["workers"] else "in-line"),
-         str(r["slots"]), md.num(100 * (r["idle_fraction"] or 0), 1), md.num(r["idle_gap_ms"] or 0, 1),
-         md.num(r["device_ms"], 0), md.num(r["wall_s"], 2), str(len(r["errors"]))]
+        [
+            ("on" if r["safety"] else "off"),
+            ("overlapped (2 post slots)" if r["workers"] else "in-line"),
+            str(r["slots"]),
+            md.num(100 * (r["idle_fraction"] or 0), 1),
+            md.num(r["idle_gap_ms"] or 0, 1),
+            md.num(r["device_ms"], 0),
+            md.num(r["wall_s"], 2),
+            str(len(r["errors"])),
+        ]
         for r in sec["runs"]
-    ]  # fmt: skip
-    qheads = ["safety", "post stage", "requests at once", "lane idle %", "idle gap ms", "device ms/request",
-              "wall s (8 requests)", "errors"]  # fmt: skip
+    ]
+    qheads = [
+        "safety",
+        "post stage",
+        "requests at once",
+        "lane idle %",
+        "idle gap ms",
+        "device ms/request",
+        "wall s (8 requests)",
+        "errors",
+    ]
     notes = (
         f"\n\nHost milliseconds on one thread (median). Queue: {QUEUE} requests of {sec['shape']}, "
         f"{sec['steps']} steps "

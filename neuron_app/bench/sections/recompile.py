@@ -57,8 +57,16 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-COLUMNS = [("#", "n"), ("call", "call"), ("shape", "shape"), ("steps", "steps"), ("seed", "seed"),
-           ("prompt", "prompt"), ("graphs compiled", "graphs_counted"), ("cache", "cache")]  # fmt: skip
+COLUMNS = [
+    ("#", "n"),
+    ("call", "call"),
+    ("shape", "shape"),
+    ("steps", "steps"),
+    ("seed", "seed"),
+    ("prompt", "prompt"),
+    ("graphs compiled", "graphs_counted"),
+    ("cache", "cache"),
+]
 
 
 def render(sec: dict[str, Any]) -> str:

@@ -40,10 +40,14 @@ def _process_times(run: dict[str, Any]) -> dict[str, Any]:
 
 def render(sec: dict[str, Any]) -> str:
     rows = [
-        [r["shape"], f"{md.s(r['cold_first_image_s'])} ({r['cold_cache']})",
-         f"{md.s(r['warm_first_image_s'])} ({r['warm_cache']})", md.x(r["warm_over_cold"])]
+        [
+            r["shape"],
+            f"{md.s(r['cold_first_image_s'])} ({r['cold_cache']})",
+            f"{md.s(r['warm_first_image_s'])} ({r['warm_cache']})",
+            md.x(r["warm_over_cold"]),
+        ]
         for r in sec["rows"]
-    ]  # fmt: skip
+    ]
     cold, warm = sec["cold"]["first_image_at_s"], sec["warm"]["first_image_at_s"]
     rows.append(["process start to first image", md.s(cold), md.s(warm), md.x(ratio(warm, cold))])
     return (

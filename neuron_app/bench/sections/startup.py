@@ -121,9 +121,14 @@ def _status_http(url: str) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    columns = [("start", "start"), ("page HTTP 200 s", "page_s", md.s), ("model loaded s", "loaded_s", md.s),
-               ("load itself s", "load_s", md.s), ("first image s", "first_image_s", md.s),
-               ("cache", "first_cache")]  # fmt: skip
+    columns = [
+        ("start", "start"),
+        ("page HTTP 200 s", "page_s", md.s),
+        ("model loaded s", "loaded_s", md.s),
+        ("load itself s", "load_s", md.s),
+        ("first image s", "first_image_s", md.s),
+        ("cache", "first_cache"),
+    ]
     floor = ""
     if "trivial_page_s" in sec:  # a one-textbox Gradio app started in the same run
         floor = (

@@ -192,9 +192,10 @@ def worker(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]
     return json.loads(lines[-1])
 
 
-def check_restart(device: str, model: str, shape: str, cache_dir: Path) -> Verdict:
-    """N4c/N7: a second process on the same cache: its first request loads the graphs from disk, compiles none."""
-    got = worker(["restart", device, model, shape, str(cache_dir)])
+def check_restart(device: str, model: str, shape: str, cache_dir: Path, loras: dict[str, str]) -> Verdict:
+    """N4c/N7: a second process on the same cache (and the same LoRA slots, which are part of the graph): its first
+    request loads the graphs from disk, compiles none."""
+    got = worker(["restart", device, model, shape, str(cache_dir)], {"NEURON_APP_LORAS": json.dumps(loras)})
     if "error" in got:
         return Verdict("restart (2nd process)", "fail", got["error"])
     ok = got["cache"] in ("disk", "memory") and got["eager"] == 0 and got["graphs_missed"] == 0
@@ -307,7 +308,7 @@ def run(device: str, model: str, cache_dir: Path, loras: dict[str, str] | None =
     manager.ensure_loaded()
     verdicts = [check_in_place(manager), *check_profile(manager, shapes)]
     verdicts.append(check_sources_at_ready_shape(manager, shapes[0]))
-    verdicts.append(check_restart(device, model, shapes[0], cache_dir / "main"))
+    verdicts.append(check_restart(device, model, shapes[0], cache_dir / "main", settings.loras))
     verdicts += check_tiles(device, model, tiles, cache_dir)
     verdicts += [check_nki_sdpa(device, model, shapes[0], cache_dir), check_tp(device, model, cache_dir / "tp")]
     verdicts += [check_edit_ready(manager, shapes[0]), check_lora_switch(manager, shapes[0])]

@@ -10,6 +10,7 @@ import os
 import random
 import resource
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -27,14 +28,12 @@ PROMPT = "A lighthouse on a cliff at dawn, volumetric light"
 OTHER_PROMPT = "A watercolor fox reading a book under a cherry tree"
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), without numpy: the parent never imports torch."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low, high = math.floor(pos), math.ceil(pos)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+def percentile(values: Sequence[float], q: int) -> float:
+    """Linear-interpolated percentile (numpy's default, `statistics.quantiles`' inclusive method), without numpy: the
+    parent never imports torch."""
+    if len(values) < 2:
+        return values[0] if values else math.nan
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:

@@ -232,11 +232,13 @@ def check_nki_sdpa(device: str, model: str, shape: str, cache_dir: Path) -> Verd
     return Verdict("NKI SDPA on/off", "pass", found + f"; PSNR {psnr(got[0]['png'], got[1]['png']):.1f} dB")
 
 
-def psnr(a_path: str, b_path: str) -> float:
+def psnr(a_image: Any, b_image: Any) -> float:
+    """PSNR (dB) of two images of one size, each a PIL image or a file's path."""
     import numpy as np
     from PIL import Image
 
-    a, b = (np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) for p in (a_path, b_path))
+    images = [Image.open(p) if isinstance(p, str) else p for p in (a_image, b_image)]
+    a, b = (np.asarray(image.convert("RGB"), dtype=np.float64) for image in images)
     mse = float(((a - b) ** 2).mean())
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 

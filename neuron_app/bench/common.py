@@ -19,10 +19,6 @@ from typing import Any
 
 #: A worker's final answer is one stdout line with this prefix; anything else on stdout is ignored.
 RESULT_TAG = "BENCH_RESULT "
-#: The serving worker announces that the app answers with this prefix, then waits for "quit".
-READY_TAG = "BENCH_READY "
-#: The serving worker's answer to "direct SEED": one generation timed on the manager, in the server process.
-DIRECT_TAG = "BENCH_DIRECT "
 
 PROMPT = "A lighthouse on a cliff at dawn, volumetric light"
 OTHER_PROMPT = "A watercolor fox reading a book under a cherry tree"

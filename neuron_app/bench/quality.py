@@ -50,8 +50,7 @@ def tile_psnr(manager: Any) -> dict[str, float]:
     import torch
 
     from neuron_app.engine.model.shapes_world import EVAL_SCENES, render
-    from neuron_app.engine.model.vae import TiledDecoder, TileSpec
-    from neuron_app.selftest import psnr as image_psnr
+    from neuron_app.engine.model.vae import TiledDecoder, TileSpec, psnr
 
     pipe = manager.pipe
     results: dict[str, list[float]] = {}
@@ -62,8 +61,8 @@ def tile_psnr(manager: Any) -> dict[str, float]:
             whole = pipe.image_processor.postprocess(pipe.vae.decode(z).sample)[0]
             for tile, overlap in ((8, 2), (8, 4), (16, 4), (16, 8), (24, 8)):
                 tiled = TiledDecoder(pipe.vae, TileSpec(tile, overlap)).decode(z).sample
-                psnr = image_psnr(whole, pipe.image_processor.postprocess(tiled)[0])
-                results.setdefault(f"{tile * 8} px / {overlap * 8} px", []).append(psnr)
+                close = psnr(whole, pipe.image_processor.postprocess(tiled)[0])
+                results.setdefault(f"{tile * 8} px / {overlap * 8} px", []).append(close)
     return {key: round(statistics.mean(values), 1) for key, values in results.items()}
 
 

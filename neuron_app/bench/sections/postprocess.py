@@ -123,17 +123,9 @@ def _queue(manager: Any, shape: str, steps: int, workers: int, safety: bool) -> 
     holds = list(manager._device_lock.holds)[first:]
     idle = idle_fraction(holds)
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(holds)]
-    return {
-        "workers": workers,
-        "safety": safety,
-        "slots": slots,
-        "wall_s": wall,
-        "idle_fraction": idle,
-        "idle_gap_ms": 1000 * sum(gaps) / len(gaps) if gaps else None,
-        "errors": errors,
-        "device_ms": 1000 * sum(e - s for s, e in holds) / len(holds),
-        "throughput": QUEUE / wall,
-    }
+    row = {"workers": workers, "safety": safety, "slots": slots, "wall_s": wall, "idle_fraction": idle}
+    row |= {"idle_gap_ms": 1000 * sum(gaps) / len(gaps) if gaps else None, "errors": errors}
+    return row | {"device_ms": 1000 * sum(e - s for s, e in holds) / len(holds), "throughput": QUEUE / wall}
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -154,14 +146,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     runs = [_queue(manager, shape, steps, w, s) for s in (True, False) for w in (2, 0)]
     shutil.rmtree(folder, ignore_errors=True)
     classifier = "the tests' stand-in" if spec["smoke"] else "a ViT-B/16 at 224 px"
-    return {
-        "lane_device": manager.backend.name,
-        "shape": shape,
-        "steps": steps,
-        "stages": stages,
-        "runs": runs,
-        "classifier": classifier,
-    }
+    found = {"lane_device": manager.backend.name, "shape": shape, "steps": steps, "stages": stages, "runs": runs}
+    return found | {"classifier": classifier}
 
 
 def section(harness: Any) -> dict[str, Any]:

@@ -92,13 +92,9 @@ def nki_measure(shapes: list[str], cache_dir: Path) -> dict[str, dict[str, objec
     rows: dict[str, dict[str, object]] = {}
     for shape in shapes:
         manager.compile_shape(shape)
-        image_tokens = Resolution.parse(shape).image_tokens
-        row = manager.status().shapes[shape]
-        rows[shape] = {
-            "image_tokens": image_tokens,
-            "joint_tokens": image_tokens + manager.settings.max_sequence_length,
-            "nki_attention": row.nki_attention,
-        }
+        tokens = Resolution.parse(shape).image_tokens
+        joint, nki = tokens + manager.settings.max_sequence_length, manager.status().shapes[shape].nki_attention
+        rows[shape] = {"image_tokens": tokens, "joint_tokens": joint, "nki_attention": nki}
     return rows
 
 

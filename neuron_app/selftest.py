@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from neuron_app.engine.model.vae import psnr
 
 SHAPES = ["64x64", "128x64", "64x128"]
 #: The device profile: klein-4B at 1024x1024 (4608 joint tokens) and a 4032-token shape (4544: no NKI kernel).
@@ -231,15 +232,6 @@ def check_nki_sdpa(device: str, model: str, shape: str, cache_dir: Path) -> Verd
         return Verdict("NKI SDPA on/off", "fail", next(g["error"] for g in got if "error" in g))
     found = f"{shape}: {got[0]['seconds']:.2f} s a request decomposed, {got[1]['seconds']:.2f} s with the kernel"
     return Verdict("NKI SDPA on/off", "pass", found + f"; PSNR {psnr(got[0]['png'], got[1]['png']):.1f} dB")
-
-
-def psnr(a_path: str, b_path: str) -> float:
-    import numpy as np
-    from PIL import Image
-
-    a, b = (np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) for p in (a_path, b_path))
-    mse = float(((a - b) ** 2).mean())
-    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
 def _free_port() -> int:

@@ -10,6 +10,7 @@ import os
 import random
 import resource
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,23 +19,17 @@ from typing import Any
 
 #: A worker's final answer is one stdout line with this prefix; anything else on stdout is ignored.
 RESULT_TAG = "BENCH_RESULT "
-#: The serving worker announces that the app answers with this prefix, then waits for "quit".
-READY_TAG = "BENCH_READY "
-#: The serving worker's answer to "direct SEED": one generation timed on the manager, in the server process.
-DIRECT_TAG = "BENCH_DIRECT "
 
 PROMPT = "A lighthouse on a cliff at dawn, volumetric light"
 OTHER_PROMPT = "A watercolor fox reading a book under a cherry tree"
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), without numpy: the parent never imports torch."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    low, high = math.floor(pos), math.ceil(pos)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+def percentile(values: Sequence[float], q: int) -> float:
+    """Linear-interpolated percentile (numpy's default, `statistics.quantiles`' inclusive method), without numpy: the
+    parent never imports torch."""
+    if len(values) < 2:
+        return values[0] if values else math.nan
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def summarize(values: Sequence[float]) -> dict[str, Any]:

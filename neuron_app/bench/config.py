@@ -119,9 +119,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str], known: tuple[str
         sections=sections,
         recompile_shapes=recompile,
         timeout_s=args.timeout or (7200.0 if value["device"] == "neuron" else 900.0),
-        out=args.out,
         command=shlex.join(["python", "-m", "neuron_app.bench", *argv]),
-        smoke=args.smoke,
-        keep_work=args.keep_work,
+        **{key: getattr(args, key) for key in ("out", "smoke", "keep_work")},
         replicas_shape=str(Resolution.parse(value["replicas_shape"])) if value["replicas_shape"] else None,
     )

@@ -4,11 +4,19 @@ Eager device ops compile a NEFF on first use per signature on Neuron; the emulat
 input shapes, dtypes). This measures, per shape in serving order: the first request's transformer graphs and
 eager compiles, the next request's, a sibling of a token family, a step count other than the warmed one, and
 everything again after a restart on the same cache folder.
+
+`python -m neuron_app.bench.emulated nki-shapes [--shapes A,B,...] [--json PATH]` says instead which shapes take
+TorchNeuron's NKI attention kernel (second review, N1): each shape compiled once on the emulator (`max_sequence_length`
+512 as served, one step), `nki_attention` read from the status: the gate evaluated on the traced graph with the real
+token counts. The tiny model's 2 heads of dim 16 pass the gate's head and batch parts as klein-4B's 24 heads of dim
+128 do. A yes/no per shape, nothing timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -65,9 +73,53 @@ def render(result: dict[str, Any], _command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["nki-shapes"]:
+        return nki_main(argv[1:])
     found = script.parser("emulated", __doc__, "where the section goes", Path("benchmarks/neuron-emulated.json"))
     found.add_argument("--variant", default="tiny", choices=["tiny", "tiny-deep"])
     return script.main("emulated", TITLE, found, measure, render, argv)
+
+
+#: The default shapes before the third pass: six of seven miss the 512 multiple (4544 and 4464 joint tokens).
+OLD_DEFAULTS = ["1024x1024", "1152x896", "896x1152", "1216x832", "832x1216", "1344x768", "768x1344"]
+
+
+def nki_measure(shapes: list[str], cache_dir: Path) -> dict[str, dict[str, object]]:
+    from neuron_app.shapes import Resolution
+
+    manager = script.tiny_manager(shapes, cache_dir, device="neuron-emulated", max_sequence_length=512)
+    rows: dict[str, dict[str, object]] = {}
+    for shape in shapes:
+        manager.compile_shape(shape)
+        tokens = Resolution.parse(shape).image_tokens
+        joint, nki = tokens + manager.settings.max_sequence_length, manager.status().shapes[shape].nki_attention
+        rows[shape] = {"image_tokens": tokens, "joint_tokens": joint, "nki_attention": nki}
+    return rows
+
+
+def nki_main(argv: list[str]) -> int:
+    from neuron_app.settings import load_settings
+
+    parser = script.parser("emulated nki-shapes", __doc__, "write the result here too")
+    parser.add_argument("--shapes", help="comma-separated WIDTHxHEIGHT (default: the old and the new defaults)")
+    args = parser.parse_args(argv)
+    if args.shapes:
+        groups = {"shapes": args.shapes.split(",")}
+    else:
+        groups = {"old defaults": OLD_DEFAULTS, "new defaults": list(load_settings(model="tiny").resolutions)}
+    result = {}
+    with tempfile.TemporaryDirectory(prefix="nki-shapes-") as folder:
+        for name, shapes in groups.items():
+            rows = nki_measure(shapes, Path(folder) / name.replace(" ", "-"))
+            yes = sum(1 for r in rows.values() if r["nki_attention"])
+            result[name] = {"shapes": rows, "nki": f"{yes} of {len(rows)}"}
+            print(f"{name}: NKI attention at {yes} of {len(rows)} shapes")
+            for shape, r in rows.items():
+                print(f"  {shape:>9}  {r['joint_tokens']} joint tokens  nki_attention={r['nki_attention']}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -288,6 +288,3 @@ class Harness:
             "resolved": self.resolved,
             "sections": self.results,
         }
-
-
-__all__ = ["REGISTRY", "SECTIONS", "BenchConfig", "BenchError", "Harness", "machine_info", "settings_env"]

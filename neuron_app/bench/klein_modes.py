@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
+import platform
 import statistics
 from typing import Any
 
@@ -121,7 +123,8 @@ def bench_previews(shapes: list[str], repeats: int) -> dict[str, Any]:
 
 def render(report: dict[str, Any], command: str) -> str:
     """The section BENCHMARKS.md shows: the encoder before/after, then ms per preview step by shape."""
-    lines = [script.host(command) + " Wall times, median of the repeats.", ""]
+    host = f"{os.cpu_count()} logical cores, Python {platform.python_version()}, load average {os.getloadavg()[0]:.2f}"
+    lines = [f"Command: `{command}` ({host} at the end). Wall times, median of the repeats.", ""]
     enc = report.get("text_encoder")
     if enc:
         geometry = enc["timed_geometry"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import statistics
 import tempfile
 from pathlib import Path
@@ -46,19 +45,12 @@ def accuracy(manager: Any, steps_list: list[int]) -> dict[str, dict[str, int]]:
     return table
 
 
-def _psnr(a: Any, b: Any) -> float:
-    import numpy as np
-
-    mse = float(((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2).mean())
-    return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)
-
-
 def tile_psnr(manager: Any) -> dict[str, float]:
     """Mean PSNR (dB) of the tiled decode against the whole decode at 256x256, over a few scenes."""
     import torch
 
     from neuron_app.engine.model.shapes_world import EVAL_SCENES, render
-    from neuron_app.engine.model.vae import TiledDecoder, TileSpec
+    from neuron_app.engine.model.vae import TiledDecoder, TileSpec, psnr
 
     pipe = manager.pipe
     results: dict[str, list[float]] = {}
@@ -69,8 +61,8 @@ def tile_psnr(manager: Any) -> dict[str, float]:
             whole = pipe.image_processor.postprocess(pipe.vae.decode(z).sample)[0]
             for tile, overlap in ((8, 2), (8, 4), (16, 4), (16, 8), (24, 8)):
                 tiled = TiledDecoder(pipe.vae, TileSpec(tile, overlap)).decode(z).sample
-                psnr = _psnr(whole, pipe.image_processor.postprocess(tiled)[0])
-                results.setdefault(f"{tile * 8} px / {overlap * 8} px", []).append(psnr)
+                close = psnr(whole, pipe.image_processor.postprocess(tiled)[0])
+                results.setdefault(f"{tile * 8} px / {overlap * 8} px", []).append(close)
     return {key: round(statistics.mean(values), 1) for key, values in results.items()}
 
 

@@ -1,13 +1,11 @@
-"""What every standalone `python -m neuron_app.bench.X` shares: its command line, the tiny model's settings, the
-host it ran on, and the section record that `python -m neuron_app.bench render` puts into BENCHMARKS.md."""
+"""What every standalone `python -m neuron_app.bench.X` shares: its command line, the tiny model's settings and the
+section record that `python -m neuron_app.bench render` puts into BENCHMARKS.md."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-import os
-import platform
 import sys
 import tempfile
 from collections.abc import Callable
@@ -28,21 +26,6 @@ def parser(module: str, doc: str, json_help: str | None = None, json_default: Pa
     return found
 
 
-def invocation(module: str, argv: list[str] | None) -> tuple[str, str]:
-    """The command line the script was run with, and when it started (UTC)."""
-    argv = sys.argv[1:] if argv is None else argv
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    return " ".join([f"python -m neuron_app.bench.{module}", *argv]), started
-
-
-def host(command: str) -> str:
-    """The line a section opens with: its command and the host it ran on, load average at the end."""
-    return (
-        f"Command: `{command}` ({os.cpu_count()} logical cores, Python {platform.python_version()}, "
-        f"load average {os.getloadavg()[0]:.2f} at the end)."
-    )
-
-
 def main(
     module: str,
     title: str,
@@ -53,7 +36,8 @@ def main(
 ) -> int:
     """Measure, print the Markdown; with `--json` also write it, with the figures, as a section of BENCHMARKS.md."""
     args = found.parse_args(argv)
-    command, started = invocation(module, argv)
+    command = " ".join([f"python -m neuron_app.bench.{module}", *(sys.argv[1:] if argv is None else argv)])
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     results = measure(args)
     markdown = render(results, command)
     print(markdown)

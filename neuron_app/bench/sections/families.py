@@ -50,15 +50,8 @@ def section(harness: Any) -> dict[str, Any]:
     families = len({Resolution.parse(s).image_tokens for s in shapes})
     tiled = paths["tiled-vae"]
     ok = tiled["transformer_graphs"] == families and tiled["vae_graphs"] == 1
-    return {
-        "shapes": shapes,
-        "tile": tile,
-        "overlap": overlap,
-        "mode": mode,
-        "families": families,
-        "paths": paths,
-        "ok": ok,
-    }
+    result = {"shapes": shapes, "tile": tile, "overlap": overlap, "mode": mode, "families": families}
+    return result | {"paths": paths, "ok": ok}
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,6 @@ def adapters_for(count: int) -> dict[str, str]:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """The worker side (`kind: lora`): runs in its own process."""
     manager = worker_manager(spec)
     shape, steps, repeats = spec["shape"], spec["steps"], spec["repeats"]
     outcome = manager.compile_shape(shape)
@@ -71,7 +70,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def section(harness: Any) -> dict[str, Any]:
-    """The orchestrator side: one worker per adapter count, each in a fresh cache folder."""
     counts = SMOKE_COUNTS if harness.cfg.smoke else FULL_COUNTS
     shape, repeats = harness.cfg.shapes[0], max(2, harness.cfg.repeats)
     runs = [
@@ -87,8 +85,6 @@ def section(harness: Any) -> dict[str, Any]:
 
 
 def render(sec: dict[str, Any]) -> str:
-    """The markdown table for BENCHMARKS.md."""
-
     def ms(summary: dict[str, Any] | None, key: str = "median_s") -> str:
         return "-" if not summary else f"{summary[key] * 1000:.3f}"
 
@@ -115,7 +111,6 @@ def render(sec: dict[str, Any]) -> str:
 
 
 def measure_slots(slots: int, cache_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One slot count of the standalone run: a fresh manager, its compile, generations with every slot filled."""
     extra = {"model": args.model, "compile_backend": args.backend, "max_loras_per_request": max(slots, 1)}
     manager = script.tiny_manager([args.shape], cache_dir, loras=adapters_for(slots), **extra)
     manager.compile_shape(args.shape)

@@ -11,21 +11,16 @@ TITLE = "6. Memory"
 
 
 def section(harness: Any) -> dict[str, Any]:
+    mode = harness.cfg.serving_mode
     rows = []
-    for mode, run in harness.results.get("modes", {}).get("runs", {}).items():
-        rows.append({"process": f"worker, {mode}", "mode": mode, "peak_rss_mb": run["peak_rss_mb"]})
+    for name, run in harness.results.get("modes", {}).get("runs", {}).items():
+        rows.append({"process": f"worker, {name}", "mode": name, "peak_rss_mb": run["peak_rss_mb"]})
     serve = harness.results.get("serving", {}).get("server", {})
     if "peak_rss_mb" in serve:
-        mode = harness.cfg.serving_mode
         rows.append({"process": "app server (after serving)", "mode": mode, "peak_rss_mb": serve["peak_rss_mb"]})
     for row in harness.results.get("startup", {}).get("rows", []):
-        rows.append(
-            {
-                "process": f"python app.py ({row['start']}, sampled)",
-                "mode": harness.cfg.serving_mode,
-                "peak_rss_mb": row["peak_rss_mb"],
-            }
-        )
+        process = f"python app.py ({row['start']}, sampled)"
+        rows.append({"process": process, "mode": mode, "peak_rss_mb": row["peak_rss_mb"]})
     if not rows:
         raise BenchError("no process was measured: run the modes, serving or startup sections with memory")
     return {"rows": rows}

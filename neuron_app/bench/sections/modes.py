@@ -1,7 +1,5 @@
 """Bench section `modes`: eager vs full vs regional compile, each mode in its own process and an empty cache folder.
-
-Per shape: the cold compile (`compile_shape`), the first image, then the steady latency of N calls.
-"""
+Per shape: the cold compile (`compile_shape`), the first image, then the steady latency of N calls."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ host work and the emulated device share the CPU: the lane's idle fraction is the
 from __future__ import annotations
 
 import datetime
+import functools
 import io
 import itertools
 import os
@@ -122,17 +123,9 @@ def _queue(manager: Any, shape: str, steps: int, workers: int, safety: bool) -> 
     holds = list(manager._device_lock.holds)[first:]
     idle = idle_fraction(holds)
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(holds)]
-    return {
-        "workers": workers,
-        "safety": safety,
-        "slots": slots,
-        "wall_s": wall,
-        "idle_fraction": idle,
-        "idle_gap_ms": 1000 * sum(gaps) / len(gaps) if gaps else None,
-        "errors": errors,
-        "device_ms": 1000 * sum(e - s for s, e in holds) / len(holds),
-        "throughput": QUEUE / wall,
-    }
+    row = {"workers": workers, "safety": safety, "slots": slots, "wall_s": wall, "idle_fraction": idle}
+    row |= {"idle_gap_ms": 1000 * sum(gaps) / len(gaps) if gaps else None, "errors": errors}
+    return row | {"device_ms": 1000 * sum(e - s for s, e in holds) / len(holds), "throughput": QUEUE / wall}
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -153,14 +146,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     runs = [_queue(manager, shape, steps, w, s) for s in (True, False) for w in (2, 0)]
     shutil.rmtree(folder, ignore_errors=True)
     classifier = "the tests' stand-in" if spec["smoke"] else "a ViT-B/16 at 224 px"
-    return {
-        "lane_device": manager.backend.name,
-        "shape": shape,
-        "steps": steps,
-        "stages": stages,
-        "runs": runs,
-        "classifier": classifier,
-    }
+    found = {"lane_device": manager.backend.name, "shape": shape, "steps": steps, "stages": stages, "runs": runs}
+    return found | {"classifier": classifier}
 
 
 def section(harness: Any) -> dict[str, Any]:
@@ -181,55 +168,35 @@ def section(harness: Any) -> dict[str, Any]:
     return result
 
 
+def _ms(digits: int) -> Any:
+    return functools.partial(md.num, digits=digits)
+
+
+#: The stage table, one column a line: header, key, format (see `md.columns`).
+STAGE_COLUMNS = [
+    ("image", "side", lambda side: f"{side}x{side}"),
+    ("safety b1 ms", "safety_b1", _ms(0)),
+    ("safety b4 ms/image", "safety_b4", _ms(0)),
+    ("watermark ms", "watermark", _ms(1)),
+    ("PNG level 6 (before) ms", "png_6", _ms(1)),
+    ("PNG level 1 (after) ms", "png_1", _ms(1)),
+    ("JPEG q90 ms", "jpeg_90", _ms(1)),
+    ("WebP q90 ms", "webp_90", _ms(1)),
+    ("C2PA sign ms", "c2pa", _ms(1)),
+]
+QUEUE_COLUMNS = [
+    ("safety", "safety", lambda on: "on" if on else "off"),
+    ("post stage", "workers", lambda workers: "overlapped (2 post slots)" if workers else "in-line"),
+    ("requests at once", "slots"),
+    ("lane idle %", "idle_fraction", lambda idle: md.num(100 * (idle or 0), 1)),
+    ("idle gap ms", "idle_gap_ms", lambda gap: md.num(gap or 0, 1)),
+    ("device ms/request", "device_ms", _ms(0)),
+    ("wall s (8 requests)", "wall_s", _ms(2)),
+    ("errors", "errors", len),
+]
+
+
 def render(sec: dict[str, Any]) -> str:
-    stage_rows = [
-        [
-            f"{r['side']}x{r['side']}",
-            md.num(r["safety_b1"], 0),
-            md.num(r["safety_b4"], 0),
-            md.num(r["watermark"], 1),
-            md.num(r["png_6"], 1),
-            md.num(r["png_1"], 1),
-            md.num(r["jpeg_90"], 1),
-            md.num(r["webp_90"], 1),
-            md.num(r["c2pa"], 1),
-        ]
-        for r in sec["stages"]
-    ]
-    heads = [
-        "image",
-        "safety b1 ms",
-        "safety b4 ms/image",
-        "watermark ms",
-        "PNG level 6 (before) ms",
-        "PNG level 1 (after) ms",
-        "JPEG q90 ms",
-        "WebP q90 ms",
-        "C2PA sign ms",
-    ]
-    queue_rows = [
-        [
-            ("on" if r["safety"] else "off"),
-            ("overlapped (2 post slots)" if r["workers"] else "in-line"),
-            str(r["slots"]),
-            md.num(100 * (r["idle_fraction"] or 0), 1),
-            md.num(r["idle_gap_ms"] or 0, 1),
-            md.num(r["device_ms"], 0),
-            md.num(r["wall_s"], 2),
-            str(len(r["errors"])),
-        ]
-        for r in sec["runs"]
-    ]
-    qheads = [
-        "safety",
-        "post stage",
-        "requests at once",
-        "lane idle %",
-        "idle gap ms",
-        "device ms/request",
-        "wall s (8 requests)",
-        "errors",
-    ]
     notes = (
         f"\n\nHost milliseconds on one thread (median). Queue: {QUEUE} requests of {sec['shape']}, "
         f"{sec['steps']} steps "
@@ -243,4 +210,4 @@ def render(sec: dict[str, Any]) -> str:
     if sec.get("command"):
         load = sec.get("load_avg") or ["-", "-"]
         notes += f" Measured with `{sec['command']}` at {sec['measured_at']}, load average {load[0]} to {load[1]}."
-    return md.table(heads, stage_rows) + "\n\n" + md.table(qheads, queue_rows) + notes
+    return md.columns(STAGE_COLUMNS, sec["stages"]) + "\n\n" + md.columns(QUEUE_COLUMNS, sec["runs"]) + notes

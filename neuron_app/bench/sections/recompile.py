@@ -1,7 +1,5 @@
-"""Bench section `recompile`: a scripted request sequence in one process.
-
-Each distinct graph shape must compile exactly once.
-"""
+"""Bench section `recompile`: a scripted request sequence in one process; each distinct graph shape must compile
+exactly once."""
 
 from __future__ import annotations
 

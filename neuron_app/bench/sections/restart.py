@@ -1,8 +1,5 @@
 """Bench section `restart`: cold (an empty cache folder) vs warm (the same folder, a new process), time to the
-first image.
-
-The cold run is the modes section's run of the serving mode when there is one.
-"""
+first image. The cold run is the modes section's run of the serving mode when there is one."""
 
 from __future__ import annotations
 

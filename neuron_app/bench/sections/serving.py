@@ -14,9 +14,7 @@ from typing import Any
 
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import (
-    DIRECT_TAG,
     PROMPT,
-    READY_TAG,
     RESULT_TAG,
     BenchError,
     emit,
@@ -32,6 +30,10 @@ from neuron_app.bench.process import Lines
 
 KIND = "serve"
 TITLE = "4. Serving overhead"
+#: The serving worker announces that the app answers with this prefix, then waits for "quit".
+READY_TAG = "BENCH_READY "
+#: The serving worker's answer to "direct SEED": one generation timed on the manager, in the server process.
+DIRECT_TAG = "BENCH_DIRECT "
 
 
 @contextlib.contextmanager

@@ -85,14 +85,8 @@ def _start_app(harness: Any, label: str, load_on_start: bool, cache_dir: Path) -
             raise BenchError(f"the first request: {first['error']}")
         sample()
     harness.log(f"startup {label}: page {page_s:.2f} s, loaded {loaded_s:.2f} s, image {first['first_image_s']:.2f} s")
-    times = {"page_s": page_s, "loaded_s": loaded_s, "first_image_s": first["first_image_s"]}
-    return {
-        "start": label,
-        **times,
-        "load_s": status.get("load_s"),
-        "first_cache": first.get("cache"),
-        "peak_rss_mb": peak,
-    }
+    row = {"start": label, "page_s": page_s, "loaded_s": loaded_s, "first_image_s": first["first_image_s"]}
+    return row | {"load_s": status.get("load_s"), "first_cache": first.get("cache"), "peak_rss_mb": peak}
 
 
 def _first_request(harness: Any, url: str, into: dict[str, Any], start: float) -> None:

@@ -15,6 +15,7 @@ de-normalization and post-processing stay the pipeline's own.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,3 +198,15 @@ def vae_backend(compile_backend: str) -> str:
     aot_eager for speed, and the count of graphs is the same either way.
     """
     return "eager" if compile_backend == "aot_eager" else compile_backend
+
+
+def psnr(a_image: Any, b_image: Any) -> float:
+    """PSNR (dB) of two images of one size, each a PIL image or a file's path: how close a tiled (or any other)
+    decode is to the reference."""
+    import numpy as np
+    from PIL import Image
+
+    images = [Image.open(p) if isinstance(p, str) else p for p in (a_image, b_image)]
+    a, b = (np.asarray(image.convert("RGB"), dtype=np.float64) for image in images)
+    mse = float(((a - b) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)

@@ -138,9 +138,12 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
         "quiet": True,  # Gradio's own lines would say "set share=True in launch()": `announce` says the app's way
         "app_kwargs": door_kwargs(app),
         "mcp_server": mcp_enabled(settings),
+        "_frontend": False,  # Gradio's own check of its page gives up too soon on a busy host: `wait_for_page`
     }
     kwargs.update(overrides)
     result = app.demo.launch(**kwargs)
+    if not kwargs["share"]:
+        wait_for_page(app.demo.local_url)
     from neuron_app.web.door import Aliases, cap_connections
     from neuron_app.web.mcp_tools import mend
 
@@ -158,6 +161,27 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     if block:
         app.demo.block_thread()
     return result
+
+
+#: How long the page may take to answer its first request after the server started.
+PAGE_ANSWER_S = 120.0
+
+
+def wait_for_page(url: str, timeout_s: float = PAGE_ANSWER_S) -> None:
+    """Gradio 6.31 checks that its page answers with one HEAD request and a 3 s timeout (its `url_ok`); a first
+    render slower than that (a busy host: seen in a full test run beside two CPU hogs) made it raise "When
+    localhost is not accessible, a shareable link must be created". Any answer means localhost is reachable."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.head(url, timeout=10.0)
+            return
+        except httpx.HTTPError as exc:
+            if time.monotonic() > deadline:
+                raise AppError(f"the page at {url} did not answer within {timeout_s:.0f} s: {exc}") from None
+            time.sleep(0.5)
 
 
 def door_kwargs(app: App) -> dict[str, Any]:

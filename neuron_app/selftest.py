@@ -168,7 +168,7 @@ def check_edit_ready(manager: Any, shape: str) -> Verdict:
 def check_lora_switch(manager: Any, shape: str) -> Verdict:
     """N4e: switching LoRA styles at a ready shape (one style, the other, none) meets 0 compiles: the adapters
     live in slots compiled into the graph, so a switch only copies weights."""
-    names = [n for n in manager.settings.loras]
+    names = list(manager.settings.loras)
     if len(names) < 2:
         return Verdict("LoRA switch", "skip", "give two styles (--lora NAME=SOURCE, twice) to switch between")
     steps = manager.settings.default_steps

@@ -27,9 +27,6 @@ def _two(replicas: list[RunningReplica]) -> list[RunningReplica]:
 
 
 class GraphAffinityRouter(FIFOMixin, MultiplexMixin, RequestRouter):
-    def initialize_state(self, patience_s: float = PATIENCE_S, **_: object) -> None:
-        self.patience_s = patience_s
-
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
@@ -37,6 +34,6 @@ class GraphAffinityRouter(FIFOMixin, MultiplexMixin, RequestRouter):
         if not graph:
             return [_two(candidate_replicas)] if candidate_replicas else []
         holders, *rest = self.rank_replicas_via_multiplex(candidate_replicas, graph)  # rank 0: the graph's holders
-        if holders and pending_request is not None and time.time() - pending_request.created_at < self.patience_s:
+        if holders and pending_request is not None and time.time() - pending_request.created_at < PATIENCE_S:
             return [_two(holders)]  # none accepted: Serve asks again (with backoff) until the patience is spent
         return [_two(rank) for rank in (holders, *rest) if rank]

@@ -5,7 +5,7 @@ soon as every holder looks busy. A holder looks busy for an instant after each a
 drops only after the result is on its way (Ray 2.58, `handle_request_with_rejection` yields the result inside the
 counting block). So a client sending back-to-back requests alternated between two replicas (CI, stop 37), and each
 request on a replica without the graph paid a load from disk, or a compile where no replica had one yet. Here the
-holders alone are tried for `patience_s`; after that every replica is, holders first, so that a holder that stays
+holders alone are tried for `PATIENCE_S`; after that every replica is, holders first, so that a holder that stays
 busy (a long generation, another shape's compile) does not hold the request up.
 
 Ray imports this class by its path (`serve_app.ROUTER_CLASS`) in each process that routes: the front end, a proxy.

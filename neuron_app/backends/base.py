@@ -106,8 +106,19 @@ class DeviceBackend(ABC):
     def configure(self, settings: Any) -> None:  # noqa: B027 (optional hook)
         """Take the settings that concern this backend (the emulator's rule mode)."""
 
-    def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:  # noqa: B027 (optional hook)
-        """After loading: the pipeline is on the device (the emulator marks its weights and graphs)."""
+    def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:
+        """After loading: the pipeline is on the device (the emulator marks its weights and graphs). A sharded
+        transformer's share is logged: what tells each rank's slice from a replicated copy."""
+        from neuron_app.backends.emulator_device import shard_report
+
+        report = shard_report(pipe.transformer.parameters())
+        if report is not None:
+            log.info(
+                "transformer sharded: %d sharded parameter(s), %d replicated; this rank holds %.2f of their elements",
+                report["sharded"],
+                report["replicated"],
+                report["share"],
+            )
 
     def wrap_graph(self, fn: Any, name: str) -> Any:
         """A compiled callable as the device runs it (the emulator: one device graph, outside its rules)."""
@@ -115,6 +126,15 @@ class DeviceBackend(ABC):
 
     def device_work(self) -> contextlib.AbstractContextManager[None]:
         """Context for one call's device work (the emulator enforces TorchNeuron's rules inside it)."""
+        return contextlib.nullcontext()
+
+    def tp_mesh(self, world_size: int) -> Any:
+        """The DeviceMesh that tensor parallelism shards the transformer over, after `init_process_group`; None
+        where diffusers cannot shard (CPU: it has no accelerator), and every rank then runs the whole pipeline."""
+        return None
+
+    def sharded_load(self, mesh: Any) -> contextlib.AbstractContextManager[None]:
+        """Context around `from_pretrained(parallel_config=...)`, where each rank's shards are made."""
         return contextlib.nullcontext()
 
     def check_graph(self, gm: Any, example_inputs: Any, component: str = "transformer") -> Any:

@@ -33,7 +33,6 @@ DEFAULT_NEFF_CACHE = "/tmp/neff_cache"
 def install(mode: str = "enforce") -> Any:
     """Install the emulated device, its compile and distributed backends; returns the emulator."""
     import torch
-    import torch.distributed as dist
 
     from neuron_app.backends import emulator_device
     from neuron_app.backends.emulator import NeuronEmulator
@@ -56,12 +55,7 @@ def install(mode: str = "enforce") -> Any:
 
     if "neuron" not in torch._dynamo.list_backends(exclude_tags=()):
         torch._dynamo.register_backend(compiler_fn=neuron_compiler, name="neuron")
-    if "neuron" not in dist.Backend.backend_list:
-
-        def gloo_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
-            return dist.ProcessGroupGloo(store, rank, size, timeout)
-
-        dist.Backend.register_backend("neuron", gloo_group, devices=["neuron", "cpu"])
+    emulator_device.register_dist_backend()
     _patch_module_to(em)
     _patch_compile(em)
     return em

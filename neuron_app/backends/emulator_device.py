@@ -125,6 +125,19 @@ def register_accelerator() -> None:
     torch._C._acc.register_python_privateuseone_device_guard(registration._DummyDeviceGuard())
 
 
+def register_dist_backend() -> None:
+    """The `neuron` torch.distributed backend, over gloo: `init_process_group(backend="neuron")` and
+    `DeviceMesh("neuron", ...)` work on CPU."""
+    import torch.distributed as dist
+
+    if "neuron" not in dist.Backend.backend_list:
+
+        def gloo_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
+            return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+        dist.Backend.register_backend("neuron", gloo_group, devices=["neuron", "cpu"])
+
+
 def _is_neuron(device: Any) -> bool:
     if device is None:
         return False

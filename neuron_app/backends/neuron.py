@@ -246,6 +246,12 @@ class NeuronBackend(DeviceBackend):
 
         torch.neuron.synchronize()
 
+    def tp_mesh(self, world_size: int) -> Any:
+        """One NeuronCore per rank (the guide's `DeviceMesh("neuron", ...)`)."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh("neuron", list(range(world_size)))
+
     def fingerprint_fields(self) -> dict[str, Any]:
         """What changes a NEFF besides the model and shapes: SDK versions, compiler flags, logical-core setting,
         how SDPA is lowered (NKI kernel or decomposed) and the chip the NEFFs are for (trn2 vs trn3)."""

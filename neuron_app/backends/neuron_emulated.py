@@ -10,6 +10,7 @@ stand in for neuronx-cc. The fingerprint names the emulator, so an emulated cach
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ class NeuronEmulatedBackend(NeuronBackend):
     # --- the device ------------------------------------------------------------------------------
     def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:
         """`pipe.to("neuron")`: every component's weights on the device, compiled callables as device graphs."""
+        super().adopt(pipe, host_modules)
         em = self.emulator
         for component in pipe.components.values():
             if hasattr(component, "parameters"):
@@ -98,6 +100,30 @@ class NeuronEmulatedBackend(NeuronBackend):
         decoder = getattr(getattr(pipe.vae, "decode", None), "__self__", None)
         if getattr(decoder, "compiled", False):
             decoder._tile_fn = self.wrap_graph(decoder._tile_fn, "vae_tile")
+
+    def tp_mesh(self, world_size: int) -> Any:
+        """The guide's `DeviceMesh("neuron", ...)` over gloo, with the emulated device as torch's accelerator, so
+        that diffusers' TensorParallelConfig really shards (as under `python -m neuron_app emulate`)."""
+        from neuron_app.backends import emulator_device
+
+        emulator_device.register_accelerator()
+        emulator_device.register_dist_backend()
+        return super().tp_mesh(world_size)
+
+    @contextlib.contextmanager
+    def sharded_load(self, mesh: Any) -> Iterator[None]:
+        """diffusers places each shard on `neuron:0` (the accelerator, which says available for this load): the
+        emulator makes those CPU tensors on the device. DTensor then computes on the mesh's device type, so the
+        mesh says `cpu` after diffusers has checked it, and compiled graphs trace shards and inputs on one device."""
+        from neuron_app.backends.emulator_device import _DeviceModule
+
+        _DeviceModule.available = True
+        try:
+            with self.emulator.device_work():
+                yield
+        finally:
+            _DeviceModule.available = False
+            mesh._device_type = "cpu"  # DeviceMesh has no setter: the emulated device's tensors are CPU tensors
 
     def wrap_graph(self, fn: Any, name: str) -> Any:
         return fn if hasattr(fn, "neuron_graph") else self.emulator.graph(fn, name)

@@ -192,6 +192,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                     self.backend.torch_device(),
                     getattr(torch, self.dtype_name),
                     tp_mesh=getattr(self.lockstep, "mesh", None),
+                    sharded_load=self.backend.sharded_load,
                 )
                 self.adapters.prepare(pipe)  # the LoRA slot goes in before compiling
                 apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)

@@ -11,9 +11,9 @@ gloo group (plain CPU sockets, whatever the device backend), as pickled objects:
     ("ping", None)           rank 0 is idle but alive: keeps followers' waits under the timeout
     ("shutdown", None)       leave the loop and exit 0 (rank 0 sends it on SIGTERM / SIGINT)
 
-On Neuron the transformer is loaded sharded over a `DeviceMesh` with `TensorParallelConfig`;
-on CPU (the tests) diffusers refuses TP, so every rank runs the tiny pipeline unsharded and
-the protocol itself is what is exercised.
+On Neuron, and on `neuron-emulated` (the tests), the transformer is loaded sharded over a
+`DeviceMesh` with `TensorParallelConfig` (`backend.tp_mesh`); on plain `cpu` diffusers cannot
+shard (no accelerator), so every rank runs the whole pipeline and only the protocol is exercised.
 """
 
 from __future__ import annotations
@@ -46,8 +46,6 @@ HEARTBEAT_S = 30.0
 #: After SIGTERM, the most rank 0 lets a running call finish before stopping the followers anyway
 #: (`shutdown_grace_s` capped below torchrun's 30 s between its SIGTERM and SIGKILL).
 SHUTDOWN_GRACE_S = 20.0
-#: Devices where the transformer is sharded; elsewhere each rank runs the whole pipeline (see module doc).
-TP_DEVICES = ("neuron",)
 #: Head counts of known models, for the start-up check when the model's config cannot be read yet.
 KNOWN_HEADS = {"black-forest-labs/FLUX.2-klein-4B": 24}
 
@@ -141,6 +139,16 @@ def check_tp_degree(degree: int, heads: int | None) -> None:
         raise SettingsError(
             f"tensor-parallel degree {degree} does not divide the transformer's {heads} attention heads: "
             f"use one of {', '.join(map(str, fits))} (torchrun --nproc_per_node=N)"
+        )
+
+
+def check_loras_unsharded(settings: Settings, mesh: Any) -> None:
+    """diffusers adds no LoRA adapter to a sharded transformer (its layers are outside the `_tp_plan`): refuse the
+    combination before the model loads, not after."""
+    if mesh is not None and settings.loras:
+        raise SettingsError(
+            f"LoRA styles ({', '.join(sorted(settings.loras))}) cannot be served with tensor parallelism: diffusers "
+            "cannot add adapters to a sharded transformer. Unset NEURON_APP_LORAS, or serve with tp_degree=1"
         )
 
 
@@ -274,12 +282,7 @@ def init_group(backend: Any, info: RankInfo, timeout_s: float = DIST_TIMEOUT_S) 
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend.dist_backend, timeout=timeout)
     control = None if backend.dist_backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
-    mesh = None
-    if backend.name in TP_DEVICES:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        mesh = DeviceMesh(backend.name, list(range(info.world_size)))
-    return Lockstep(info.rank, info.world_size, control, mesh)
+    return Lockstep(info.rank, info.world_size, control, backend.tp_mesh(info.world_size))
 
 
 # --- the two roles ------------------------------------------------------------------------------------
@@ -375,6 +378,7 @@ def serve_distributed(serve: Serve, prepare_leader: Callable[[Settings], None] =
     backend = resolve_backend(settings.device, settings.cache_dir, check_device=False)
     lockstep = init_group(backend, info)
     try:
+        check_loras_unsharded(settings, lockstep.mesh)
         backend.check_device()  # TorchNeuron asserts its runtime is not started before init_process_group
         manager = PipelineManager(settings, lockstep=lockstep)
         # Every rank loads at start, in the same order: a sharded load may talk to the other ranks.

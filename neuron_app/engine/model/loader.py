@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,11 +75,18 @@ def resolve_source(settings: Settings) -> ModelSource:
     return ModelSource(settings.model, settings.revision, f"{settings.model}@{settings.revision or 'main'}")
 
 
-def load_pipeline(settings: Settings, source: ModelSource, device: str, dtype: Any, tp_mesh: Any = None) -> Any:
+def load_pipeline(
+    settings: Settings,
+    source: ModelSource,
+    device: str,
+    dtype: Any,
+    tp_mesh: Any = None,
+    sharded_load: Callable[[Any], AbstractContextManager[None]] = lambda mesh: nullcontext(),
+) -> Any:
     """Load `Flux2KleinPipeline` and move it to `device`.
 
-    With `tp_mesh` (tensor parallelism on Neuron), the transformer is loaded sharded with
-    `TensorParallelConfig(mesh=...)` and the other components are moved to this rank's device.
+    With `tp_mesh` (tensor parallelism), the transformer is loaded sharded with `TensorParallelConfig(mesh=...)`
+    inside the backend's `sharded_load`, and the other components are moved to this rank's device.
     """
     from diffusers import Flux2KleinPipeline
 
@@ -87,7 +96,8 @@ def load_pipeline(settings: Settings, source: ModelSource, device: str, dtype: A
     kwargs: dict[str, Any] = {"dtype": dtype, "revision": source.revision, "token": token}
     try:
         if tp_mesh is not None:
-            kwargs["transformer"] = _load_sharded_transformer(source, dtype, tp_mesh, token)
+            with sharded_load(tp_mesh):
+                kwargs["transformer"] = _load_sharded_transformer(source, dtype, tp_mesh, token)
         pipe = Flux2KleinPipeline.from_pretrained(source.location, **kwargs)
     except Exception as exc:
         raise ModelLoadError(_explain_load_error(source, exc)) from exc

@@ -120,6 +120,9 @@ class DeviceBackend(ABC):
                 report["share"],
             )
 
+    def adopt_module(self, module: Any) -> None:  # noqa: B027 (optional hook)
+        """One more module moved to the device after loading (the safety classifier's graph): the emulator marks it."""
+
     def wrap_graph(self, fn: Any, name: str) -> Any:
         """A compiled callable as the device runs it (the emulator: one device graph, outside its rules)."""
         return fn

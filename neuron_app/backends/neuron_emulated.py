@@ -90,16 +90,20 @@ class NeuronEmulatedBackend(NeuronBackend):
         em = self.emulator
         for component in pipe.components.values():
             if hasattr(component, "parameters"):
-                em.adopt(component)
-                for sub in component.modules():
-                    impl = getattr(sub, "_compiled_call_impl", None)
-                    if impl is not None:
-                        sub._compiled_call_impl = self.wrap_graph(impl, type(sub).__name__)
+                self.adopt_module(component)
         for module in host_modules:
             em.place(list(module.parameters()) + list(module.buffers()), False)
         decoder = getattr(getattr(pipe.vae, "decode", None), "__self__", None)
         if getattr(decoder, "compiled", False):
             decoder._tile_fn = self.wrap_graph(decoder._tile_fn, "vae_tile")
+
+    def adopt_module(self, module: Any) -> None:
+        """`module.to("neuron")`: its weights on the device, its compiled callables (`module.compile`) device graphs."""
+        self.emulator.adopt(module)
+        for sub in module.modules():
+            impl = getattr(sub, "_compiled_call_impl", None)
+            if impl is not None:
+                sub._compiled_call_impl = self.wrap_graph(impl, type(sub).__name__)
 
     def tp_mesh(self, world_size: int) -> Any:
         """The guide's `DeviceMesh("neuron", ...)` over gloo, with the emulated device as torch's accelerator, so

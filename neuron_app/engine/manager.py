@@ -276,6 +276,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         res, buckets = requests.edit_target(self, resolution, references)
         self.ensure_loaded(progress)
         with self._device_lock:
+            self.safety.prepare_device(self)  # `safety_device = "device"`: its graph compiles with the first shape
             return self._compile_locked(res, progress, buckets)
 
     def configured_resolution(self, resolution: str) -> Resolution:
@@ -344,6 +345,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                 if rule := rule_of(exc):
                     raise rule from exc
                 raise GenerationFailed(f"generation failed: {one_line(exc)}") from exc
+            safety = self.safety.check_on_device(image, self)  # device path: flagged raises before the lane is let go
             eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
             timings = {"start": start, "queue_s": held - waiting, "inference_s": time.perf_counter() - t0}
             timings["device_s"] = time.perf_counter() - held
@@ -356,7 +358,7 @@ class PipelineManager(ShapeCompiler, Admitted):
             self._device_lock.release()
         try:
             with self.post.running_in_slot():  # safety, then marks and encode; a flagged image raises here
-                record = finish(self, req, image, outcome, eager=eager, switch_s=switch_s, **timings)
+                record = finish(self, req, image, outcome, safety, eager=eager, switch_s=switch_s, **timings)
         finally:
             if not self.post.overlapped:  # in-line: the lane waited for the host work
                 self._device_lock.release()

@@ -78,9 +78,10 @@ def _merged_safety(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The replicas' safety checkers: one setting, counts summed."""
     if not parts or not parts[0]:
         return {}
-    counts = _summed([{k: part.get(k, 0) for k in ("passed", "flagged")} for part in parts])
+    counts = _summed([{k: part.get(k, 0) for k in ("passed", "flagged", "graphs")} for part in parts])
     error = next((part["error"] for part in parts if part.get("error")), None)  # one replica's failure shows
-    return {"checker": parts[0].get("checker"), "model": parts[0].get("model"), "error": error} | counts
+    one = {k: parts[0].get(k) for k in ("checker", "model", "device")}
+    return one | {"error": error} | counts
 
 
 def _merged_stages(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -41,6 +41,12 @@ class TrustSettings(BaseModel):
     safety_threads: int = Field(
         1, ge=1, le=64, description="CPU threads the safety classifier's batch runs on (torch's intra-op threads)."
     )
+    safety_device: Literal["host", "device"] = Field(
+        "host",
+        description="Where the safety classifier runs: host (the post stage's CPU threads, batched across post "
+        "slots) or device (one static-shape graph, batch 1, compiled with the model's shapes: the device lane "
+        "classifies each image before it takes the next request, and the host has only the marks and the encode).",
+    )
 
     watermark_payload: str = Field(
         "FLUX2K",

@@ -174,7 +174,9 @@ def safety_markdown(status: ManagerStatus) -> str:
         return "\n\n**Safety checker** off" if safety else ""
     if safety.get("error"):
         return f"\n\n**Safety checker** on, **not loaded**: {safety['error']}. Every request is refused."
-    return f"\n\n**Safety checker** on (`{safety['model']}`): {safety['passed']} passed, {safety['flagged']} refused"
+    where = " on the device" if safety.get("device") == "device" else ""
+    counts = f"{safety['passed']} passed, {safety['flagged']} refused"
+    return f"\n\n**Safety checker** on{where} (`{safety['model']}`): {counts}"
 
 
 def compile_less_markdown(status: ManagerStatus) -> str:

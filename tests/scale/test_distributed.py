@@ -105,9 +105,28 @@ def start_ranks(tmp_path: Path, shared_models: Path, device: str, loras: dict[st
             env=tp_env(cache_dir, port, settings_file, device, loras),
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: the cleanup below reaches every rank
+            start_new_session=True,  # its own group; its ranks start sessions of their own (see stop_ranks)
         )
     return proc, f"http://127.0.0.1:{port}/", log_path
+
+
+def rank_pids(log: str) -> dict[int, int]:
+    return {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"rank (\d) of 2 started \(pid (\d+)\)", log)}
+
+
+def stop_ranks(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    """Whatever the test left running: torchrun gets SIGTERM (it forwards it), then SIGKILL; its ranks run in
+    sessions of their own, so each one still alive after that is killed by the pid it logged."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for pid in rank_pids(log_path.read_text(errors="replace")).values():
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def single_process(tmp_path: Path, shared_models: Path, device: str, loras: dict[str, str]) -> Any:
@@ -154,7 +173,7 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
             assert rank_lines(log, rank, "executing 64x64 steps=4 seed=0"), log[-4000:]
             assert rank_lines(log, rank, "executing 64x64 steps=2 seed=7"), log[-4000:]
             assert rank_lines(log, rank, "executing 64x64 steps=2 seed=7 lora=red x0.5"), log[-4000:]
-        pids = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"rank (\d) of 2 started \(pid (\d+)\)", log)}
+        pids = rank_pids(log)
         assert set(pids) == {0, 1}
 
         stop_started = time.monotonic()
@@ -168,9 +187,7 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
         assert not [pid for pid in pids.values() if pid_alive(pid)]
         print(f"request {request_s:.2f}s, stop {stop_s:.2f}s")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_ranks(proc, log_path)
 
 
 @pytest.mark.slow
@@ -201,9 +218,7 @@ def test_two_sharded_ranks_on_neuron_emulated_draw_the_single_process_scene(
             assert int(held[0].split("sharded: ")[1].split()[0]) > 0, held
         print(f"sharded ranks against one process: {psnr(got, expected):.1f} dB; {held[0].split(': ', 2)[-1]}")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_ranks(proc, log_path)
 
 
 def test_lora_styles_with_a_sharded_transformer_are_refused_before_loading(make_settings: Any) -> None:

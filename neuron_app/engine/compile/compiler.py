@@ -32,9 +32,10 @@ class CountingBackend:
         self.parent = parent
         self._lock = threading.Lock()
 
-    def child(self, inner: str | None = None) -> CountingBackend:
-        """A counter of one component's graphs (the VAE's) that also counts into this one: the total stays exact."""
-        return CountingBackend(inner or self.inner, parent=self, check=self.check, component="vae")
+    def child(self, inner: str | None = None, component: str = "vae") -> CountingBackend:
+        """A counter of one component's graphs (the VAE's, the safety classifier's) that also counts into this one:
+        the total stays exact."""
+        return CountingBackend(inner or self.inner, parent=self, check=self.check, component=component)
 
     def _count(self, failed: bool) -> None:
         with self._lock:

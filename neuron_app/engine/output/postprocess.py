@@ -152,15 +152,15 @@ class PostStage:
         return {"device": device, "post": post}
 
 
-def finish(manager: Any, req: Any, image: Any, outcome: Any, **timings: Any) -> Any:
-    """One image's host work after the device: the safety check (a flagged image raises `ContentRefused` here, so
-    nothing marks, stores or returns it), the record, then the marked, signed file (`record.encoded`, which the
-    entries' writers reuse: engine/output/images.py)."""
+def finish(manager: Any, req: Any, image: Any, outcome: Any, safety: str | None = None, **timings: Any) -> Any:
+    """One image's host work after the device: the safety check unless the lane ran it on the device (`safety`; a
+    flagged image raises `ContentRefused`, so nothing marks, stores or returns it), the record, then the marked,
+    signed file (`record.encoded`, which the entries' writers reuse: engine/output/images.py)."""
     from neuron_app.engine.output.images import encoded
     from neuron_app.engine.records import GenerationRecord
     from neuron_app.engine.trust.marks import Marker
 
-    safety = manager.safety.check(image)
+    safety = manager.safety.check(image) if safety is None else safety
     with manager._state_lock:
         manager._hits[outcome.resolution] = manager._hits.get(outcome.resolution, 0) + 1
     settings = manager.settings

@@ -26,7 +26,9 @@ import hmac
 import io
 import re
 import secrets
+import struct
 import threading
+import zlib
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -44,8 +46,13 @@ WATERMARK_MIN_SIDE = 256
 MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 LOSSY = {"jpeg": "JPEG", "webp": "WEBP"}
 LOSSY_DEFAULT = 100
-#: zlib level of every PNG: 1 encodes a 1024x1024 image several times faster than Pillow's default 6.
+#: zlib level and strategy of every PNG: level 1 encodes a 1024x1024 image several times faster than Pillow's
+#: default 6, and run-length matches only (Z_RLE) after the row filter are faster again and smaller, on smooth
+#: pictures (whose filtered rows hold few long matches) and on flat ones (runs) alike. The Paeth filter on every row
+#: (libpng's, through imagecodecs) makes files as small as Pillow's per-row choice of filter, in half its time
+#: (BENCHMARKS.md, postprocess: PNG).
 PNG_COMPRESS_LEVEL = 1
+PNG_STRATEGY = zlib.Z_RLE
 _XMP_SOURCE = re.compile(r"Iptc4xmpExt:DigitalSourceType\s*=\s*\"([^\"]*)\"|<Iptc4xmpExt:DigitalSourceType>([^<]*)<")
 
 
@@ -123,6 +130,26 @@ def _reads_back(data: bytes, payload: bytes) -> bool:
     return read_watermark(Image.open(io.BytesIO(data))) == payload
 
 
+def png_bytes(image: Any, texts: Mapping[str, str]) -> bytes:
+    """`image` as PNG (libpng through imagecodecs: level 1, Z_RLE, Paeth rows) with `texts` as iTXt chunks after the
+    header, as Pillow's `PngInfo.add_itxt` writes them (uncompressed, no language)."""
+    import imagecodecs
+    import numpy as np
+
+    pixels = np.asarray(image if image.mode in ("RGB", "RGBA", "L", "LA") else image.convert("RGB"))
+    options = {"level": PNG_COMPRESS_LEVEL, "strategy": PNG_STRATEGY, "filter": imagecodecs.PNG.FILTER.PAETH}
+    data = imagecodecs.png_encode(pixels, **options)
+    header_end = 8 + 8 + 13 + 4  # signature, then IHDR: length and type, 13 bytes, CRC
+    chunks = b"".join(
+        _png_chunk(b"iTXt", key.encode("latin-1") + b"\0\0\0\0\0" + value.encode()) for key, value in texts.items()
+    )
+    return bytes(data[:header_end]) + chunks + bytes(data[header_end:])
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
 class Marker:
     """Marks images for one configuration: the watermark payload and the C2PA signing key (made once)."""
 
@@ -163,16 +190,8 @@ class Marker:
         marks["iptc"] = "trainedAlgorithmicMedia (XMP Iptc4xmpExt:DigitalSourceType)"
         buffer = io.BytesIO()
         if fmt == "png":
-            from PIL.PngImagePlugin import PngInfo
-
-            meta = PngInfo()
-            for key, value in text.items():
-                meta.add_itxt(key, str(value))
-            meta.add_itxt("watermark", marks["watermark"])
-            meta.add_itxt(XMP_KEY, xmp)
-            # compress_level 1: a 1024x1024 PNG encodes in a fraction of the default 6's time, for a somewhat
-            # larger file (BENCHMARKS.md, postprocess); the encode is host work on every image.
-            image.save(buffer, format="PNG", pnginfo=meta, compress_level=PNG_COMPRESS_LEVEL)
+            texts = {**{key: str(value) for key, value in text.items()}, "watermark": marks["watermark"], XMP_KEY: xmp}
+            buffer.write(png_bytes(image, texts))
         else:  # the XMP packet in the file's own XMP slot (JPEG APP1, WebP's XMP chunk), read by photo tools
             quality = LOSSY_DEFAULT if quality is None else quality
             image.save(buffer, format=LOSSY[fmt], quality=quality, xmp=xmp.encode())

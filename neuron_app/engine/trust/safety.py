@@ -1,4 +1,4 @@
-"""The safety checker: an image classifier on the host CPU between decode and delivery.
+"""The safety checker: an image classifier between decode and delivery (host CPU, or the device: safety_graph.py).
 
 Every generated image is classified before anything stores or returns it; one whose 'nsfw' probability
 reaches `safety_threshold` is refused (`ContentRefused`, code content_policy_violation) and never leaves the
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_app import tracing
+from neuron_app.engine.trust.safety_graph import DeviceClassifier
 from neuron_app.errors import ContentRefused, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,8 @@ class SafetyChecker:
         self.seconds = 0.0  # classifying time, summed
         self.threads = getattr(settings, "safety_threads", 1)
         self._batcher = Batcher(self.score_batch, SAFETY_BATCH)
+        self.on_device = getattr(settings, "safety_device", "host") == "device"
+        self.device = DeviceClassifier()  # `safety_device = "device"`: the graph the lane runs (safety_graph.py)
 
     @property
     def state(self) -> str:
@@ -266,16 +269,30 @@ class SafetyChecker:
             torch.set_num_threads(before)
         return [float(p) for p in torch.softmax(logits.float(), dim=-1)[:, index]]
 
-    def check(self, image: Any) -> str:
-        """'passed' or 'off'; a flagged image raises `ContentRefused` (the caller drops the image)."""
-        with tracing.span("safety", checker="on" if self.enabled else "off"):
-            return self._check(image)
+    def prepare_device(self, manager: Any) -> None:
+        """The device path: its graph compiled (with the first shape) before any image needs it; else nothing."""
+        if self.enabled and self.on_device and not self.device.ready:
+            self.device.prepare(self.load(), manager)
 
-    def _check(self, image: Any) -> str:
+    def check_on_device(self, image: Any, manager: Any) -> str | None:
+        """The device path's check, run by the lane before it lets the device go; None on the host path (the post
+        stage checks there)."""
+        if not (self.enabled and self.on_device):
+            return None
+        self.prepare_device(manager)
+        return self.check(image, manager.backend)
+
+    def check(self, image: Any, backend: Any = None) -> str:
+        """'passed' or 'off'; a flagged image raises `ContentRefused` (the caller drops the image). With `backend`,
+        on the device graph."""
+        with tracing.span("safety", checker="on" if self.enabled else "off", device=backend is not None):
+            return self._check(image, backend)
+
+    def _check(self, image: Any, backend: Any) -> str:
         if not self.enabled:
             return "off"
         start = time.perf_counter()
-        score = self.score(image)
+        score = self.score(image) if backend is None else self.device.score(self.load(), image, backend)
         self.seconds += time.perf_counter() - start
         if score >= self.threshold:
             self.flagged += 1
@@ -295,4 +312,6 @@ class SafetyChecker:
             "passed": self.passed,
             "flagged": self.flagged,
             "error": self.error if self.enabled else None,
+            "device": "device" if self.on_device else "host",
+            "graphs": self.device.graphs,
         }

@@ -52,7 +52,15 @@ def test_the_stand_in_classifier_flags_magenta_and_passes_noise(make_settings: C
     with pytest.raises(ContentRefused, match="flagged by this server's safety checker") as caught:
         checker.check(Image.new("RGB", (256, 256), TINY_FLAGGED_COLOUR))
     assert caught.value.code == "content_policy_violation" and caught.value.param is None
-    assert checker.snapshot() == {"checker": "on", "model": "tiny", "passed": 2, "flagged": 1, "error": None}
+    assert checker.snapshot() == {
+        "checker": "on",
+        "model": "tiny",
+        "passed": 2,
+        "flagged": 1,
+        "error": None,
+        "device": "host",
+        "graphs": 0,
+    }
     folder = make_settings().cache_dir / "models"
     assert any((p / "config.json").is_file() and (p / "preprocessor_config.json").is_file() for p in folder.iterdir())
     off = SafetyChecker(make_settings(safety_checker="off", safety_model="tiny"))
@@ -118,7 +126,15 @@ def test_every_entry_says_passed_when_the_checker_is_on(safe_app: Any) -> None:
     result = client.images.generate(prompt="a calm lake", size="64x64", n=2, extra_body={"num_inference_steps": 2})
     assert [d.model_extra["provenance"]["safety"] for d in result.data] == ["passed", "passed"]
     status = safe_app.manager.status().safety
-    assert status == {"checker": "on", "model": "tiny", "passed": 3, "flagged": 0, "error": None}
+    assert status == {
+        "checker": "on",
+        "model": "tiny",
+        "passed": 3,
+        "flagged": 0,
+        "error": None,
+        "device": "host",
+        "graphs": 0,
+    }
     assert metric(safe_app, 'neuron_app_safety_images_total{result="passed"}') == 3
 
 

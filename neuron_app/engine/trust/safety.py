@@ -292,7 +292,7 @@ class SafetyChecker:
         if not self.enabled:
             return "off"
         start = time.perf_counter()
-        score = self.score(image) if backend is None else self.device.score(self.load(), image, backend)
+        score = self.score(image) if backend is None else self.device.score(image, backend)
         self.seconds += time.perf_counter() - start
         if score >= self.threshold:
             self.flagged += 1

@@ -1,7 +1,7 @@
 """The safety classifier on the device (`safety_device = "device"`): one static-shape graph, batch 1.
 
 On the host (the default) the classifier runs in the post stage, on `safety_threads` CPU threads, batched across
-post slots: a ViT-B/16 at 224 px takes about a second of one core per image (BENCHMARKS.md, postprocess), more than
+post slots: a ViT-B/16 at 224 px takes about half a second of one core per image (BENCHMARKS.md, postprocess), more than
 an accelerator takes for the image itself, so a lane that hands images to it waits on its slots. On the device it is
 one more compiled graph of the model's dtype: the lane classifies each image before it takes the next request (a
 few milliseconds of device time on an accelerator), and the host keeps only the marks and the encode. Its input is
@@ -26,6 +26,8 @@ class DeviceClassifier:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._model: Any = None
+        self._processor: Any = None
+        self._index = 0
         self._counter: Any = None
         self.compile_s: float | None = None
 
@@ -46,7 +48,7 @@ class DeviceClassifier:
             import torch
             from PIL import Image
 
-            processor, model, index = loaded
+            self._processor, model, self._index = loaded
             start = time.perf_counter()
             with tracing.span("safety_compile"):
                 model.to(device=manager.backend.torch_device(), dtype=getattr(torch, manager.dtype_name))
@@ -54,21 +56,17 @@ class DeviceClassifier:
                 model.compile(backend=self._counter, dynamic=False)
                 manager.backend.adopt_module(model)
                 self._model = model
-                self._score(processor, index, Image.new("RGB", (64, 64)), manager.backend)
+                self.score(Image.new("RGB", (64, 64)), manager.backend)
             self.compile_s = time.perf_counter() - start
 
-    def score(self, loaded: tuple[Any, Any, int], image: Any, backend: Any) -> float:
+    def score(self, image: Any, backend: Any) -> float:
         """The 'nsfw' probability of one image (PIL): the processor on the host, the graph on the device."""
-        processor, _model, index = loaded
-        return self._score(processor, index, image, backend)
-
-    def _score(self, processor: Any, index: int, image: Any, backend: Any) -> float:
         import torch
 
-        pixels = processor(images=[image.convert("RGB")], return_tensors="pt")["pixel_values"]
+        pixels = self._processor(images=[image.convert("RGB")], return_tensors="pt")["pixel_values"]
         with backend.device_work(), torch.inference_mode():
             weight = next(self._model.parameters())  # its device as the device reports it (the emulator: neuron)
             logits = self._model(pixel_values=pixels.to(weight.device, weight.dtype)).logits
-            probability = torch.softmax(logits.float(), dim=-1)[0, index].cpu()
+            probability = torch.softmax(logits.float(), dim=-1)[0, self._index].cpu()
         backend.synchronize()
         return float(probability)

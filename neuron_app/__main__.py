@@ -215,8 +215,18 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    init = Path(args.init) if args.init else None
-    train(Plan(minutes=args.minutes, seed=args.seed, out=Path(args.out), init=init), progress=print)
+    plan = Plan(
+        minutes=args.minutes,
+        seed=args.seed,
+        out=Path(args.out),
+        init=Path(args.init) if args.init else None,
+        scenes_per_size=args.scenes_per_size,
+        batch_tokens=args.batch_tokens or Plan.batch_tokens,
+        sampler_share=args.sampler_share,
+    )
+    if args.lora_share is not None:
+        plan.shares["lora"] = args.lora_share
+    train(plan, progress=print)
     return EXIT_OK
 
 
@@ -294,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     train_tiny.add_argument("--out", default="neuron_app/models/tiny-shapes", help="folder the pipeline is saved to")
     train_tiny.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     train_tiny.add_argument("--init", help="continue from this saved tiny-shapes folder (its VAE kept; logs appended)")
+    train_tiny.add_argument("--scenes-per-size", type=int, default=0, help="scenes per size (default: by the budget)")
+    train_tiny.add_argument("--batch-tokens", type=int, default=0, help="image tokens per batch (default 3072)")
+    train_tiny.add_argument(
+        "--sampler-share", type=float, default=0.0, help="share of batches through the unrolled 4-step sampler"
+    )
+    train_tiny.add_argument("--lora-share", type=float, help="share of the budget for the outline LoRA (default 0.18)")
     train_tiny.set_defaults(func=cmd_train_tiny)
     usage = sub.add_parser("usage", help="usage per API key per day (the usage table and the job store)")
     usage.add_argument("--days", type=int, default=0, metavar="N", help="the last N days only (default: all)")

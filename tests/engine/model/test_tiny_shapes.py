@@ -17,6 +17,9 @@ from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.model.shapes_world import EVAL_SCENES, Scene, judge, render
 from tests.support import SHAPES_OVERRIDES, png
 
+#: The shape kind the judge must read right, of the 12 prompts, per device (neuron-emulated computes in bfloat16).
+SHAPES_AT_LEAST = {"cpu": 9, "neuron-emulated": 8}
+
 
 @pytest.fixture(scope="module", params=["cpu", "neuron-emulated"])
 def drawn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> PipelineManager:
@@ -42,16 +45,18 @@ def _score(manager: PipelineManager, scenes: tuple[Scene, ...], shape: str, step
 
 def test_twelve_prompts_at_128x128_in_four_steps(drawn: PipelineManager) -> None:
     """Breaks if the prompt does not reach the transformer (a wrong text layer, truncation), or the VAE is off:
-    with the conditioning lost, both colours are right by chance in 1 of 56. The shipped model reads 11 of 12 for
-    both colours and 7 for the shape on cpu (docs/tiny-shapes.md: shapes are its weak side)."""
+    with the conditioning lost, both colours are right by chance in 1 of 56. The issue's bar: both colours in at
+    least 11 of 12, the shape in at least 9 (docs/tiny-shapes.md has the shipped model's counts)."""
     counts = _score(drawn, EVAL_SCENES, "128x128")
     print(drawn.settings.device, counts)
-    assert counts["both_colours"] >= 10 and counts["shape"] >= 5, counts
+    assert counts["both_colours"] >= 11 and counts["position"] >= 11, counts
+    assert counts["shape"] >= SHAPES_AT_LEAST[drawn.settings.device], counts
 
 
-def test_wide_and_tall_shapes_draw_the_prompts_colours(drawn: PipelineManager) -> None:
-    """256x128 and 128x256 draw the asked colours. The shipped model does not yet follow `on the left` and the
-    like (it centres the shape): the position is printed, not asserted (docs/tiny-shapes.md)."""
+def test_wide_and_tall_shapes_follow_the_position(drawn: PipelineManager) -> None:
+    """256x128 and 128x256 draw the asked colours where the prompt says: `on the right` of a wide image lands in
+    its right part. Breaks if the position words do not reach the transformer, or the ids of a non-square latent
+    grid are built in the wrong order (a wide image's `left` read as `top`)."""
     cases = [
         (Scene("red", "circle", "white", "right"), "256x128"),
         (Scene("blue", "square", "yellow", "left"), "256x128"),
@@ -61,9 +66,10 @@ def test_wide_and_tall_shapes_draw_the_prompts_colours(drawn: PipelineManager) -
     right = 0
     for scene, shape in cases:
         reading = judge(drawn.generate(scene.prompt, shape, 4, 5).image)
-        print(shape, scene.position, "->", reading.position, reading.colour, reading.background)
-        right += (reading.colour, reading.background) == (scene.colour, scene.background)
-    assert right >= 3, right
+        print(shape, scene.position, "->", reading.position, reading.colour, reading.background, reading.shape)
+        verdict = reading.matches(scene)
+        right += verdict["colour"] and verdict["background"] and verdict["position"]
+    assert right == len(cases), right
 
 
 def test_inpaint_draws_inside_the_mask_and_keeps_the_rest(drawn: PipelineManager) -> None:
@@ -114,9 +120,9 @@ def test_edit_recolours_and_keeps_the_reference_shape(drawn: PipelineManager) ->
 
 
 def test_outline_style_shows_when_on_and_not_when_off(drawn: PipelineManager) -> None:
-    """The shipped `outline` LoRA (tiny-shapes:outline) changes the drawing visibly, in the same compiled graph, and
-    keeps its colours; `none` gives the plain image back exactly. (It does not yet draw a clean outline: the
-    judge's `outline` reading is printed, docs/tiny-shapes.md.)"""
+    """The shipped `outline` LoRA (tiny-shapes:outline) at scale 1.0 turns the filled green square into a green
+    outline, in the same compiled graph; `none` gives the filled square back exactly. Breaks if the adapter is not
+    applied (or applied at scale 0), or a switch recompiles."""
     prompt, shape = "a green square on a white background", "128x128"
     drawn.generate(prompt, shape, 4, 4)  # the graph is ready
     before = drawn.status().compiles
@@ -127,6 +133,7 @@ def test_outline_style_shows_when_on_and_not_when_off(drawn: PipelineManager) ->
     print("outline style:", styled)
     change = np.abs(np.asarray(styled_image, np.float32) - np.asarray(plain_image, np.float32)).mean()
     assert change > 3.0, change  # visible
+    assert styled.outline and not plain.outline, (plain, styled)
     assert (plain.colour, plain.background) == (styled.colour, styled.background) == ("green", "white"), styled
     assert np.array_equal(np.asarray(again_image), np.asarray(plain_image))
     assert drawn.status().compiles == before

@@ -26,6 +26,9 @@ SIZES: dict[tuple[int, int], float] = {
     (192, 256): 0.02,
 }
 EDIT_SIZES = ((128, 128), (64, 64), (128, 64), (64, 128))
+#: How much more the tokens the shape word decides weigh than those the position and size words do: a circle and a
+#: square differ in a few corner tokens, and under less weight the model drew a blob that hedges between shapes.
+SHAPE_EMPHASIS = 3.0
 
 
 Jitter = tuple[float, float, float]
@@ -72,17 +75,21 @@ def _alternatives(scene: world.Scene) -> list[world.Scene]:
 
 
 def decisive_tokens(scenes: list[world.Scene], width: int, height: int, moved: list[Jitter]) -> Any:
-    """(N, tokens, 1) in [0, 1]: how much each token's content depends on the shape, position, size and style
-    words (the largest change of its coverage over `_alternatives`). The loss weighs these tokens up: they are few,
-    and where an alternative would draw but the scene does not (a shape drawn at the centre instead of on the
-    left) is background, which a weight on the shape's own tokens alone leaves cheap to get wrong."""
+    """(N, tokens, 1) in [0, SHAPE_EMPHASIS]: how much each token's content depends on the shape, position, size and
+    style words (the largest change of its coverage over `_alternatives`, a change of shape counted SHAPE_EMPHASIS
+    times). The loss weighs these tokens up: they are few, and where an alternative would draw but the scene does
+    not (a shape drawn at the centre instead of on the left) is background, which a weight on the shape's own tokens
+    alone leaves cheap to get wrong."""
     import numpy as np
     import torch
 
     rows = []
     for scene, jitter in zip(scenes, moved, strict=True):
         own = _coverage(scene, width, height, jitter)
-        changes = [np.abs(own - _coverage(other, width, height, jitter)) for other in _alternatives(scene)]
+        changes = [
+            np.abs(own - _coverage(alt, width, height, jitter)) * (1 if alt.shape == scene.shape else SHAPE_EMPHASIS)
+            for alt in _alternatives(scene)
+        ]
         rows.append(np.max(changes, axis=0))
     return torch.from_numpy(np.stack(rows)).unsqueeze(-1)
 

@@ -11,6 +11,7 @@ through the pipeline's own helpers (prompt encoding, patchify, pack, ids), so wh
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -27,7 +28,14 @@ from typing import Any
 from neuron_app.engine.model import shapes_world as world
 from neuron_app.engine.model.tiny import RECIPE_VERSION, SHAPES_RECIPE, build_pipeline
 from neuron_app.engine.model.training import preview_fit
-from neuron_app.engine.model.training.data import SIZES, Bucket, build_buckets, render_batch, set_latent_statistics
+from neuron_app.engine.model.training.data import (
+    SHAPE_EMPHASIS,
+    SIZES,
+    Bucket,
+    build_buckets,
+    render_batch,
+    set_latent_statistics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +45,11 @@ LORA_RANK = 8
 SEQUENCE_LENGTHS = (32, 32, 32, 32, 32, 64)  # prompts padded as the app pads them (max_sequence_length)
 DECISIVE_WEIGHT = 5.0  # flow_loss: the extra weight of the tokens the shape, position, size and style words decide
 EDIT_WEIGHT = 0.04  # how often each edit bucket is drawn, against data.SIZES' weights (4 buckets: ~12% of batches)
+#: Image-to-image starts from the source noised to a low sigma. In this world a prompt has one image, so a model
+#: trained only on matching pairs has no reason to read the noisy image over the prompt there; a share of the
+#: examples below this sigma carry another scene's prompt with their own target, which teaches it to.
+MISMATCH_SIGMA, MISMATCH_SHARE = 0.6, 0.15
+EMA_DECAY = 0.999  # the saved weights are an exponential moving average of the trained ones
 
 
 @dataclass
@@ -48,6 +61,8 @@ class Plan:
     scenes_per_size: int = 0  # 0: scaled with the budget (16 for a 2-minute smoke run, 160 from 27 minutes on)
     batch_tokens: int = 3072  # image tokens per transformer batch (48 images at 128x128)
     init: Path | None = None  # continue from a saved tiny-shapes (its VAE kept), instead of starting afresh
+    sampler_share: float = 0.0  # the share of transformer batches trained through the unrolled sampler (sampler_loss)
+    ema: bool = True  # save the moving average of each stage's weights (less residual noise in 4-step images)
 
 
 class Log:
@@ -146,11 +161,15 @@ def flow_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: 
     index = torch.tensor([rng.randrange(len(bucket.prompts)) for _ in range(batch)])
     x0 = bucket.latents[index]
     prompts = [bucket.prompts[i] for i in index.tolist()]
+    sigma = torch.tensor([_sigma(pipe, x0.shape[1], rng, table) for _ in range(batch)])
+    if bucket.references is None:
+        for i, s in enumerate(sigma.tolist()):
+            if s < MISMATCH_SIGMA and rng.random() < MISMATCH_SHARE:
+                prompts[i] = rng.choice(bucket.prompts)
     embeds = pipe._get_qwen3_prompt_embeds(
         pipe.text_encoder, pipe.tokenizer, prompts, max_sequence_length=rng.choice(SEQUENCE_LENGTHS)
     )
     text_ids = pipe._prepare_text_ids(embeds)
-    sigma = torch.tensor([_sigma(pipe, x0.shape[1], rng, table) for _ in range(batch)])
     noise = torch.randn_like(x0)
     x_t = (1 - sigma.view(-1, 1, 1)) * x0 + sigma.view(-1, 1, 1) * noise
     hidden, ids = x_t, bucket.latent_ids.expand(batch, -1, -1)
@@ -170,10 +189,7 @@ def flow_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: 
     # (the background) four times, or the background is learnt long before the shape's colour; and the tokens
     # the shape, position, size and style words decide (data.decisive_tokens) five times more, or the model
     # draws a centred blob of the right colours whatever those words say.
-    away = (x0 - x0.median(dim=1, keepdim=True).values).norm(dim=-1, keepdim=True) > 0.5
-    weight = 1.0 + 3.0 * away.float()
-    if bucket.decisive is not None:
-        weight = weight + DECISIVE_WEIGHT * bucket.decisive[index]
+    weight = token_weights(bucket, index, x0)
     per_example = (weight * (prediction - (noise - x0)) ** 2).sum(dim=(1, 2)) / (weight.sum(dim=(1, 2)) * x0.shape[-1])
     split = {}
     if bucket.positioned is not None:
@@ -182,6 +198,52 @@ def flow_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: 
             if rows.any():
                 split[name] = round(float(per_example[rows].detach().mean()), 5)
     return per_example.mean(), split
+
+
+def token_weights(bucket: Bucket, index: Any, x0: Any) -> Any:
+    """The loss's weight of each token (flow_loss says why)."""
+    away = (x0 - x0.median(dim=1, keepdim=True).values).norm(dim=-1, keepdim=True) > 0.5
+    weight = 1.0 + 3.0 * away.float()
+    if bucket.decisive is not None:
+        weight = weight + DECISIVE_WEIGHT * bucket.decisive[index]
+    return weight
+
+
+def sampler_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: dict, steps: int = 4) -> Any:
+    """The `steps`-step Euler sampler the pipeline runs, unrolled from pure noise and back-propagated: its output
+    against the scene. The flow loss alone learns each step's average velocity, and a few steps of averages give a
+    soft, grainy drawing (klein's own few-step sampling comes from distillation); this trains the sampler's result
+    itself, as the app runs it (the same sigmas, prompt encoding and ids)."""
+    import torch
+
+    index = torch.tensor([rng.randrange(len(bucket.prompts)) for _ in range(batch)])
+    x0 = bucket.latents[index]
+    prompts = [bucket.prompts[i] for i in index.tolist()]
+    embeds = pipe._get_qwen3_prompt_embeds(pipe.text_encoder, pipe.tokenizer, prompts, max_sequence_length=32)
+    text_ids = pipe._prepare_text_ids(embeds)
+    key = (x0.shape[1], steps)
+    if key not in table:
+        table[key] = [*sampling_sigmas(pipe, x0.shape[1], steps), 0.0]
+    sigmas = table[key]
+    ids = bucket.latent_ids.expand(batch, -1, -1)
+    if bucket.references is not None:
+        ids = torch.cat([ids, bucket.reference_ids.expand(batch, -1, -1)], dim=1)
+    x = torch.randn_like(x0)
+    for now, after in itertools.pairwise(sigmas):
+        hidden = x if bucket.references is None else torch.cat([x, bucket.references[index]], dim=1)
+        velocity = pipe.transformer(
+            hidden_states=hidden,
+            timestep=torch.full((batch,), now),
+            guidance=None,
+            encoder_hidden_states=embeds,
+            txt_ids=text_ids,
+            img_ids=ids,
+            return_dict=False,
+        )[0][:, : x0.shape[1]]
+        x = x + (after - now) * velocity
+    weight = token_weights(bucket, index, x0)
+    per_example = (weight * (x - x0) ** 2).sum(dim=(1, 2)) / (weight.sum(dim=(1, 2)) * x0.shape[-1])
+    return per_example.mean(), {"sampler": True}
 
 
 def _batch(plan: Plan, bucket: Bucket) -> int:
@@ -206,6 +268,7 @@ def train_flow(
     weights = [SIZES.get((b.width, b.height), 0.0) if b.references is None else EDIT_WEIGHT for b in buckets]
     table: dict[int, list[list[float]]] = {}
     checks = [0.25, 0.5, 0.75]
+    average = [p.detach().clone() for p in params] if plan.ema else []
     for step, done in _timed(seconds):
         if checks and done >= checks[0] and stage == "transformer":
             checks.pop(0)
@@ -213,11 +276,19 @@ def train_flow(
         bucket = rng.choices(buckets, weights)[0]
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, done, lr)
-        loss, split = flow_loss(pipe, bucket, _batch(plan, bucket), rng, table)
+        if rng.random() < plan.sampler_share:
+            loss, split = sampler_loss(pipe, bucket, max(4, _batch(plan, bucket) // 2), rng, table)
+        else:
+            loss, split = flow_loss(pipe, bucket, _batch(plan, bucket), rng, table)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        if average:
+            decay = min(EMA_DECAY, (1 + step) / (10 + step))
+            with torch.no_grad():
+                for param, mean in zip(params, average, strict=True):
+                    mean.lerp_(param, 1 - decay)
         out.write(
             stage=stage,
             step=step,
@@ -226,6 +297,9 @@ def train_flow(
             edit=bucket.references is not None,
             **split,
         )
+    with torch.no_grad():
+        for param, mean in zip(params, average, strict=True):
+            param.copy_(mean)
 
 
 def _eval_now(pipe: Any, out: Log, stage: str, step: int) -> None:
@@ -358,7 +432,17 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
     save_file(state, str(staging / "lora" / "outline.safetensors"))
     recipe = asdict(SHAPES_RECIPE) | {"version": RECIPE_VERSION}
     run = {
-        "plan": {"minutes": plan.minutes, "seed": plan.seed, "shares": plan.shares, "init": bool(plan.init)},
+        "plan": {
+            "minutes": plan.minutes,
+            "seed": plan.seed,
+            "shares": plan.shares,
+            "init": bool(plan.init),
+            "scenes_per_size": plan.scenes_per_size,
+            "batch_tokens": plan.batch_tokens,
+            "sampler_share": plan.sampler_share,
+            "ema": plan.ema,
+            "shape_emphasis": SHAPE_EMPHASIS,
+        },
         "train_s": round(time.monotonic() - started, 1),
         "eval_128x128_4_steps": base,
         "torch_threads": torch.get_num_threads(),

@@ -3,7 +3,8 @@
 Stages, each a share of the budget: the VAE (reconstruction, then the latent batch-norm statistics the pipeline
 de-normalises with); the transformer and the text encoder together with the flow-matching objective, at the
 pipeline's own sampling sigmas for 1, 2, 4 and 8 steps (the world is deterministic given its prompt, so the
-velocity a few-step sampler needs is learnable directly: no teacher, no distillation); then the `outline` LoRA
+velocity a few-step sampler needs is learnable directly: no teacher), and for a share of the batches the 4-step
+sampler itself, unrolled (losses.py); then the `outline` LoRA
 on the frozen model; last, the live previews' latent-to-RGB map for this VAE (preview_fit.py). Everything goes
 through the pipeline's own helpers (prompt encoding, patchify, pack, ids), so what is trained is what
 `Flux2KleinPipeline.__call__` runs. Seeded; the log is JSON lines of loss by step.
@@ -11,7 +12,6 @@ through the pipeline's own helpers (prompt encoding, patchify, pack, ids), so wh
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -36,19 +36,14 @@ from neuron_app.engine.model.training.data import (
     render_batch,
     set_latent_statistics,
 )
+from neuron_app.engine.model.training.losses import flow_loss, sampler_loss
 
 log = logging.getLogger(__name__)
 
 #: The attention projections the outline LoRA adapts (the usual FLUX LoRA targets; engine/modes/lora.py).
 LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_v_proj")
 LORA_RANK = 8
-SEQUENCE_LENGTHS = (32, 32, 32, 32, 32, 64)  # prompts padded as the app pads them (max_sequence_length)
-DECISIVE_WEIGHT = 5.0  # flow_loss: the extra weight of the tokens the shape, position, size and style words decide
 EDIT_WEIGHT = 0.04  # how often each edit bucket is drawn, against data.SIZES' weights (4 buckets: ~12% of batches)
-#: Image-to-image starts from the source noised to a low sigma. In this world a prompt has one image, so a model
-#: trained only on matching pairs has no reason to read the noisy image over the prompt there; a share of the
-#: examples below this sigma carry another scene's prompt with their own target, which teaches it to.
-MISMATCH_SIGMA, MISMATCH_SHARE = 0.6, 0.15
 EMA_DECAY = 0.999  # the saved weights are an exponential moving average of the trained ones
 
 
@@ -132,120 +127,6 @@ def train_vae(vae: Any, seconds: float, rng: random.Random, out: Log) -> None:
 
 
 # --- stage 2: the transformer and the text encoder ----------------------------------------------------------------
-def sampling_sigmas(pipe: Any, tokens: int, steps: int) -> list[float]:
-    """The sigmas `Flux2KleinPipeline.__call__` visits at this image size and step count (before the last 0)."""
-    import numpy as np
-    from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
-
-    scheduler = pipe.scheduler
-    mu = compute_empirical_mu(image_seq_len=tokens, num_steps=steps)
-    sigmas = np.linspace(1.0, 1 / steps, steps)
-    return [float(scheduler.time_shift(mu, 1.0, s)) for s in sigmas]
-
-
-def _sigma(pipe: Any, tokens: int, rng: random.Random, table: dict[int, list[list[float]]]) -> float:
-    if tokens not in table:
-        table[tokens] = [sampling_sigmas(pipe, tokens, n) for n in (1, 2, 4, 8)]
-    if rng.random() < 0.6:
-        return rng.choice(rng.choice(table[tokens] + [table[tokens][2]]))  # the 4-step sigmas twice as often
-    from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
-
-    mu = compute_empirical_mu(image_seq_len=tokens, num_steps=4)
-    return float(pipe.scheduler.time_shift(mu, 1.0, rng.uniform(0.02, 1.0)))
-
-
-def flow_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: dict) -> Any:
-    """One flow-matching loss on `batch` examples of a bucket, through the pipeline's own prompt encoding."""
-    import torch
-
-    index = torch.tensor([rng.randrange(len(bucket.prompts)) for _ in range(batch)])
-    x0 = bucket.latents[index]
-    prompts = [bucket.prompts[i] for i in index.tolist()]
-    sigma = torch.tensor([_sigma(pipe, x0.shape[1], rng, table) for _ in range(batch)])
-    if bucket.references is None:
-        for i, s in enumerate(sigma.tolist()):
-            if s < MISMATCH_SIGMA and rng.random() < MISMATCH_SHARE:
-                prompts[i] = rng.choice(bucket.prompts)
-    embeds = pipe._get_qwen3_prompt_embeds(
-        pipe.text_encoder, pipe.tokenizer, prompts, max_sequence_length=rng.choice(SEQUENCE_LENGTHS)
-    )
-    text_ids = pipe._prepare_text_ids(embeds)
-    noise = torch.randn_like(x0)
-    x_t = (1 - sigma.view(-1, 1, 1)) * x0 + sigma.view(-1, 1, 1) * noise
-    hidden, ids = x_t, bucket.latent_ids.expand(batch, -1, -1)
-    if bucket.references is not None:
-        hidden = torch.cat([x_t, bucket.references[index]], dim=1)
-        ids = torch.cat([ids, bucket.reference_ids.expand(batch, -1, -1)], dim=1)
-    prediction = pipe.transformer(
-        hidden_states=hidden,
-        timestep=sigma,
-        guidance=None,
-        encoder_hidden_states=embeds,
-        txt_ids=text_ids,
-        img_ids=ids,
-        return_dict=False,
-    )[0][:, : x0.shape[1]]
-    # The shape is a few tokens among many of background: weigh the tokens away from the image's median token
-    # (the background) four times, or the background is learnt long before the shape's colour; and the tokens
-    # the shape, position, size and style words decide (data.decisive_tokens) five times more, or the model
-    # draws a centred blob of the right colours whatever those words say.
-    weight = token_weights(bucket, index, x0)
-    per_example = (weight * (prediction - (noise - x0)) ** 2).sum(dim=(1, 2)) / (weight.sum(dim=(1, 2)) * x0.shape[-1])
-    split = {}
-    if bucket.positioned is not None:
-        positioned = bucket.positioned[index]
-        for name, rows in (("loss_positioned", positioned), ("loss_centred", ~positioned)):
-            if rows.any():
-                split[name] = round(float(per_example[rows].detach().mean()), 5)
-    return per_example.mean(), split
-
-
-def token_weights(bucket: Bucket, index: Any, x0: Any) -> Any:
-    """The loss's weight of each token (flow_loss says why)."""
-    away = (x0 - x0.median(dim=1, keepdim=True).values).norm(dim=-1, keepdim=True) > 0.5
-    weight = 1.0 + 3.0 * away.float()
-    if bucket.decisive is not None:
-        weight = weight + DECISIVE_WEIGHT * bucket.decisive[index]
-    return weight
-
-
-def sampler_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: dict, steps: int = 4) -> Any:
-    """The `steps`-step Euler sampler the pipeline runs, unrolled from pure noise and back-propagated: its output
-    against the scene. The flow loss alone learns each step's average velocity, and a few steps of averages give a
-    soft, grainy drawing (klein's own few-step sampling comes from distillation); this trains the sampler's result
-    itself, as the app runs it (the same sigmas, prompt encoding and ids)."""
-    import torch
-
-    index = torch.tensor([rng.randrange(len(bucket.prompts)) for _ in range(batch)])
-    x0 = bucket.latents[index]
-    prompts = [bucket.prompts[i] for i in index.tolist()]
-    embeds = pipe._get_qwen3_prompt_embeds(pipe.text_encoder, pipe.tokenizer, prompts, max_sequence_length=32)
-    text_ids = pipe._prepare_text_ids(embeds)
-    key = (x0.shape[1], steps)
-    if key not in table:
-        table[key] = [*sampling_sigmas(pipe, x0.shape[1], steps), 0.0]
-    sigmas = table[key]
-    ids = bucket.latent_ids.expand(batch, -1, -1)
-    if bucket.references is not None:
-        ids = torch.cat([ids, bucket.reference_ids.expand(batch, -1, -1)], dim=1)
-    x = torch.randn_like(x0)
-    for now, after in itertools.pairwise(sigmas):
-        hidden = x if bucket.references is None else torch.cat([x, bucket.references[index]], dim=1)
-        velocity = pipe.transformer(
-            hidden_states=hidden,
-            timestep=torch.full((batch,), now),
-            guidance=None,
-            encoder_hidden_states=embeds,
-            txt_ids=text_ids,
-            img_ids=ids,
-            return_dict=False,
-        )[0][:, : x0.shape[1]]
-        x = x + (after - now) * velocity
-    weight = token_weights(bucket, index, x0)
-    per_example = (weight * (x - x0) ** 2).sum(dim=(1, 2)) / (weight.sum(dim=(1, 2)) * x0.shape[-1])
-    return per_example.mean(), {"sampler": True}
-
-
 def _batch(plan: Plan, bucket: Bucket) -> int:
     tokens = bucket.latents.shape[1] * (2 if bucket.references is not None else 1)
     return max(6, min(64, plan.batch_tokens // tokens))

@@ -56,7 +56,7 @@ class Plan:
     scenes_per_size: int = 0  # 0: scaled with the budget (16 for a 2-minute smoke run, 160 from 27 minutes on)
     batch_tokens: int = 3072  # image tokens per transformer batch (48 images at 128x128)
     init: Path | None = None  # continue from a saved tiny-shapes (its VAE kept), instead of starting afresh
-    sampler_share: float = 0.0  # the share of transformer batches trained through the unrolled sampler (sampler_loss)
+    sampler_share: float = 0.0  # the share of batches (both flow stages) through the unrolled sampler (sampler_loss)
     ema: bool = True  # save the moving average of each stage's weights (less residual noise in 4-step images)
 
 

@@ -223,6 +223,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
         scenes_per_size=args.scenes_per_size,
         batch_tokens=args.batch_tokens or Plan.batch_tokens,
         sampler_share=args.sampler_share,
+        edit_weight=Plan.edit_weight if args.edit_weight is None else args.edit_weight,
     )
     if args.lora_share is not None:
         plan.shares["lora"] = args.lora_share
@@ -308,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     train_tiny.add_argument("--batch-tokens", type=int, default=0, help="image tokens per batch (default 3072)")
     train_tiny.add_argument(
         "--sampler-share", type=float, default=0.0, help="share of batches through the unrolled 4-step sampler"
+    )
+    train_tiny.add_argument(
+        "--edit-weight", type=float, help="draw weight of each of the 4 edit buckets (default 0.04)"
     )
     train_tiny.add_argument("--lora-share", type=float, help="share of the budget for the outline LoRA (default 0.18)")
     train_tiny.set_defaults(func=cmd_train_tiny)

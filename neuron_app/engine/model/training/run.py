@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 #: The attention projections the outline LoRA adapts (the usual FLUX LoRA targets; engine/modes/lora.py).
 LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_v_proj")
 LORA_RANK = 8
-EDIT_WEIGHT = 0.04  # how often each edit bucket is drawn, against data.SIZES' weights (4 buckets: ~12% of batches)
+EDIT_WEIGHT = 0.04  # how often each edit bucket is drawn, against data.SIZES' weights (4 buckets: ~15% of batches)
 EMA_DECAY = 0.999  # the saved weights are an exponential moving average of the trained ones
 
 
@@ -58,6 +58,7 @@ class Plan:
     init: Path | None = None  # continue from a saved tiny-shapes (its VAE kept), instead of starting afresh
     sampler_share: float = 0.0  # the share of batches (both flow stages) through the unrolled sampler (sampler_loss)
     ema: bool = True  # save the moving average of each stage's weights (less residual noise in 4-step images)
+    edit_weight: float = EDIT_WEIGHT  # each edit bucket's draw weight, against data.SIZES' (which sum to 0.94)
 
 
 class Log:
@@ -146,7 +147,7 @@ def train_flow(
     import torch
 
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    weights = [SIZES.get((b.width, b.height), 0.0) if b.references is None else EDIT_WEIGHT for b in buckets]
+    weights = [SIZES.get((b.width, b.height), 0.0) if b.references is None else plan.edit_weight for b in buckets]
     table: dict[int, list[list[float]]] = {}
     checks = [0.25, 0.5, 0.75]
     average = [p.detach().clone() for p in params] if plan.ema else []
@@ -323,6 +324,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
             "sampler_share": plan.sampler_share,
             "ema": plan.ema,
             "shape_emphasis": SHAPE_EMPHASIS,
+            "edit_weight": plan.edit_weight,
         },
         "train_s": round(time.monotonic() - started, 1),
         "eval_128x128_4_steps": base,

@@ -223,6 +223,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
         scenes_per_size=args.scenes_per_size,
         batch_tokens=args.batch_tokens or Plan.batch_tokens,
         sampler_share=args.sampler_share,
+        lr=args.lr,
         edit_weight=Plan.edit_weight if args.edit_weight is None else args.edit_weight,
     )
     if args.lora_share is not None:
@@ -310,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     train_tiny.add_argument(
         "--sampler-share", type=float, default=0.0, help="share of batches through the unrolled 4-step sampler"
     )
+    train_tiny.add_argument("--lr", type=float, default=0.0, help="peak learning rate of the flow stage")
     train_tiny.add_argument(
         "--edit-weight", type=float, help="draw weight of each of the 4 edit buckets (default 0.04)"
     )

@@ -58,6 +58,7 @@ class Plan:
     init: Path | None = None  # continue from a saved tiny-shapes (its VAE kept), instead of starting afresh
     sampler_share: float = 0.0  # the share of batches (both flow stages) through the unrolled sampler (sampler_loss)
     ema: bool = True  # save the moving average of each stage's weights (less residual noise in 4-step images)
+    lr: float = 0.0  # the flow stage's peak learning rate (0: 1e-3 from scratch, 8e-4 continuing with --init)
     edit_weight: float = EDIT_WEIGHT  # each edit bucket's draw weight, against data.SIZES' (which sum to 0.94)
 
 
@@ -287,7 +288,8 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
     pipe.text_encoder.train()
     params = list(pipe.transformer.parameters()) + list(pipe.text_encoder.parameters())
     left = budget - (time.monotonic() - started) - budget * plan.shares["lora"]
-    train_flow(pipe, params, buckets, plan, max(10.0, left), rng, out, "transformer", 8e-4 if plan.init else 1e-3)
+    lr = plan.lr or (8e-4 if plan.init else 1e-3)
+    train_flow(pipe, params, buckets, plan, max(10.0, left), rng, out, "transformer", lr)
     pipe.transformer.eval()
     pipe.text_encoder.eval()
     with torch.no_grad():
@@ -325,6 +327,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
             "ema": plan.ema,
             "shape_emphasis": SHAPE_EMPHASIS,
             "edit_weight": plan.edit_weight,
+            "lr": plan.lr,
         },
         "train_s": round(time.monotonic() - started, 1),
         "eval_128x128_4_steps": base,

@@ -111,12 +111,14 @@ def test_image_to_image_strength_moves_away_from_the_source(drawn: PipelineManag
 
 
 def test_edit_recolours_and_keeps_the_reference_shape(drawn: PipelineManager) -> None:
-    """`make the circle red` with a reference: the reference's shape and background, the new colour."""
+    """`make the triangle red` with a reference: the new colour, and the reference's background and place. The
+    prompt names neither the background nor the place, so those can only come from the reference: breaks if the
+    reference's tokens (or their ids) do not reach the transformer, or the recolour word is lost."""
     reference = render(Scene("blue", "triangle", "white", "left"), 128, 128)
     out = drawn.generate("make the triangle red", "128x128", 4, 1, references=[png(reference)]).image
     reading = judge(out)
     print("edit:", reading)  # the shape is not yet kept: the triangle comes back rounded (docs/tiny-shapes.md)
-    assert (reading.colour, reading.background) == ("red", "white"), reading
+    assert (reading.colour, reading.background, reading.position) == ("red", "white", "left"), reading
 
 
 def test_outline_style_shows_when_on_and_not_when_off(drawn: PipelineManager) -> None:

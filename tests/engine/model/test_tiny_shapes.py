@@ -110,7 +110,7 @@ def test_image_to_image_strength_moves_away_from_the_source(drawn: PipelineManag
     assert distances[0] < distances[1] < distances[2], distances
 
 
-def test_edit_recolours_and_keeps_the_reference_shape(drawn: PipelineManager) -> None:
+def test_edit_recolours_and_keeps_the_references_background_and_place(drawn: PipelineManager) -> None:
     """`make the triangle red` with a reference: the new colour, and the reference's background and place. The
     prompt names neither the background nor the place, so those can only come from the reference: breaks if the
     reference's tokens (or their ids) do not reach the transformer, or the recolour word is lost."""

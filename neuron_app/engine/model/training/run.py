@@ -257,6 +257,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
 
     if not plan.scenes_per_size:
         plan.scenes_per_size = max(16, min(160, int(plan.minutes * 6)))
+    plan.lr = plan.lr or (8e-4 if plan.init else 1e-3)  # the recipe records the rate used
     rng = random.Random(plan.seed)
     torch.manual_seed(plan.seed)
     budget = plan.minutes * 60
@@ -288,8 +289,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
     pipe.text_encoder.train()
     params = list(pipe.transformer.parameters()) + list(pipe.text_encoder.parameters())
     left = budget - (time.monotonic() - started) - budget * plan.shares["lora"]
-    lr = plan.lr or (8e-4 if plan.init else 1e-3)
-    train_flow(pipe, params, buckets, plan, max(10.0, left), rng, out, "transformer", lr)
+    train_flow(pipe, params, buckets, plan, max(10.0, left), rng, out, "transformer", plan.lr)
     pipe.transformer.eval()
     pipe.text_encoder.eval()
     with torch.no_grad():

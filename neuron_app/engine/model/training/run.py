@@ -310,6 +310,8 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
 
     for component in (pipe.vae, pipe.transformer, pipe.text_encoder):
         component.requires_grad_(True)
+    for component in (pipe, pipe.vae, pipe.transformer):  # not the --init folder's path on this machine
+        component.register_to_config(_name_or_path=plan.out.name)
     pipe.save_pretrained(staging)
     preview_fit.write(pipe, staging, plan.seed)  # the live previews' latent-to-RGB map for this VAE
     (staging / "lora").mkdir()

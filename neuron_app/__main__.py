@@ -225,6 +225,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
         sampler_share=args.sampler_share,
         lr=args.lr,
         edit_weight=Plan.edit_weight if args.edit_weight is None else args.edit_weight,
+        mismatch_share=Plan.mismatch_share if args.mismatch_share is None else args.mismatch_share,
     )
     if args.lora_share is not None:
         plan.shares["lora"] = args.lora_share
@@ -314,6 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     train_tiny.add_argument("--lr", type=float, default=0.0, help="peak learning rate of the flow stage")
     train_tiny.add_argument(
         "--edit-weight", type=float, help="draw weight of each of the 4 edit buckets (default 0.04)"
+    )
+    train_tiny.add_argument(
+        "--mismatch-share",
+        type=float,
+        help="share of low-noise examples trained with another scene's prompt, so image-to-image keeps its source "
+        "(default 0.15)",
     )
     train_tiny.add_argument("--lora-share", type=float, help="share of the budget for the outline LoRA (default 0.18)")
     train_tiny.set_defaults(func=cmd_train_tiny)

@@ -19,7 +19,9 @@ def _losses(log: list[dict], stage: str) -> list[float]:
 def test_train_tiny_two_minutes_the_losses_fall(tmp_path: Path) -> None:
     out = tmp_path / "tiny-shapes"
     done = run_cli(
-        tiny_env(tmp_path / "cache"), "train-tiny", "--minutes", "2", "--threads", "1", "--out", str(out), timeout=900
+        tiny_env(tmp_path / "cache"),
+        *("train-tiny", "--minutes", "2", "--threads", "1", "--mismatch-share", "0.2", "--out", str(out)),
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     log = [json.loads(line) for line in (out / "train-log.jsonl").read_text().splitlines()]
@@ -35,4 +37,5 @@ def test_train_tiny_two_minutes_the_losses_fall(tmp_path: Path) -> None:
     assert len(_losses(log, "lora")) >= 10
     assert (out / "model_index.json").is_file() and (out / "lora" / "outline.safetensors").is_file()
     summary = json.loads((out / "tiny_recipe.json").read_text())
-    assert summary["plan"]["minutes"] == 2.0 and set(summary["eval_128x128_4_steps"]) >= {"colour", "shape"}
+    assert summary["plan"]["minutes"] == 2.0 and summary["plan"]["mismatch_share"] == 0.2  # the flag reached the plan
+    assert set(summary["eval_128x128_4_steps"]) >= {"colour", "shape"}

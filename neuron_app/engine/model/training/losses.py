@@ -71,8 +71,11 @@ def _sigma(pipe: Any, tokens: int, rng: random.Random, table: dict[int, list[lis
     return float(pipe.scheduler.time_shift(mu, 1.0, rng.uniform(0.02, 1.0)))
 
 
-def flow_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: dict) -> Any:
-    """One flow-matching loss on `batch` examples of a bucket, through the pipeline's own prompt encoding."""
+def flow_loss(
+    pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: dict, mismatch: float = MISMATCH_SHARE
+) -> Any:
+    """One flow-matching loss on `batch` examples of a bucket, through the pipeline's own prompt encoding
+    (`mismatch`: the share of low-sigma examples given another scene's prompt, MISMATCH_SHARE says why)."""
     import torch
 
     index = torch.tensor([rng.randrange(len(bucket.prompts)) for _ in range(batch)])
@@ -81,7 +84,7 @@ def flow_loss(pipe: Any, bucket: Bucket, batch: int, rng: random.Random, table: 
     sigma = torch.tensor([_sigma(pipe, x0.shape[1], rng, table) for _ in range(batch)])
     if bucket.references is None:
         for i, s in enumerate(sigma.tolist()):
-            if s < MISMATCH_SIGMA and rng.random() < MISMATCH_SHARE:
+            if s < MISMATCH_SIGMA and rng.random() < mismatch:
                 prompts[i] = rng.choice(bucket.prompts)
     embeds = pipe._get_qwen3_prompt_embeds(
         pipe.text_encoder, pipe.tokenizer, prompts, max_sequence_length=rng.choice(SEQUENCE_LENGTHS)

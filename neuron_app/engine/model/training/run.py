@@ -36,7 +36,7 @@ from neuron_app.engine.model.training.data import (
     render_batch,
     set_latent_statistics,
 )
-from neuron_app.engine.model.training.losses import flow_loss, sampler_loss
+from neuron_app.engine.model.training.losses import MISMATCH_SHARE, flow_loss, sampler_loss
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class Plan:
     ema: bool = True  # save the moving average of each stage's weights (less residual noise in 4-step images)
     lr: float = 0.0  # the flow stage's peak learning rate (0: 1e-3 from scratch, 8e-4 continuing with --init)
     edit_weight: float = EDIT_WEIGHT  # each edit bucket's draw weight, against data.SIZES' (which sum to 0.94)
+    mismatch_share: float = MISMATCH_SHARE  # low-sigma examples given another scene's prompt (losses.py says why)
 
 
 class Log:
@@ -162,7 +163,7 @@ def train_flow(
         if rng.random() < plan.sampler_share:
             loss, split = sampler_loss(pipe, bucket, max(4, _batch(plan, bucket) // 2), rng, table)
         else:
-            loss, split = flow_loss(pipe, bucket, _batch(plan, bucket), rng, table)
+            loss, split = flow_loss(pipe, bucket, _batch(plan, bucket), rng, table, plan.mismatch_share)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -330,6 +331,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
             "shape_emphasis": SHAPE_EMPHASIS,
             "edit_weight": plan.edit_weight,
             "lr": plan.lr,
+            "mismatch_share": plan.mismatch_share,
         },
         "train_s": round(time.monotonic() - started, 1),
         "eval_128x128_4_steps": base,

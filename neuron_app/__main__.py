@@ -226,6 +226,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
         lr=args.lr,
         edit_weight=Plan.edit_weight if args.edit_weight is None else args.edit_weight,
         mismatch_share=Plan.mismatch_share if args.mismatch_share is None else args.mismatch_share,
+        bf16_share=args.bf16_share,
     )
     if args.lora_share is not None:
         plan.shares["lora"] = args.lora_share
@@ -321,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="share of low-noise examples trained with another scene's prompt, so image-to-image keeps its source "
         "(default 0.15)",
+    )
+    train_tiny.add_argument(
+        "--bf16-share", type=float, default=0.0, help="share of batches under bfloat16 autocast, as Neuron serves"
     )
     train_tiny.add_argument("--lora-share", type=float, help="share of the budget for the outline LoRA (default 0.18)")
     train_tiny.set_defaults(func=cmd_train_tiny)

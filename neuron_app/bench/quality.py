@@ -81,16 +81,22 @@ def training() -> dict[str, Any]:
     return json.loads((shipped_model("tiny-shapes") / "tiny_recipe.json").read_text())
 
 
+#: The plan's knobs a run's row shows (older runs' recipes lack the later ones: shown as -).
+KNOBS = ("seed", "lr", "sampler_share", "edit_weight", "mismatch_share", "bf16_share")
+
+
 def _training_lines(summary: dict[str, Any]) -> list[str]:
     recipe, rows = summary["recipe"], []
     for i, run in enumerate(summary["runs"], 1):
         plan, shares = run["plan"], run["plan"]["shares"]
         kind = "continued from the run before (VAE kept)" if plan.get("init") else "from scratch"
-        stages = " / ".join(str(shares[k]) for k in ("vae", "transformer", "lora"))
+        stages = f"{shares['vae']} / {shares['lora']}" if not plan.get("init") else f"- / {shares['lora']}"
+        knobs = ", ".join(f"{k} {plan.get(k, '-')}" for k in KNOBS)
         verdict = ", ".join(f"{k} {v}" for k, v in run["eval_128x128_4_steps"].items())
-        rows.append([f"{i}: {kind}", plan["minutes"], stages, run["train_s"], run["torch_threads"]])
+        rows.append([f"{i}: {kind}", plan["minutes"], stages, knobs, run["train_s"], run["torch_threads"]])
         rows[-1] += [run.get("machine", "-"), verdict]
-    head = ["run", "budget (min)", "stages (VAE / transformer / LoRA)", "took (s)", "torch threads", "machine"]
+    head = ["run", "budget (min)", "VAE / LoRA share", "plan", "took (s)", "torch threads", "machine"]
+    lora = [f"The outline LoRA shipped: {summary['outline_lora']}.", ""] if "outline_lora" in summary else []
     return [
         f"**Training** (`python -m neuron_app train-tiny`, docs/tiny-shapes.md): transformer {recipe['double_blocks']} "
         f"double + {recipe['single_blocks']} single blocks, {recipe['heads']} heads of {recipe['head_dim']}; Qwen3 "
@@ -99,6 +105,7 @@ def _training_lines(summary: dict[str, Any]) -> list[str]:
         "",
         md.table([*head, "judge at 128x128, 4 steps (of 12)"], rows),
         "",
+        *lora,
     ]
 
 

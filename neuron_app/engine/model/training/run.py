@@ -163,7 +163,8 @@ def train_flow(
             group["lr"] = _lr(step, done, lr)
         # A share of batches under bfloat16 autocast: served in bfloat16 (Neuron), a model trained only in float32
         # leaves speckles of rounding noise in flat backgrounds and outline interiors.
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=rng.random() < plan.bf16_share):
+        bf16 = plan.bf16_share > 0 and rng.random() < plan.bf16_share  # no draw at 0: seeded runs replay as before
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             if rng.random() < plan.sampler_share:
                 loss, split = sampler_loss(pipe, bucket, max(4, _batch(plan, bucket) // 2), rng, table)
             else:

@@ -209,7 +209,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 def cmd_train_tiny(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from neuron_app.engine.model.training.run import Plan, train
+    from neuron_app.training.run import Plan, train
 
     if args.threads:
         import torch
@@ -237,7 +237,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
 def cmd_usage(args: argparse.Namespace) -> int:
     """Usage per API key per day, from the usage table and the job store in the cache folder (no server)."""
     from neuron_app.settings import get_settings
-    from neuron_app.web.usage_book import MEASURES, today, usage_table
+    from neuron_app.web.jobs.usage_book import MEASURES, today, usage_table
 
     since = today(time.time() - 86400 * (args.days - 1)) if args.days else None
     rows = usage_table(get_settings().cache_dir, since)
@@ -264,7 +264,7 @@ def cmd_serve(_args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["emulate"]:  # its arguments are the script's, `-m` included: argparse would take them
-        from neuron_app.backends.emulate import main as emulate
+        from neuron_app.backends.emulator.emulate import main as emulate
 
         return emulate(argv[1:])
     if argv[:1] == ["selftest"]:  # its own options (argparse's REMAINDER refuses a leading option)

@@ -225,7 +225,7 @@ def page_generate(
     """Send the page's own Generate event (private to the API, sent by the browser through the queue).
     `data` is prompt, resolution, steps, seed, images, randomize; `style` the LoRA dropdown and scale slider; then
     no reference images (and no reference buckets), no image in the brush editor, strength 1; then `more`: the
-    further style and scale pairs (web/lora_controls.py), those not given left at none."""
+    further style and scale pairs (web/page/lora_controls.py), those not given left at none."""
     from neuron_app.bench.wire import WireClient
 
     fn_index = next(fid for fid, fn in app.demo.fns.items() if fn.name == "ui_generate")

@@ -12,7 +12,9 @@ PAGE = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "neuron_app"
 ROOMS = ("model", "compile", "cache", "remote", "modes", "trust", "output")
 CLI = {"__main__", "doctor", "verify", "selftest"}
-WINGS = ("web", "scale", "backends", "bench")
+WINGS = ("web", "scale", "backends", "bench", "training")
+#: web/'s rooms, each a box of its own; `server` (web/server.py) composes them, `web` is the rest of its top level.
+WEB_ROOMS = ("page", "openai", "jobs", "mcp")
 
 
 def diagrams() -> list[str]:
@@ -36,6 +38,8 @@ def box_of(module: str) -> str | None:
         return "base"
     if parts[1] in CLI:
         return "cli"
+    if parts[1] == "web" and len(parts) > 2:
+        return parts[2] if parts[2] in {*WEB_ROOMS, "server"} else "web"
     if parts[1] != "engine":
         return parts[1]
     if len(parts) > 2 and parts[2] in ROOMS:

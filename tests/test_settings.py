@@ -95,7 +95,7 @@ def test_configuration_page_has_a_table_per_group_listing_exactly_its_settings()
 
     page = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
     sections = re.split(r"^## ", page, flags=re.MULTILINE)[1:]
-    assert [re.search(r"\(settings/(\w+)\.py\)", s.splitlines()[0]).group(1) for s in sections] == [
+    assert [re.search(r"\(settings/groups/(\w+)\.py\)", s.splitlines()[0]).group(1) for s in sections] == [
         g.__module__.rsplit(".", 1)[1] for g in GROUPS
     ]
     for group, section in zip(GROUPS, sections, strict=True):

@@ -109,7 +109,7 @@ class DeviceBackend(ABC):
     def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:
         """After loading: the pipeline is on the device (the emulator marks its weights and graphs). A sharded
         transformer's share is logged: what tells each rank's slice from a replicated copy."""
-        from neuron_app.backends.emulator_device import shard_report
+        from neuron_app.backends.emulator.device import shard_report
 
         report = shard_report(pipe.transformer.parameters())
         if report is not None:

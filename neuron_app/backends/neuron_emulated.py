@@ -3,7 +3,7 @@
 Everything the manager does differently on Neuron (graph keys per orientation, the tiled VAE by default,
 the fallback switches and report, warm-up with synchronize, CPU-generator seeding, NEFF-style cache
 evidence, the fingerprint) comes from `NeuronBackend` unchanged; only what needs the SDK is replaced:
-tensors live on the CPU with device-ness tracked by `backends/emulator.py`, and `aot_eager`/`inductor`
+tensors live on the CPU with device-ness tracked by `backends/emulator/rules.py`, and `aot_eager`/`inductor`
 stand in for neuronx-cc. The fingerprint names the emulator, so an emulated cache never passes for NEFFs.
 """
 
@@ -76,7 +76,7 @@ class NeuronEmulatedBackend(NeuronBackend):
     @property
     def emulator(self) -> Any:
         if self._emulator is None:
-            from neuron_app.backends.emulator import NeuronEmulator
+            from neuron_app.backends.emulator.rules import NeuronEmulator
 
             if self._folder is None:
                 raise RuntimeError("prepare_cache must run before the emulator starts")
@@ -108,7 +108,7 @@ class NeuronEmulatedBackend(NeuronBackend):
     def tp_mesh(self, world_size: int) -> Any:
         """The guide's `DeviceMesh("neuron", ...)` over gloo, with the emulated device as torch's accelerator, so
         that diffusers' TensorParallelConfig really shards (as under `python -m neuron_app emulate`)."""
-        from neuron_app.backends import emulator_device
+        from neuron_app.backends.emulator import device as emulator_device
 
         emulator_device.register_accelerator()
         emulator_device.register_dist_backend()
@@ -119,7 +119,7 @@ class NeuronEmulatedBackend(NeuronBackend):
         """diffusers places each shard on `neuron:0` (the accelerator, which says available for this load): the
         emulator makes those CPU tensors on the device. DTensor then computes on the mesh's device type, so the
         mesh says `cpu` after diffusers has checked it, and compiled graphs trace shards and inputs on one device."""
-        from neuron_app.backends.emulator_device import _DeviceModule
+        from neuron_app.backends.emulator.device import _DeviceModule
 
         _DeviceModule.available = True
         try:

@@ -26,15 +26,11 @@ from typing import Any
 from neuron_app.bench.common import RESULT_TAG, BenchError, CpuMeter, free_port, settings_env
 from neuron_app.bench.config import BenchConfig
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
-from neuron_app.bench.sections import (
+from neuron_app.bench.sections.compiling import edit, families, lora, modes, recompile
+from neuron_app.bench.sections.serving import (
     concurrency,
-    edit,
-    families,
-    lora,
     memory,
-    modes,
     postprocess,
-    recompile,
     replicas,
     restart,
     serving,

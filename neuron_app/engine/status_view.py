@@ -1,6 +1,6 @@
 """The manager's state as data: one `ShapeStatus` per shape and edit graph, one `ManagerStatus` in all.
 
-Read under the manager's state lock, never waiting for the device; web/views.py turns it into text.
+Read under the manager's state lock, never waiting for the device; web/page/views.py turns it into text.
 """
 
 from __future__ import annotations

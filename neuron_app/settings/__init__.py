@@ -8,17 +8,18 @@ its own (model, requests, compile, device, cache, modes, interfaces, trust, repl
 
 from __future__ import annotations
 
-from neuron_app.settings.cache import CacheSettings, parse_s3_url
-from neuron_app.settings.compile import CompileSettings
 from neuron_app.settings.core import Settings
-from neuron_app.settings.device import DeviceSettings
-from neuron_app.settings.interfaces import DEFAULT_KEY_NAME, MIN_KEY_CHARS, ApiKey, InterfaceSettings
+from neuron_app.settings.groups.cache import CacheSettings, parse_s3_url
+from neuron_app.settings.groups.compile import CompileSettings
+from neuron_app.settings.groups.device import DeviceSettings
+from neuron_app.settings.groups.interfaces import DEFAULT_KEY_NAME, MIN_KEY_CHARS, ApiKey, InterfaceSettings
+from neuron_app.settings.groups.model import MODEL_DEFAULTS, SHIPPED_MODELS, TINY, ModelSettings, shipped_model
+from neuron_app.settings.groups.modes import MAX_REFERENCE_AREA, MIN_REFERENCE_SIDE, ModeSettings
+from neuron_app.settings.groups.replicas import ReplicaRange, ReplicaSettings
+from neuron_app.settings.groups.requests import RequestSettings
+from neuron_app.settings.groups.server import ServerSettings
+from neuron_app.settings.groups.trust import TrustSettings
 from neuron_app.settings.loading import get_settings, load_settings, unknown_env_vars
-from neuron_app.settings.model import MODEL_DEFAULTS, SHIPPED_MODELS, TINY, ModelSettings, shipped_model
-from neuron_app.settings.modes import MAX_REFERENCE_AREA, MIN_REFERENCE_SIDE, ModeSettings
-from neuron_app.settings.replicas import ReplicaRange, ReplicaSettings
-from neuron_app.settings.requests import RequestSettings
-from neuron_app.settings.server import ServerSettings
 from neuron_app.settings.sources import (
     ENV_PREFIX,
     NON_SETTING_VARS,
@@ -27,7 +28,6 @@ from neuron_app.settings.sources import (
     SETTINGS_FILE_ENV,
     settings_file,
 )
-from neuron_app.settings.trust import TrustSettings
 
 #: The groups, in the order docs/configuration.md lists them.
 GROUPS = (

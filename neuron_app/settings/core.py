@@ -6,17 +6,17 @@ from __future__ import annotations
 from pydantic import model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from neuron_app.settings.cache import CacheSettings
-from neuron_app.settings.compile import CompileSettings
-from neuron_app.settings.device import DeviceSettings
-from neuron_app.settings.interfaces import DEFAULT_KEY_NAME, InterfaceSettings, _check_webhook_secret
-from neuron_app.settings.model import MODEL_DEFAULTS, ModelSettings
-from neuron_app.settings.modes import ModeSettings
-from neuron_app.settings.replicas import ReplicaSettings
-from neuron_app.settings.requests import RequestSettings
-from neuron_app.settings.server import ServerSettings
+from neuron_app.settings.groups.cache import CacheSettings
+from neuron_app.settings.groups.compile import CompileSettings
+from neuron_app.settings.groups.device import DeviceSettings
+from neuron_app.settings.groups.interfaces import DEFAULT_KEY_NAME, InterfaceSettings, _check_webhook_secret
+from neuron_app.settings.groups.model import MODEL_DEFAULTS, ModelSettings
+from neuron_app.settings.groups.modes import ModeSettings
+from neuron_app.settings.groups.replicas import ReplicaSettings
+from neuron_app.settings.groups.requests import RequestSettings
+from neuron_app.settings.groups.server import ServerSettings
+from neuron_app.settings.groups.trust import TrustSettings
 from neuron_app.settings.sources import ENV_PREFIX, FriendlyEnvSource, _TomlWithoutSecrets, settings_file
-from neuron_app.settings.trust import TrustSettings
 
 
 class Settings(

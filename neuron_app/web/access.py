@@ -13,7 +13,7 @@
   Gradio reports (`gr.Request.client.host`). uvicorn takes it from `X-Forwarded-For` only when the connection
   comes from an address in `FORWARDED_ALLOW_IPS` (default 127.0.0.1): behind a proxy on another host every
   user shares the proxy's address unless that variable names it. Unset, the limit is on (10) whenever others can
-  reach the app. MCP calls reach the queue through Gradio's own loopback client: web/mcp_tools.py gives that client
+  reach the app. MCP calls reach the queue through Gradio's own loopback client: web/mcp/tools.py gives that client
   a per-process secret and the MCP caller's address, so an MCP call is charged to its caller's address, the same
   budget as its page calls. The route decides; no header a caller can send (`X-Gradio-User: mcp`) does.
 """
@@ -43,7 +43,7 @@ MINUTE_S, DAY_S = 60.0, 86400.0
 MAX_CALLERS = 4096
 #: `page_images_per_minute` unset: this limit whenever others can reach the app, none on loopback.
 REACHABLE_IMAGES_PER_MINUTE = 10
-#: What web/mcp_tools.py adds to the MCP loopback client's requests: a secret of this process (so no caller can
+#: What web/mcp/tools.py adds to the MCP loopback client's requests: a secret of this process (so no caller can
 #: pass for MCP) and the MCP caller's own address; Gradio's direct path for unqueued events keeps the MCP route.
 MCP_SECRET = secrets.token_urlsafe(32)
 MCP_SECRET_HEADER = "x-neuron-app-mcp"

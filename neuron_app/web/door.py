@@ -43,7 +43,7 @@ UPLOAD_PATHS = ("/gradio_api/upload", "/upload")
 QUEUE_JOIN = "/gradio_api/queue/join"
 GRADIO_API = "/gradio_api/"
 FILE_ROUTE = "/gradio_api/file="
-#: The app's own routes (web/openai_api.py, web/ops.py): their answers carry no server folder.
+#: The app's own routes (web/openai/routes.py, web/ops.py): their answers carry no server folder.
 OWN_ROUTES = ("/v1/", "/healthz", "/readyz", "/metrics")
 #: JSON bodies read whole to put the real folders back (event inputs: a prompt, numbers, file references).
 INBOUND_LIMIT = 4 << 20

@@ -1,6 +1,6 @@
 """The Gradio API never answers `{"error": null}`.
 
-The app's own errors reach callers as `gr.Error` with their message (web/ui.py). Errors Gradio raises itself
+The app's own errors reach callers as `gr.Error` with their message (web/page/ui.py). Errors Gradio raises itself
 before the app runs (too few inputs, a value its components refuse) are shown only with `show_error=True`,
 which would also show any exception's text as it is. Off (this app's choice), Gradio answers
 `{"error": null}` and the caller learns nothing. Here such an error says what it is in one line, with every

@@ -57,7 +57,7 @@ class Ops:
         self.settings = settings
         self.manager = manager
         self.demo = demo
-        # Other APIs on the same server (web/openai_api.py): their routes, and their requests outside Gradio's queue.
+        # Other APIs on the same server (web/openai/routes.py): their routes, and their requests outside Gradio's queue.
         self.extra_routes = list(extra_routes)
         self.extra_waiting = extra_waiting
         self.metrics = Metrics(manager, queue_length=self.queue_length)

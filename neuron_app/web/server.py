@@ -92,10 +92,10 @@ def build_app(settings: Settings, manager: Manager) -> App:
     from neuron_app.engine.output.postprocess import request_slots
     from neuron_app.engine.trust.marks import Marker
     from neuron_app.web.access import Access
-    from neuron_app.web.cancel_tool import add_cancel_job
-    from neuron_app.web.openai_api import OpenAIImages
+    from neuron_app.web.mcp.cancel_tool import add_cancel_job
+    from neuron_app.web.openai.routes import OpenAIImages
     from neuron_app.web.ops import Ops
-    from neuron_app.web.ui import build_ui
+    from neuron_app.web.page.ui import build_ui
 
     # Images are written once and served from where they are: Gradio neither hashes nor copies them into its
     # own cache on every answer (a few ms per request, and a second copy on disk). The folder was already
@@ -109,7 +109,7 @@ def build_app(settings: Settings, manager: Manager) -> App:
     # Each device lane's next request starts while the last one's image is in a post slot (output/postprocess.py).
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=request_slots(settings))
     openai_api = OpenAIImages(settings, manager, demo, access)
-    add_cancel_job(demo, openai_api.jobs)  # the MCP tool cancel_job (web/cancel_tool.py)
+    add_cancel_job(demo, openai_api.jobs)  # the MCP tool cancel_job (web/mcp/cancel_tool.py)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
     ops.metrics.registry.register(access)  # its counts on /metrics, read at scrape time
     ops.metrics.registry.register(openai_api.usage.collector())  # usage per key today, read at scrape time
@@ -145,7 +145,7 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     if not kwargs["share"]:
         wait_for_page(app.demo.local_url)
     from neuron_app.web.door import Aliases, cap_connections
-    from neuron_app.web.mcp_tools import mend
+    from neuron_app.web.mcp.tools import mend
 
     mend(app.demo, Aliases.for_settings(settings).local_path)  # MCP answers: JSON and image content, no paths
     from neuron_app.web.gradio_errors import mend_error_payload
@@ -153,7 +153,7 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     mend_error_payload()  # Gradio's own refusals say what was wrong, in one line, instead of {"error": null}
 
     cap_connections(app.demo, settings)  # uvicorn's limit_concurrency: 503 beyond max_connections
-    from neuron_app.web.first_render import install
+    from neuron_app.web.page.first_render import install
 
     install(app.demo)  # every page opens on the state of now, not the state at launch
     if not quiet:

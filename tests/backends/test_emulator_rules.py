@@ -15,8 +15,8 @@ from neuron_app.errors import NeuronRuleViolation
 
 @pytest.fixture
 def emulator(tmp_path: Path) -> Any:
-    from neuron_app.backends.emulator import NeuronEmulator
-    from neuron_app.backends.emulator_cache import forget_memory
+    from neuron_app.backends.emulator.cache import forget_memory
+    from neuron_app.backends.emulator.rules import NeuronEmulator
 
     forget_memory()
     return NeuronEmulator(tmp_path / "neff-emulated")
@@ -70,7 +70,7 @@ def test_a_graph_computing_in_float64_fails(emulator: Any) -> None:
 def test_weights_past_one_cores_hbm_fail(tmp_path: Path) -> None:
     import torch
 
-    from neuron_app.backends.emulator import NeuronEmulator
+    from neuron_app.backends.emulator.rules import NeuronEmulator
 
     small = NeuronEmulator(tmp_path / "neff", hbm_gib=1 / 2**20)  # 1 KiB
     with pytest.raises(NeuronRuleViolation, match=r"past the 0\.00 GiB of HBM"):
@@ -122,7 +122,7 @@ def test_a_latched_device_error_surfaces_at_the_next_synchronize_or_device_op_on
 def test_the_cache_looks_in_memory_then_on_disk_with_torchneurons_counters(tmp_path: Path) -> None:
     """A miss compiles; the same process again is an in-memory hit (no counter moves); a new process on the
     folder is a persistent hit."""
-    from neuron_app.backends.emulator_cache import ArtifactStore, forget_memory
+    from neuron_app.backends.emulator.cache import ArtifactStore, forget_memory
 
     forget_memory()
     store = ArtifactStore(tmp_path)
@@ -169,7 +169,7 @@ def test_each_shape_says_whether_its_attention_takes_the_nki_kernel(make_setting
     (128x64, and its sibling 64x128, which compiles no transformer graph of its own) + 480 make 512, the
     kernel; 16 (64x64) + 32 make 48, decomposed. Status and the page say which."""
     from neuron_app.engine.manager import PipelineManager
-    from neuron_app.web.views import neuron_markdown
+    from neuron_app.web.page.views import neuron_markdown
 
     for text, shapes, nki in ((480, ["128x64", "64x128"], True), (32, ["64x64"], False)):
         settings = make_settings(

@@ -19,7 +19,7 @@ SHAPES = ["64x64", "128x64", "64x128"]
 
 @pytest.fixture
 def emulator(tmp_path: Path) -> Any:
-    from neuron_app.backends.emulator import NeuronEmulator
+    from neuron_app.backends.emulator.rules import NeuronEmulator
 
     return NeuronEmulator(tmp_path / "neff-emulated")
 
@@ -113,7 +113,7 @@ def test_device_tensors_report_the_neuron_device_and_host_copies_do_not(emulator
 def test_eager_signatures_compile_once_and_survive_a_restart(tmp_path: Path) -> None:
     import torch
 
-    from neuron_app.backends.emulator import NeuronEmulator
+    from neuron_app.backends.emulator.rules import NeuronEmulator
 
     first = NeuronEmulator(tmp_path / "neff")
     with first.device_work():

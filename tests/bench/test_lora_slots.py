@@ -1,4 +1,5 @@
-"""`python -m neuron_app.bench.sections.lora`, the LoRA slots run, on the tiny model: one row per slot count."""
+"""`python -m neuron_app.bench.sections.compiling.lora`, the LoRA slots run, on the tiny model: one row per
+slot count."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.support import link_models
 def test_lora_slots_measures_each_slot_count_with_no_recompile(
     tmp_path: Path, shared_models: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from neuron_app.bench.sections import lora
+    from neuron_app.bench.sections.compiling import lora
 
     out, cache_dir = tmp_path / "slots.json", link_models(tmp_path / "cache", shared_models)
     argv = ["--repeats", "1", "--max-slots", "2", "--json", str(out), "--cache-dir", str(cache_dir)]

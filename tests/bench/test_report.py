@@ -35,16 +35,16 @@ def test_a_failed_or_missing_section_says_so_under_its_heading() -> None:
 def test_a_standalone_script_writes_its_section_of_benchmarks_md(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`python -m neuron_app.bench.klein_modes --json` (its smallest run): the record carries the printed Markdown
-    and the figures, and the render puts it into BENCHMARKS.md under its title."""
-    from neuron_app.bench import klein_modes
+    """`python -m neuron_app.bench.studies.klein_modes --json` (its smallest run): the record carries the printed
+    Markdown and the figures, and the render puts it into BENCHMARKS.md under its title."""
+    from neuron_app.bench.studies import klein_modes
 
     record_path = tmp_path / "benchmarks" / "klein-modes.json"
     argv = ["--skip-encoder", "--preview-shapes", "64x64", "--repeats", "1", "--json", str(record_path)]
     assert klein_modes.main(argv) == 0
     record = json.loads(record_path.read_text())
     assert record["title"] == klein_modes.TITLE
-    assert record["command"] == "python -m neuron_app.bench.klein_modes " + " ".join(argv)
+    assert record["command"] == "python -m neuron_app.bench.studies.klein_modes " + " ".join(argv)
     assert record["markdown"] + "\n" == capsys.readouterr().out
     assert set(record["results"]["previews"]) == {"64x64/128ch", "64x64/4ch"}
     assert "| 64x64 | " in record["markdown"]

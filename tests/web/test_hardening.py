@@ -268,7 +268,7 @@ def test_the_page_limit_is_on_by_default_when_others_can_reach_the_app(make_sett
 def test_a_full_disk_is_a_507_in_openai_shape(app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `url` image is written where the kernel says ENOSPC (/dev/full, a real write that fails as on a full
     disk): the answer is a 507 `insufficient_storage` in OpenAI's shape, naming no path (it used to be a plain 500)."""
-    from neuron_app.web import image_urls
+    from neuron_app.web.openai import image_urls
 
     real = image_urls.write_image
 

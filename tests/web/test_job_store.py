@@ -1,4 +1,4 @@
-"""The job store as stored state (web/job_store.py): a corrupt file does not stop the server, a clean stop leaves
+"""The job store as stored state (web/jobs/job_store.py): a corrupt file does not stop the server, a clean stop leaves
 nothing in the WAL, pruning runs in the background, and the per-key and image caps hold.
 
 The server-level tests drive the real tiny app with the `openai` SDK (`max_retries=0`, so a 429 is seen as it
@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from neuron_app.web.job_store import Caps, JobStore
+from neuron_app.web.jobs.job_store import Caps, JobStore
 from tests.support import TINY_OVERRIDES, free_port, link_models, openai_client, wait_for
 
 ALICE = f"sk-alice-{uuid.uuid4().hex}"
@@ -53,7 +53,7 @@ def corrupt_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -
     garbage = os.urandom(64 * 1024)
     (cache_dir / "jobs.sqlite3").write_bytes(garbage)
     lines = Lines()
-    logger = logging.getLogger("neuron_app.web.job_store")
+    logger = logging.getLogger("neuron_app.web.jobs.job_store")
     logger.addHandler(lines)
     keys = {"alice": {"key": ALICE, "images_per_minute": 3}, "bob": {"key": BOB}}
     overrides = {"cache_dir": cache_dir, "server_port": free_port(), "api_keys": keys}
@@ -168,7 +168,7 @@ def test_a_clean_close_checkpoints_and_a_corrupt_file_is_refused_only_when_corru
     assert path.with_name("jobs.sqlite3-wal").stat().st_size > 0
     store.close()
     assert not path.with_name("jobs.sqlite3-wal").exists()
-    with caplog.at_level(logging.WARNING, logger="neuron_app.web.job_store"):
+    with caplog.at_level(logging.WARNING, logger="neuron_app.web.jobs.job_store"):
         again = JobStore(path, tmp_path / "files", ttl_s=60)
         assert again.get("job49") is not None
         again.close()

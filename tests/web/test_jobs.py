@@ -1,4 +1,4 @@
-"""Asynchronous jobs of the OpenAI-compatible API and their signed webhooks (web/jobs.py, web/webhooks.py).
+"""Asynchronous jobs of the OpenAI-compatible API and their signed webhooks (web/jobs/jobs.py, web/jobs/webhooks.py).
 
 Driven by the `openai` SDK (`extra_headers={"Prefer": "respond-async"}`, raw responses for the 202 and its
 Location) and httpx for GET/DELETE; webhooks go to a loopback receiver (http.server on a free port) and are
@@ -26,7 +26,7 @@ from PIL import Image
 from standardwebhooks import Webhook
 
 from neuron_app.errors import RequestError
-from neuron_app.web.webhooks import Allowlist, deliver, sign
+from neuron_app.web.jobs.webhooks import Allowlist, deliver, sign
 from tests.support import AppProcess, free_port, openai_client
 
 SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
@@ -338,7 +338,7 @@ def test_finished_jobs_outlive_a_restart_and_a_cut_job_reads_failed(
 
 
 def test_jobs_and_their_images_are_deleted_after_the_ttl(tmp_path: Any) -> None:
-    from neuron_app.web.job_store import JobStore
+    from neuron_app.web.jobs.job_store import JobStore
 
     files = tmp_path / "files"
     store = JobStore(tmp_path / "jobs.sqlite3", files, ttl_s=60)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.records import ProgressEvent
-from neuron_app.web.views import progress_markdown
+from neuron_app.web.page.views import progress_markdown
 from tests.support import wait_for
 
 
@@ -56,7 +56,7 @@ def test_loading_the_model_says_its_last_load_time_even_while_another_thread_loa
 
 def test_the_result_line_names_the_source_mask_and_strength(make_settings: Any) -> None:
     """An inpaint's and an image-to-image's line say what they started from, not only the shape and seed."""
-    from neuron_app.web.views import info_markdown
+    from neuron_app.web.page.views import info_markdown
     from tests.support import left_half_mask, png, source_image
 
     manager = PipelineManager(make_settings())

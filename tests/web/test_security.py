@@ -321,7 +321,11 @@ def test_app_py_keeps_secrets_out_of_its_output_and_files_at_home(
     # c2pa/: the per-install signing chain (engine/trust/c2pa_signing.py); jobs.sqlite3: the OpenAI API's async jobs
     state = {"c2pa", "jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm", "jobs.sqlite3-journal"}
     state |= {"load-times.json"}  # the model's last load time, for "loading the model (~N s)": no secret in it
-    state |= {"usage.sqlite3", "usage.sqlite3-wal", "usage.sqlite3-shm"}  # usage per key per day (web/usage_book.py)
+    state |= {
+        "usage.sqlite3",
+        "usage.sqlite3-wal",
+        "usage.sqlite3-shm",
+    }  # usage per key per day (web/jobs/usage_book.py)
     expected = {"models", "outputs", "gradio-tmp", "manifest.json", "manifest.json.lock", *ARTIFACT_DIRS, *state}
     assert written <= expected, written
     assert list(tmpdir.iterdir()) == []

@@ -69,7 +69,7 @@ def test_aspect_ratio_and_output_megapixels_resolve_to_a_size(nearest_app: Any) 
 
 
 def test_the_size_rules_and_exact_refuses_them(make_settings: Callable[..., Any]) -> None:
-    from neuron_app.web.sizes import plan_for
+    from neuron_app.web.openai.sizes import plan_for
 
     default = Resolution.parse("64x64")
     assert sizing.wanted_size("1000x700", None, None, default) == (1000, 700)

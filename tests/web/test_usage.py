@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 
 from neuron_app.engine.records import CacheResult, GenerationRecord, Usage
-from neuron_app.web.views import info_markdown
+from neuron_app.web.page.views import info_markdown
 from tests.support import openai_client, run_cli, tiny_env, wait_for
 
 KEY = f"sk-test-{uuid.uuid4().hex}"

@@ -1,5 +1,5 @@
-"""Webhook delivery under attack (web/webhooks.py, web/webhook_pool.py): a receiver that drips its answer is cut off
-by the per-attempt deadline and the attempt retried, the pool stays bounded, and IPv6 forms that carry an IPv4
+"""Webhook delivery under attack (web/jobs/webhooks.py, web/jobs/webhook_pool.py): a receiver that drips its answer is
+cut off by the per-attempt deadline and the attempt retried, the pool stays bounded, and IPv6 forms that carry an IPv4
 address (NAT64, 6to4, IPv4-compatible) are checked as that address; port 0 is refused.
 
 The receivers are real loopback sockets; every wait is on an event, with a generous backstop.
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from neuron_app.errors import RequestError
-from neuron_app.web.webhook_pool import Deliveries
-from neuron_app.web.webhooks import Allowlist
+from neuron_app.web.jobs.webhook_pool import Deliveries
+from neuron_app.web.jobs.webhooks import Allowlist
 
 SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"

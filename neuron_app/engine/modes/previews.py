@@ -4,7 +4,7 @@ No VAE call, no device graph, no compile: the packed latents (B, tokens, 128) ar
 to the VAE's 32 channels at 1/8 of the image's size (FLUX.2 packs 2x2 patches of 32 channels into 128) and
 projected to RGB by a fixed linear map. A model trained here ships its own map beside its weights
 (`preview_rgb.json`, fitted by least squares from its latents to what its VAE decodes:
-engine/model/training/preview_fit.py), read once at load (engine/model/loader.py). Otherwise, for FLUX.2's VAE,
+training/preview_fit.py), read once at load (engine/model/loader.py). Otherwise, for FLUX.2's VAE,
 the map is the published 32x3 latent-to-RGB factors (ComfyUI's `comfy/latent_formats.py`, class Flux2, which
 acts on the same batch-normalized latents the transformer denoises); any other channel count (the tiny model
 has 1) gets a generic map: the channels' mean as gray, stretched to the preview's range. The preview is a

@@ -70,7 +70,7 @@ def test_other_configurations_give_their_mean_and_say_it_is_rough() -> None:
 def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any) -> None:
     """The dropdown label is short (state word, ~seconds); the info line and the table carry the same estimate
     in full, in words (no enum names)."""
-    from neuron_app.web.views import estimate_text, progress_markdown, shape_info, shape_label, shapes_table
+    from neuron_app.web.page.views import estimate_text, progress_markdown, shape_info, shape_label, shapes_table
 
     status = module_manager.status()
     cold = next(s for s in status.shapes.values() if s.state is ShapeState.NOT_COMPILED)

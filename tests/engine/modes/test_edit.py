@@ -19,7 +19,7 @@ from PIL import Image
 from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.modes.references import load_reference
 from neuron_app.errors import RequestError
-from neuron_app.web.edit_controls import edit_choices
+from neuron_app.web.page.edit_controls import edit_choices
 from tests.support import TINY_OVERRIDES
 
 

@@ -166,7 +166,7 @@ def test_preview_projects_the_unpacked_latents() -> None:
 def test_brush_strokes_are_the_mask() -> None:
     """The page's ImageEditor value: painted pixels (any layer's alpha) are what to redraw; no strokes is
     image-to-image at the slider's strength."""
-    from neuron_app.web.inpaint import editor_source
+    from neuron_app.web.page.inpaint import editor_source
 
     background = source_image().convert("RGBA")
     layer = Image.new("RGBA", background.size, (0, 0, 0, 0))

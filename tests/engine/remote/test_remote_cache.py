@@ -465,7 +465,7 @@ def test_status_page_and_metrics_show_what_was_pulled(s3: Any, make_settings: An
     """A manager with cache_remote (not loaded): status carries `remote`, the page and /metrics say it."""
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.web.metrics import Metrics
-    from neuron_app.web.views import status_markdown
+    from neuron_app.web.page.views import status_markdown
 
     url = f"s3://{s3.bucket}/p"
     off = PipelineManager(make_settings(cache_dir=tmp_path / "off"))

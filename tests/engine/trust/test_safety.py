@@ -198,7 +198,7 @@ def test_a_checker_that_cannot_load_shows_at_start_and_refuses_at_once_in_full(
 
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.errors import ModelLoadError
-    from neuron_app.web.views import safety_markdown
+    from neuron_app.web.page.views import safety_markdown
     from tests.support import wait_for
 
     empty = tmp_path / ("an-empty-folder-with-a-long-name-" + "x" * 150)

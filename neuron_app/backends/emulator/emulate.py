@@ -1,0 +1,210 @@
+"""`python -m neuron_app emulate SCRIPT [ARGS]` / `emulate -m MODULE [ARGS]`: anyone's script on the emulator.
+
+Like `python -m coverage run`: the emulated neuron device is installed, then the script runs as `__main__`
+with its own arguments, and a summary is printed at exit (eager compiles, graphs, violations, fallbacks and
+NKI attention per graph). What is installed, so that the diffusers guide's code runs unchanged:
+
+- the `neuron` device (torch's PrivateUse1 slot) and `torch.neuron` with `is_available()` True,
+  `device_count()`, `current_device()`, `synchronize()` (where latched errors surface);
+- `module.to("neuron")` / `pipe.to("neuron")`, which really adopt the weights (the rules then apply);
+- the `neuron` torch.compile backend (the rules and the NKI gate on each graph, `aot_eager` standing in for
+  neuronx-cc), for `module.compile(backend="neuron")`, `compile_repeated_blocks` and `torch.compile(fn, ...)`;
+- the `neuron` torch.distributed backend over gloo, so `init_process_group(backend="neuron")` and
+  `DeviceMesh("neuron", ...)` work under torchrun, and the emulated device as torch's accelerator, so diffusers'
+  TensorParallelConfig shards the transformer (DTensor slices on each rank's device; the summary names them);
+- TORCH_NEURONX_NEFF_CACHE_DIR (its `emulated/` subfolder holds the artifacts, apart from real NEFFs) and
+  TORCH_NEURONX_ENABLE_NKI_SDPA=0 (attention then never takes the kernel), read as TorchNeuron reads them.
+The script's main thread runs under the rules; threads it starts do not.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+#: TorchNeuron's default NEFF cache folder (the guide); the emulator's artifacts go into its `emulated/`.
+DEFAULT_NEFF_CACHE = "/tmp/neff_cache"
+
+
+def install(mode: str = "enforce") -> Any:
+    """Install the emulated device, its compile and distributed backends; returns the emulator."""
+    import torch
+
+    from neuron_app.backends.emulator import device as emulator_device
+    from neuron_app.backends.emulator.rules import NeuronEmulator
+
+    folder = Path(os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or DEFAULT_NEFF_CACHE) / "emulated"
+    em = NeuronEmulator(folder, mode)
+    emulator_device._DeviceModule.available = True
+    emulator_device._DeviceModule.synchronize_hook = em.synchronize
+    emulator_device.register_accelerator()
+    sys.modules.setdefault("torch.neuron", emulator_device._DEVICE_MODULE)  # torch imports it as a module too
+    nki_off = os.environ.get("TORCH_NEURONX_ENABLE_NKI_SDPA", "1").strip().lower() in ("0", "false")
+
+    def neuron_compiler(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        from torch._dynamo import lookup_backend
+
+        em.check_graph(gm, example_inputs)
+        if nki_off and em.graph_attention and em.graph_attention[-1]["sdpa"]:
+            em.graph_attention[-1].update(nki=False, why_not="TORCH_NEURONX_ENABLE_NKI_SDPA=0")
+        return lookup_backend("aot_eager")(gm, example_inputs, **kwargs)
+
+    if "neuron" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(compiler_fn=neuron_compiler, name="neuron")
+    emulator_device.register_dist_backend()
+    _patch_module_to(em)
+    _patch_compile(em)
+    return em
+
+
+def _patch_module_to(em: Any) -> None:
+    import torch
+
+    from neuron_app.backends.emulator.device import _is_device_arg, _is_neuron
+
+    original = torch.nn.Module.to
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device", next((a for a in args if _is_device_arg(a)), None))
+        if not _is_neuron(device):
+            return original(self, *args, **kwargs)
+        rest = [a for a in args if not _is_device_arg(a)]
+        options = {k: v for k, v in kwargs.items() if k != "device"}
+        if rest or options:  # a dtype too: convert on the host, then adopt
+            original(self, *rest, **options)
+        em.adopt(self)
+        return self
+
+    torch.nn.Module.to = to  # type: ignore[method-assign]
+
+
+def _device_graph(em: Any, fn: Any, name: str) -> Any:
+    """`em.graph`, with `torch.neuron` saying "no device" while dynamo traces and runs it: torch's accelerator
+    machinery (streams) would otherwise ask the C++ side, which has no neuron device."""
+    from neuron_app.backends.emulator.device import _DeviceModule
+
+    graph = em.graph(fn, name)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _DeviceModule.available = False
+        try:
+            return graph(*args, **kwargs)
+        finally:
+            _DeviceModule.available = True
+
+    run.neuron_graph = name  # type: ignore[attr-defined]
+    return run
+
+
+def _patch_compile(em: Any) -> None:
+    import torch
+
+    module_compile = torch.nn.Module.compile
+    torch_compile = torch.compile
+
+    def compile_module(self: Any, *args: Any, **kwargs: Any) -> None:
+        module_compile(self, *args, **kwargs)
+        if kwargs.get("backend") == "neuron" and self._compiled_call_impl is not None:
+            self._compiled_call_impl = _device_graph(em, self._compiled_call_impl, type(self).__name__)
+
+    def compile_fn(model: Any = None, **kwargs: Any) -> Any:
+        out = torch_compile(model, **kwargs) if model is not None else torch_compile(**kwargs)
+        if kwargs.get("backend") != "neuron" or isinstance(out, torch.nn.Module) or not callable(out):
+            return out  # torch.compile(module): use module.compile(backend="neuron") to run it as a device graph
+        return _device_graph(em, out, getattr(model, "__name__", "graph"))
+
+    torch.nn.Module.compile = compile_module  # type: ignore[method-assign]
+    torch.compile = compile_fn  # type: ignore[assignment]
+
+
+def _live_shards() -> dict[str, Any] | None:
+    """The DTensor parameters alive in this process (the script's own model, sharded by diffusers' tensor
+    parallelism without ever being adopted by `.to("neuron")`)."""
+    import gc
+
+    from neuron_app.backends.emulator.device import shard_report
+
+    if "torch.distributed.tensor" not in sys.modules:
+        return None
+    from torch.distributed.tensor import DTensor
+
+    # By type, not isinstance: a metaclass check would read attributes of every object (deprecation warnings).
+    return shard_report(o for o in gc.get_objects() if issubclass(type(o), DTensor) and getattr(o, "_is_param", False))
+
+
+def summary(em: Any) -> str:
+    """What the script did on the emulated device, in a few lines."""
+    snap = em.snapshot()
+    fallbacks = ", ".join(f"{op} x{n}" for op, n in sorted(snap["fallback_ops"].items())) or "none"
+    world = os.environ.get("WORLD_SIZE")
+    lines = [
+        "neuron-emulated summary" + (f" (rank {os.environ.get('RANK', '0')} of {world})" if world else ""),
+        f"  eager compiles {snap['eager_compiles']} (signatures in the cache {snap['eager_signatures']}); "
+        f"graphs compiled {snap['graph_compiles']}; cache {snap['cache']}",
+        f"  violations {snap['violation_count']}" + (f": last {snap['violations'][-1]}" if snap["violations"] else ""),
+        f"  fallbacks to the CPU: {fallbacks} (host round trips {snap['host_round_trips']})",
+        f"  device weights {snap['weight_gib']} GiB of {snap['hbm_gib']} GiB; int64 ops {snap['int64_ops']}",
+    ]
+    shards = snap["tensor_parallel"] or _live_shards()
+    if shards:
+        lines.append(
+            f"  tensor parallel: mesh {shards['mesh']}, {shards['sharded']} sharded parameters (this rank holds "
+            f"{shards['local_elements']} of their {shards['elements']} elements, {shards['share']:.2f}), "
+            f"{shards['replicated']} replicated"
+        )
+    for entry in snap["graph_attention"]:
+        if entry["sdpa"]:
+            verdict = "yes" if entry["nki"] else f"no ({entry['why_not']})"
+            lines.append(f"  graph {entry['graph']}: {entry['sdpa']} attention call(s), NKI attention {verdict}")
+    return "\n".join(lines)
+
+
+USAGE = """usage: python -m neuron_app emulate [--rules enforce|record] (SCRIPT | -m MODULE) [ARGS ...]
+
+Run a script, or a module as __main__ (like python -m), on the emulated neuron device; everything after SCRIPT
+or MODULE is its own arguments. A summary is printed to stderr at exit."""
+
+
+def parse(argv: list[str]) -> tuple[str, str | None, str | None, list[str]]:
+    """(rules, module, script, the target's own arguments); the target's options are never ours."""
+    rules, rest = "enforce", list(argv)
+    while rest and rest[0] in ("--rules", "-h", "--help"):
+        if rest[0] != "--rules":
+            print(USAGE)
+            raise SystemExit(0)
+        if len(rest) < 2 or rest[1] not in ("enforce", "record"):
+            raise SystemExit("error: --rules takes enforce or record")
+        rules, rest = rest[1], rest[2:]
+    if rest[:1] == ["-m"]:
+        if len(rest) < 2:
+            raise SystemExit("error: -m needs a MODULE")
+        return rules, rest[1], None, rest[2:]
+    if not rest:
+        raise SystemExit(f"error: name a SCRIPT, or -m MODULE\n{USAGE}")
+    return rules, None, rest[0], rest[1:]
+
+
+def main(argv: list[str]) -> int:
+    rules, module, script, rest = parse(argv)
+    em = install(rules)
+    kept: list[Any] = []  # the script's globals: held by `report` until the summary has read its model
+
+    def report() -> None:
+        print(summary(em), file=sys.stderr, flush=True)
+        kept.clear()
+
+    atexit.register(report)
+    with em.device_work():
+        if module is not None:
+            sys.argv = [module, *rest]
+            kept.append(runpy.run_module(module, run_name="__main__", alter_sys=True))
+        else:
+            assert script is not None
+            sys.argv = [script, *rest]
+            sys.path.insert(0, str(Path(script).resolve().parent))
+            kept.append(runpy.run_path(script, run_name="__main__"))
+    return 0

@@ -1,0 +1,118 @@
+"""The two Python modes the emulator plays the device with: aten ops (rules) and placement (`.to`, factories).
+
+Split from `emulator.py`; they hold no state of their own, only the emulator they report to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from neuron_app.backends.emulator import device as dev
+from neuron_app.backends.emulator.device import _RANDOM_FUNCTIONS, _is_neuron, _spec
+
+
+def _returns_view(func: Any) -> bool:
+    ret = func._schema.returns[0]
+    return ret.alias_info is not None and not ret.alias_info.is_write
+
+
+class _RulesMode(TorchDispatchMode):
+    """Sees every aten op run eagerly: checks the ones on device tensors and keeps their outputs there."""
+
+    def __init__(self, emulator: Any) -> None:
+        super().__init__()
+        self.emulator = emulator
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        em = self.emulator
+        tensors = [t for t in pytree.arg_tree_leaves(*args, **kwargs) if isinstance(t, torch.Tensor)]
+        on_device = any(em.is_device(t) for t in tensors)
+        if on_device:
+            em.check_op(func, args, kwargs, tensors)
+        out = func(*args, **kwargs)
+        if on_device:
+            em.place(out, True)
+        elif tensors and all(em.is_host(t) for t in tensors):
+            em.place(out, False)
+        return out
+
+
+class _PlacementMode(TorchFunctionMode):
+    """Python-level placement: `device="neuron"` factories, `.to()`, `.cpu()`, `.device`, `.numpy()`."""
+
+    def __init__(self, emulator: Any) -> None:
+        super().__init__()
+        self.emulator = emulator
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        em = self.emulator
+        owner = getattr(func, "__self__", None)
+        # The `.device` / `.is_cpu` properties: a host tensor answers for itself (a `meta` one is not on the CPU:
+        # transformers materializes the buffers that say meta, such as the text encoder's RoPE frequencies).
+        if owner is torch.Tensor.device:
+            return dev.DEVICE if em.is_device(args[0]) else func(*args, **kwargs)
+        if owner is torch.Tensor.is_cpu:
+            return not em.is_device(args[0]) and func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name in ("cpu", "to") and args and isinstance(args[0], torch.Tensor) and _is_method(func, name):
+            return self._move(func, name, args, kwargs)
+        if name == "numpy" and args and em.is_device(args[0]):
+            em.violate(f"Tensor.numpy() of a device tensor {_spec(args[0])}: move it to the CPU first")
+        if name == "get_device" and args and em.is_device(args[0]):
+            return 0
+        device = kwargs.get("device")
+        if _is_neuron(device):
+            if name in _RANDOM_FUNCTIONS:
+                em.violate(f"torch.{name}(device='neuron') makes random numbers on the device; use a CPU generator")
+            out = func(*args, **{**kwargs, "device": "cpu"})
+            return em.place(out, True)
+        if name in _RANDOM_FUNCTIONS and any(em.is_device(a) for a in pytree.tree_leaves(args)):
+            em.violate(f"torch.{name} of a device tensor makes random numbers on the device; use a CPU generator")
+        out = func(*args, **kwargs)
+        if device is not None and isinstance(out, torch.Tensor) and not _is_neuron(device):
+            em.place(out, False)  # an explicit host factory
+        elif (
+            name in ("from_numpy", "tensor", "as_tensor")
+            and device is None
+            and isinstance(out, torch.Tensor)
+            and not any(em.is_device(a) for a in pytree.tree_leaves(args))
+        ):
+            em.place(out, False)
+        return out
+
+    def _move(self, func: Any, name: str, args: tuple, kwargs: dict) -> Any:
+        em = self.emulator
+        src = args[0]
+        if name == "cpu":
+            target_device, call_kwargs = False, {}
+        else:
+            rest = args[1:]
+            if rest and isinstance(rest[0], torch.Tensor):
+                target_device = em.is_device(rest[0])
+                call_kwargs = {"dtype": rest[0].dtype}
+            else:
+                device = kwargs.get("device")
+                if device is None and rest and dev._is_device_arg(rest[0]):
+                    device = rest[0]
+                dtype = kwargs.get("dtype")
+                if dtype is None:
+                    dtype = next((a for a in rest if isinstance(a, torch.dtype)), None)
+                target_device = em.is_device(src) if device is None else _is_neuron(device)
+                call_kwargs = {"dtype": dtype} if dtype is not None else {}
+                if "memory_format" in kwargs:
+                    call_kwargs["memory_format"] = kwargs["memory_format"]
+        out = src.to(**call_kwargs) if call_kwargs else src
+        if out is src and target_device != em.is_device(src):
+            out = src.clone()  # a transfer makes a new tensor on the other side
+        return em.place(out, target_device)
+
+
+def _is_method(func: Any, name: str) -> bool:
+    return func is getattr(torch.Tensor, name, None) or getattr(func, "__qualname__", "").endswith(f"Tensor.{name}")

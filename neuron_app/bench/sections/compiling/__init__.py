@@ -1,0 +1,1 @@
+"""Bench sections on compiling: modes, recompiles, graph families, edits, LoRA."""

@@ -1,0 +1,1 @@
+"""The settings' groups, one mixin of `Settings` each (flat `NEURON_APP_<FIELD>` names)."""

@@ -1,0 +1,391 @@
+"""Asynchronous jobs of the OpenAI-compatible API: `Prefer: respond-async`, `GET`/`DELETE /v1/images/jobs/{id}`.
+
+A cold shape on Neuron compiles for minutes, longer than proxies keep a request open (an AWS ALB cuts idle ones
+after 60 s). A job answers 202 at once and is polled, or announces its end to a signed webhook (web/jobs/webhooks.py).
+A job is the synchronous request taken apart at the point where it would start device work: validated, charged to
+its key and counted in the shared queue at submit (a bad request is a 400 then, never a failed job), and run
+by a worker through the same `run_many` as a synchronous request, so it meets the same device lock and limits.
+
+Jobs live in SQLite in the cache folder (`jobs.sqlite3`): a finished job reads the same after a restart until
+`job_ttl_s`; a job that a restart cut off is marked failed ("the server restarted"), never lost. A `b64_json`
+job's PNGs are files under `outputs/jobs/<id>/` (base64 only when read: the database stays small); `url` jobs keep
+the URLs the synchronous API hands out. Progress lives in memory: only a running job has any. The table, its
+caps and its pruning are web/jobs/job_store.py's.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import json
+import logging
+import queue
+import re
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from neuron_app import tracing
+from neuron_app.engine.contract import Manager
+from neuron_app.engine.output.images import write_png
+from neuron_app.engine.records import GenerationRecord, ProgressCallback, ProgressEvent
+from neuron_app.errors import Cancelled, Conflict, NotFound, RequestError
+from neuron_app.settings import Settings
+from neuron_app.web.jobs.job_store import Caps, JobStore
+from neuron_app.web.jobs.usage_book import UsageBook
+from neuron_app.web.jobs.webhook_pool import QUEUE_FULL, Deliveries
+from neuron_app.web.jobs.webhooks import Allowlist
+
+if TYPE_CHECKING:
+    from neuron_app.engine.trust.marks import Marker
+
+log = logging.getLogger(__name__)
+
+JOB_ID = re.compile(r"imgjob_[A-Za-z0-9_-]{24}")
+ENDED = ("succeeded", "failed", "cancelled")
+#: How long a DELETE on a running job waits for it to stop at its next step (a step is well under this).
+CANCEL_WAIT_S = 30.0
+
+
+def wants_async(prefer: str) -> bool:
+    """RFC 7240: `Prefer: respond-async` (among other preferences, any case)."""
+    return any(part.split(";")[0].strip().lower() == "respond-async" for part in prefer.split(","))
+
+
+@dataclasses.dataclass
+class Live:
+    """A job of this process that has not ended: what runs it, and its progress (memory only)."""
+
+    id: str
+    work: Callable[[ProgressCallback], list[GenerationRecord]]
+    stack: contextlib.ExitStack  # its key's charge and its place in the shared queue, released when it ends
+    url_for: Callable[[str], str]
+    state: str = "queued"
+    event: ProgressEvent | None = None
+    since: float = 0.0  # when the current phase began (monotonic)
+    estimate: dict[str, Any] | None = None  # the shape's compile (or load) estimate when it started compiling
+    key_name: str | None = None  # whose usage it is
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)  # DELETE while it runs
+    ended: threading.Event = dataclasses.field(default_factory=threading.Event)
+    queued_at: float = dataclasses.field(default_factory=time.monotonic)
+    waited_s: float = 0.0  # queued, until a worker took it
+    trace: Any = dataclasses.field(default_factory=tracing.capture)  # the submitting request's trace
+
+
+class Jobs:
+    """The job store, its workers (one per device lane) and the job views; web/openai/routes.py hooks it in."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        manager: Manager,
+        marker: Marker | None,
+        save_url: Callable[[GenerationRecord], str],
+        error_of: Callable[[BaseException], dict[str, Any]],
+    ) -> None:
+        self.settings, self.manager, self.marker = settings, manager, marker
+        self.save_url, self.error_of = save_url, error_of
+        self.allow = Allowlist(settings.webhook_hosts)
+        self.deliveries = Deliveries(
+            self.allow,
+            workers=settings.webhook_workers,
+            max_pending=settings.webhook_queue,
+            deadline_s=settings.webhook_timeout_s,
+        )
+        self.files = settings.outputs_dir / "jobs"
+        caps = Caps(
+            settings.jobs_per_key, settings.jobs_stored_per_key, settings.job_images_max, settings.job_images_max_bytes
+        )
+        self.store = JobStore(settings.cache_dir / "jobs.sqlite3", self.files, settings.job_ttl_s, caps)
+        self.usage = UsageBook(settings.cache_dir / "usage.sqlite3")
+        self.store.start_pruning()  # TTL and image caps, on its own thread: never on a submit or the event loop
+        self._lock = threading.Lock()
+        self._live: dict[str, Live] = {}
+        self._pending: queue.Queue[str] = queue.Queue()
+        self._workers: list[threading.Thread] = []
+        for row in self.store.mark_restarted():
+            log.warning("job %s was cut off by a restart: marked failed", row["id"])
+            self._announce(row["id"])
+
+    # --- submit -------------------------------------------------------------------------------------------
+    def check_webhook(self, prefer: str, fields: dict[str, Any]) -> str | None:
+        """The job's webhook URL, checked (allowlist, every resolved address); RequestError with param webhook_url."""
+        url = fields.get("webhook_url")
+        if url is None:
+            return None
+        if not wants_async(prefer):
+            raise RequestError(
+                "webhook_url needs an asynchronous job: send the header 'Prefer: respond-async'",
+                param="webhook_url",
+                code="invalid_webhook_url",
+            )
+        self.allow.check(url)
+        return url
+
+    def submit(
+        self,
+        key_name: str | None,
+        work: Callable[[ProgressCallback], list[GenerationRecord]],
+        stack: contextlib.ExitStack,
+        *,
+        size: str,
+        count: int,
+        response_format: str,
+        webhook_url: str | None,
+        url_for: Callable[[str], str],
+    ) -> dict[str, Any]:
+        """Queue a validated request whose charge and queue place `stack` holds; returns the job's 202 view.
+        Over its key's job caps: RateLimited `jobs_full`, with the charge and the queue place given back."""
+        job_id = "imgjob_" + secrets.token_urlsafe(18)
+        row = {
+            "id": job_id,
+            "key_name": key_name,
+            "status": "queued",
+            "created": time.time(),
+            "size": size,
+            "response_format": response_format,
+            "count": count,
+            "webhook_url": webhook_url,
+        }
+        try:
+            self.store.insert(row)
+        except BaseException:
+            stack.__exit__(*sys.exc_info())  # left with the error: the key's images are given back
+            raise
+        with self._lock:
+            self._live[job_id] = Live(job_id, work, stack, url_for, key_name=key_name)
+            self._start_workers()
+        self._pending.put(job_id)
+        log.info("job %s queued (%s x%d)", job_id, size, count)
+        return self.view(job_id, key_name)
+
+    def _start_workers(self) -> None:
+        # One worker per device lane: a job waiting for the device stays queued (cancelled at once by DELETE), so a
+        # job's host work (engine/output/postprocess.py) still holds its worker until it ends.
+        while len(self._workers) < self.settings.device_lanes:
+            worker = threading.Thread(target=self._work, name=f"image-job-{len(self._workers)}", daemon=True)
+            self._workers.append(worker)
+            worker.start()
+
+    # --- run --------------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job_id = self._pending.get()
+            with self._lock:
+                live = self._live.get(job_id)
+                if live is None or live.state != "queued":
+                    continue  # cancelled while it waited
+                live.state, live.since = "running", time.monotonic()
+                live.waited_s = live.since - live.queued_at
+            try:
+                self.store.update(job_id, status="running", started=time.time())
+                with tracing.resumed(live.trace), tracing.span("job", job_id=job_id):
+                    self._run(live)
+            except Exception:  # the store itself failed (disk full): logged, and the worker lives on
+                log.exception("job %s could not be recorded", job_id)
+
+    def _run(self, live: Live) -> None:
+        try:
+            with live.stack:  # leaving it gives the key's images back on failure and frees the queue place
+                records = live.work(lambda event: self._progress(live, event))
+                items = [self._item(live, record, i) for i, record in enumerate(records)]
+        except Cancelled as exc:  # at the next step: nothing was stored, the key's images were given back
+            log.info("job %s %s", live.id, exc)
+            error = json.dumps(self.error_of(exc))  # says at which step it stopped
+            self.store.update(live.id, status="cancelled", error=error, finished=time.time())
+        except Exception as exc:
+            error = self.error_of(exc)
+            log.info("job %s failed: %s", live.id, error["message"])
+            self.store.update(live.id, status="failed", error=json.dumps(error), finished=time.time())
+        else:
+            result = {"data": items, "size": records[0].resized_to or records[0].resolution, "output_format": "png"}
+            result["usage"] = self.usage.charge(live.key_name, records, live.waited_s)
+            stored = [f.stat().st_size for f in (self.files / live.id).glob("*.png")]
+            self.store.update(
+                live.id, status="succeeded", result=json.dumps(result), finished=time.time(),
+                images=len(stored), bytes=sum(stored),
+            )  # fmt: skip
+            if stored:
+                self.store.wake()  # the pruner checks the image caps now
+            log.info("job %s succeeded (%d image(s))", live.id, len(items))
+        with self._lock:
+            self._live.pop(live.id, None)
+        live.ended.set()
+        self._announce(live.id)
+
+    def _progress(self, live: Live, event: ProgressEvent) -> None:
+        """The manager's progress event for this job (the page's own): its phase, and the estimate when compiling.
+        After a DELETE, the next step's event stops the job there (engine/steps.py)."""
+        if live.stop.is_set() and event.phase in ("denoising", "decoding"):
+            raise Cancelled("the job was cancelled")
+        current = live.event
+        if current is None or (event.phase, event.resolution) != (current.phase, current.resolution):
+            estimate = live.estimate
+            if event.phase == "compiling":  # read once per compile, as the page does (web/page/live.py)
+                estimate = _estimate_of(self.manager.status().shapes.get(event.resolution or ""))
+            with self._lock:
+                live.since, live.estimate = time.monotonic(), estimate
+        with self._lock:
+            live.event = event
+
+    def _item(self, live: Live, record: GenerationRecord, index: int) -> dict[str, Any]:
+        """One image as the synchronous answer has it; a b64_json image becomes a file, read back on GET."""
+        item: dict[str, Any] = {"revised_prompt": None}
+        row = self.store.get(live.id) or {}
+        if row.get("response_format") == "url":
+            item["url"] = live.url_for(self.save_url(record))
+        else:
+            folder = self.files / live.id
+            folder.mkdir(parents=True, exist_ok=True)
+            write_png(record, folder / f"{index}.png", self.marker)
+            item["file"] = f"{index}.png"
+        item["provenance"] = record.info()
+        return item
+
+    # --- read and cancel ------------------------------------------------------------------------------------
+    def _row(self, job_id: str, key_name: str | None) -> dict[str, Any]:
+        """The caller's job; another key's job is as unknown as a missing one."""
+        row = self.store.get(job_id) if JOB_ID.fullmatch(job_id) else None
+        if row is None or (self.settings_keys() and row["key_name"] != key_name):
+            raise NotFound(f"no job {job_id!r} (or it expired)", code="job_not_found")
+        return row
+
+    def settings_keys(self) -> bool:
+        """Named keys exist: a job is visible only to the key that made it."""
+        return self.settings.api_key is not None or bool(self.settings.api_keys)
+
+    def view(self, job_id: str, key_name: str | None, *, images: bool = True) -> dict[str, Any]:
+        """The job as GET answers it: queued | running (progress) | succeeded (data) | failed (error) | cancelled."""
+        row = self._row(job_id, key_name)
+        answer: dict[str, Any] = {
+            "id": row["id"],
+            "object": "image.job",
+            "status": row["status"],
+            "created": int(row["created"]),
+            "started_at": _int(row["started"]),
+            "finished_at": _int(row["finished"]),
+            "size": row["size"],
+            "n": row["count"],
+        }
+        with self._lock:
+            live = self._live.get(job_id)
+            if live is not None and row["status"] == "running":
+                answer["progress"] = self._progress_view(live)
+            elif live is not None and row["status"] == "queued":
+                answer["queue_position"] = self._queued_before(job_id)
+        if row["result"]:
+            result = json.loads(row["result"])
+            answer |= result | {"data": [self._image(job_id, item, images) for item in result["data"]]}
+        if row["error"]:
+            answer["error"] = json.loads(row["error"])
+        if row["webhook_url"]:
+            answer["webhook"] = {"url": row["webhook_url"]} | json.loads(row["webhook"] or '{"delivered": false}')
+        return answer
+
+    def _image(self, job_id: str, item: dict[str, Any], images: bool) -> dict[str, Any]:
+        name = item.pop("file", None)
+        if name is not None and images:
+            with contextlib.suppress(OSError):
+                item["b64_json"] = base64.b64encode((self.files / job_id / name).read_bytes()).decode("ascii")
+        return item
+
+    def _progress_view(self, live: Live) -> dict[str, Any]:
+        event = live.event
+        view: dict[str, Any] = {"elapsed_s": round(time.monotonic() - live.since, 1)}
+        if event is None:  # running, before the manager's first event: the device lane is being taken
+            view |= {"phase": "starting", "message": "started: taking the device, then the steps"}
+        else:
+            view |= {"phase": event.phase, "resolution": event.resolution, "message": event.message}
+            if event.total:
+                view |= {"step": event.step, "total": event.total}
+            if event.phase == "compiling":
+                view["estimate"] = live.estimate
+        return view
+
+    def _queued_before(self, job_id: str) -> int:
+        """Jobs of this process queued ahead of this one (synchronous requests not counted)."""
+        ahead = [j for j, live in self._live.items() if live.state == "queued"]
+        return ahead.index(job_id) if job_id in ahead else 0
+
+    def cancel(self, job_id: str, key_name: str | None) -> dict[str, Any]:
+        """Cancel a job. Queued: its charge given back, its queue place freed. Running: it stops at its next
+        denoising step (its images never stored, the device free for the next request, every graph kept); the
+        answer waits up to CANCEL_WAIT_S for that. An ended job answers as it is."""
+        row = self._row(job_id, key_name)
+        with self._lock:
+            live = self._live.get(job_id)
+            running = live is not None and live.state == "running"
+            if running:
+                live.stop.set()
+            elif live is not None:
+                live.state = "cancelled"
+                self._live.pop(job_id)
+        if running:
+            if not live.ended.wait(CANCEL_WAIT_S):
+                log.info("job %s: cancel asked, still in its step after %.0f s", job_id, CANCEL_WAIT_S)
+            return self.view(job_id, key_name, images=False)
+        if live is None:
+            if row["status"] in ENDED:
+                return self.view(job_id, key_name, images=False)
+            raise Conflict("the job is starting and cannot be cancelled", code="job_running")
+        with contextlib.suppress(Exception):
+            live.stack.__exit__(*_cancelled())  # the key's images given back
+        self.store.update(job_id, status="cancelled", finished=time.time())
+        log.info("job %s cancelled", job_id)
+        self._announce(job_id)
+        return self.view(job_id, key_name, images=False)
+
+    # --- webhooks ---------------------------------------------------------------------------------------------
+    def _announce(self, job_id: str) -> None:
+        """Queue the job's end for its webhook (if it has one) in the bounded delivery pool: retries never hold
+        a lane, and a slow receiver holds a worker for one attempt's deadline at most."""
+        row = self.store.get(job_id)
+        if row is None or not row["webhook_url"] or self.settings.webhook_secret is None:
+            return
+        view = self.view(job_id, row["key_name"], images=False)  # URLs and provenance, never the image bytes
+        body = json.dumps(
+            {"type": f"image.job.{row['status']}", "timestamp": _iso(time.time()), "data": view},
+            separators=(",", ":"),
+        ).encode()
+        secret = self.settings.webhook_secret.get_secret_value()
+
+        def done(record: dict[str, Any]) -> None:
+            self.store.update(job_id, webhook=json.dumps(record))
+
+        if not self.deliveries.submit(row["webhook_url"], secret, f"msg_{job_id}", body, done):
+            done({"delivered": False, "attempts": 0, "status": None, "last_error": QUEUE_FULL})
+
+    def close(self) -> None:
+        self.deliveries.close()
+        self.store.close()
+        self.usage.close()
+
+
+def _estimate_of(shape: Any) -> dict[str, Any] | None:
+    """The shape's estimate as the status table has it: seconds, load or compile, and how sure."""
+    if shape is None or shape.estimate_s is None:
+        return None
+    found = shape.estimate
+    if found is None:
+        return {"seconds": round(shape.estimate_s, 1)}
+    return {"seconds": round(found.seconds, 1), "kind": found.kind, "basis": found.basis, "sure": found.sure}
+
+
+def _cancelled() -> tuple[Any, BaseException, Any]:
+    try:
+        raise RuntimeError("the job was cancelled")
+    except RuntimeError:
+        info = sys.exc_info()
+    return info  # type: ignore[return-value]
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _iso(stamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))

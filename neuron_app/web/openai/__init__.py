@@ -1,0 +1,1 @@
+"""The OpenAI-compatible Images API: routes, forms, errors, sizes, image URLs."""

@@ -1,0 +1,1 @@
+"""The Gradio page and its named API endpoints (the MCP tools' source)."""

@@ -111,3 +111,25 @@ def test_each_room_says_what_it_holds() -> None:
         assert doc and len(doc.splitlines()) == 1, f"{init.relative_to(ROOT)}: one line saying what it holds"
     for room in (PACKAGE / "engine").glob("*/"):
         assert len(list(room.glob("*.py"))) <= 10, f"engine/{room.name}/ holds more than 10 files"
+
+
+def test_no_room_outgrows_itself() -> None:
+    """A folder past 12 Python files, or a module past 400 lines, is split along its seams before it grows."""
+    crowded = {
+        str(folder.relative_to(ROOT)): count
+        for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+        if (count := len(list(folder.glob("*.py")))) > 12
+    }
+    assert not crowded, f"folders over 12 Python files: {crowded}"
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines: {long}"
+
+
+def test_web_rooms_and_the_training_wing_stand_apart() -> None:
+    """web/'s rooms import one another only through the arrows drawn (jobs for the OpenAI API and MCP's cancel);
+    the engine does not train: nothing under engine/ is a trainer, and nothing serving imports training/."""
+    for room in WEB_ROOMS:
+        assert (PACKAGE / "web" / room / "__init__.py").is_file(), f"web/{room}/ is drawn but absent"
+    assert not list((PACKAGE / "engine").rglob("training/*.py"))
+    serving = [where for source, target, where in imports() if target == "training" and source != "cli"]
+    assert not serving, serving

@@ -23,9 +23,9 @@ def map_names(page: Path = README, heading: str = "## How it is built") -> list[
 
 
 def test_readme_is_a_front_door() -> None:
-    """At most 250 lines, with the quick start, the test commands and the quick loop."""
+    """At most 120 lines, with the quick start, the test commands and the quick loop."""
     text = README.read_text()
-    assert len(text.splitlines()) <= 250
+    assert len(text.splitlines()) <= 120
     assert "NEURON_APP_SETTINGS=quickstart.toml python app.py" in text
     assert "python -m pytest -n 2\n" in text and 'python -m pytest -n 2 -m "not slow and not browser"' in text
 

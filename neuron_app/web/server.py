@@ -57,9 +57,34 @@ def check_port(settings: Settings) -> None:
             probe.bind(address)
         except OSError:
             raise SettingsError(
-                f"port {port} on {host} is in use: set NEURON_APP_SERVER_PORT to a free port "
-                f"(e.g. NEURON_APP_SERVER_PORT={port + 1 if port < 65535 else port - 1} python app.py)"
+                f"port {port} on {host} is in use: set NEURON_APP_SERVER_PORT to a free port, keeping the rest "
+                f"of this start, e.g. {same_start_on(port + 1 if port < 65535 else port - 1)}"
             ) from None
+
+
+def same_start_on(port: int) -> str:
+    """This process's own command line with another port: a hint that drops `NEURON_APP_SETTINGS` (or any other
+    variable set for this one command) would start a different app (the quick start's became the 4B model).
+    Secret variables are named, not repeated."""
+    import shlex
+
+    from neuron_app.settings import ENV_PREFIX, SECRET_FIELDS
+
+    secret = {ENV_PREFIX + name.upper() for name in SECRET_FIELDS}
+    kept, hidden = [], []
+    for name, value in sorted(os.environ.items()):
+        if not name.startswith(ENV_PREFIX) or name == "NEURON_APP_SERVER_PORT":
+            continue
+        (hidden if name in secret else kept).append(f"{name}={shlex.quote(value)}" if name not in secret else name)
+    argv = sys.argv or ["app.py"]
+    if argv[0].endswith("__main__.py"):
+        command = ["python", "-m", "neuron_app", *argv[1:]]
+    else:
+        script = os.path.relpath(argv[0]) if os.path.isabs(argv[0]) and argv[0].startswith(os.getcwd()) else argv[0]
+        command = ["python", script, *argv[1:]]
+    words = [*kept, f"NEURON_APP_SERVER_PORT={port}", shlex.join(command)]
+    also = f" (with {', '.join(hidden)} set as now)" if hidden else ""
+    return " ".join(words) + also
 
 
 def resolve_auth(settings: Settings) -> tuple[str, str] | None:

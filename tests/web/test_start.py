@@ -34,7 +34,8 @@ def test_a_port_in_use_is_one_line_naming_the_variable_before_heavy_imports(tmp_
         env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
         env |= {"NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
         env |= {"NEURON_APP_SERVER_PORT": str(port), "NEURON_APP_RESOLUTIONS": "64x64"}
-        env |= {"NEURON_APP_DEFAULT_RESOLUTION": "64x64"}
+        env |= {"NEURON_APP_DEFAULT_RESOLUTION": "64x64", "NEURON_APP_SETTINGS": "quickstart.toml"}
+        (tmp_path / "quickstart.toml").write_text((ROOT / "quickstart.toml").read_text())
         done = subprocess.run(
             [sys.executable, "-c", GUARD % {"app": str(ROOT / "app.py")}],
             cwd=tmp_path,
@@ -48,6 +49,11 @@ def test_a_port_in_use_is_one_line_naming_the_variable_before_heavy_imports(tmp_
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"error: port {port} on 127.0.0.1 is in use") and "NEURON_APP_SERVER_PORT" in lines[0]
+    # The hint is this start with another port: the variables it was started with are kept (the quick start's
+    # NEURON_APP_SETTINGS dropped would start the 4B model), the port is not the taken one.
+    hint = lines[0].split("e.g. ", 1)[1]
+    assert "NEURON_APP_SETTINGS=quickstart.toml" in hint and "NEURON_APP_RESOLUTIONS=64x64" in hint
+    assert f"NEURON_APP_SERVER_PORT={port}" not in hint and hint.endswith("app.py")
 
 
 def test_the_quick_start_names_the_port_variable() -> None:

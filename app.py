@@ -40,6 +40,7 @@ def main() -> None:
     if launched_by_torchrun():  # `torchrun --nproc_per_node=N app.py`: tensor-parallel ranks in lockstep
         raise SystemExit(serve_distributed(serve_page, prepare_page))
 
+    from neuron_app import tracing
     from neuron_app.settings import get_settings
     from neuron_app.web.server import build_app, check_port, configure_logging, launch
 
@@ -49,6 +50,7 @@ def main() -> None:
     prepare_process(settings)  # NEFF cache, fallback switches, cores: before anything imports torch
     prepare_page(settings)
     check_port(settings)  # a port in use is one line now, not a traceback after the imports
+    tracing.check_installed(settings)  # a trace endpoint without OpenTelemetry installed: one line, now
 
     from neuron_app.scale import make_manager
     from neuron_app.web.server import install_signal_handlers

@@ -27,11 +27,34 @@ def endpoint_of(settings: Any) -> str | None:
     return getattr(settings, "otel_endpoint", None) or os.environ.get(ENV_ENDPOINT) or None
 
 
+def check_installed(settings: Any) -> None:
+    """With an endpoint set, OpenTelemetry's SDK and exporter must import: one line saying what to install, at
+    start and before the heavy imports, instead of a `ModuleNotFoundError` traceback."""
+    if endpoint_of(settings) is None:
+        return
+    import importlib.util
+
+    needed = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+    try:
+        missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    except ModuleNotFoundError:  # a parent package absent altogether
+        missing = list(needed)
+    if missing:
+        from neuron_app.errors import SettingsError
+
+        raise SettingsError(
+            f"a trace endpoint is set (otel_endpoint or {ENV_ENDPOINT}) but OpenTelemetry is not installed "
+            f"({', '.join(missing)}): pip install -r requirements-tracing.txt, or unset the endpoint"
+        )
+
+
 def setup(settings: Any, exporter: Any = None) -> bool:
     """Turn tracing on when an endpoint is set (or for `exporter`, the tests' in-memory one); True when on."""
     endpoint = endpoint_of(settings)
     if exporter is None and endpoint is None:
         return False
+    if exporter is None:
+        check_installed(settings)
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor

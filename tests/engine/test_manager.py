@@ -128,15 +128,17 @@ def test_ten_threads_asking_for_one_new_shape_compile_it_once(make_settings: Any
 def test_hub_model_without_network_names_the_offline_choice(
     make_settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """This machine cannot reach the Hub; HF_HUB_OFFLINE makes that immediate and deterministic."""
+    """This machine cannot reach the Hub; HF_HUB_OFFLINE makes that immediate and deterministic. The offline choice
+    named is the quick start's tiny-shapes, which draws (the random `tiny` draws noise)."""
     from neuron_app.errors import ModelLoadError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     manager = PipelineManager(make_settings(model="black-forest-labs/FLUX.2-klein-4B"))
-    with pytest.raises(ModelLoadError, match="NEURON_APP_MODEL=tiny"):
+    with pytest.raises(ModelLoadError, match="NEURON_APP_SETTINGS=quickstart.toml"):
         manager.generate("a cat", "64x64", 4, 0)
     status = manager.status()
-    assert not status.loaded and "NEURON_APP_MODEL=tiny" in (status.load_error or "")
+    assert not status.loaded and "tiny-shapes" in (status.load_error or "")
+    assert "NEURON_APP_MODEL=tiny " not in status.load_error
 
 
 MANY_SHAPES_IN_WORKER_THREADS = """

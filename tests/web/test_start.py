@@ -59,3 +59,35 @@ def test_a_port_in_use_is_one_line_naming_the_variable_before_heavy_imports(tmp_
 def test_the_quick_start_names_the_port_variable() -> None:
     quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
     assert "NEURON_APP_SERVER_PORT" in quick
+
+
+#: Runs app.py as GUARD does, with OpenTelemetry uninstalled (every `opentelemetry*` import fails as it would).
+NO_OTEL = GUARD.replace(
+    'if name in ("torch", "gradio", "diffusers"):',
+    'if name.startswith("opentelemetry"):\n            raise ModuleNotFoundError(name)\n'
+    '        if name in ("torch", "gradio", "diffusers"):',
+)
+
+
+def test_a_trace_endpoint_without_opentelemetry_is_one_line_before_heavy_imports(tmp_path: Path) -> None:
+    """The first hour's item 12: setting OTEL_EXPORTER_OTLP_ENDPOINT without requirements-tracing.txt ended in a
+    ModuleNotFoundError traceback; now one line naming what to install, exit 2, before torch or gradio."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "OTEL_"))}
+    env |= {"NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    with socket.socket() as probe:  # a free port: the check comes after the port's
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env |= {"NEURON_APP_SERVER_PORT": str(port), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+    env |= {"NEURON_APP_RESOLUTIONS": "64x64", "NEURON_APP_DEFAULT_RESOLUTION": "64x64"}
+    done = subprocess.run(
+        [sys.executable, "-c", NO_OTEL % {"app": str(ROOT / "app.py")}],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "HEAVY" not in done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "requirements-tracing.txt" in lines[0], done.stderr

@@ -131,6 +131,6 @@ def _explain_load_error(source: ModelSource, exc: Exception) -> str:
         return f"could not load the pipeline from {source.location}: {one_line(exc)}"
     return (
         f"could not load {source.location!r} from the Hugging Face Hub ({one_line(exc)}). "
-        "Without network access use NEURON_APP_MODEL=tiny (an offline random model for trying the app) "
-        "or a local folder holding the downloaded pipeline"
+        "Without network access use NEURON_APP_SETTINGS=quickstart.toml (tiny-shapes: a small klein shipped here "
+        "that draws coloured shapes) or a local folder holding the downloaded pipeline"
     )

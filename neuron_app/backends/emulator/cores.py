@@ -1,0 +1,184 @@
+"""NeuronCore ownership on the emulator: a core is held by one process at a time, as the Neuron runtime does.
+
+The runtime reserves the cores a process asks for when it starts (`NEURON_RT_VISIBLE_CORES`, else
+`NEURON_RT_NUM_CORES` free cores, else every core of the instance), and "once a NeuronCore is reserved for a
+process, it cannot be used by another process at all, until the process reserving that NeuronCore is terminated"
+(AWS, Neuron Runtime configuration guide). TorchNeuron gives a torchrun rank the core of its `LOCAL_RANK` when
+`NEURON_RT_VISIBLE_CORES` is unset. Here each core of the emulated instance is a file in one folder per machine
+and instance; holding a core is an `fcntl` lock on its file, which the kernel drops when the process dies (a
+SIGKILLed holder frees its cores), and never before: as on the device, a process keeps its cores until it exits.
+
+The instance: `NEURON_EMULATOR_INSTANCE` (default trn2.3xlarge: one Trainium2 of 8 physical NeuronCore-v3, 4
+logical cores at the default `NEURON_LOGICAL_NC_CONFIG=2`). The folder: `NEURON_EMULATOR_CORES_DIR` (default
+under the system's temp folder), so that tests can give each test a machine of its own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import os
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_app.environment import VISIBLE_CORES_VAR, parse_cores
+from neuron_app.errors import DeviceUnavailable
+
+NUM_CORES_VAR = "NEURON_RT_NUM_CORES"
+INSTANCE_VAR = "NEURON_EMULATOR_INSTANCE"
+CORES_DIR_VAR = "NEURON_EMULATOR_CORES_DIR"
+LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
+DEFAULT_INSTANCE = "trn2.3xlarge"
+#: Instance -> (chips, physical NeuronCores per chip, whether LNC groups them): AWS's Trn1 and Trn2 architecture
+#: pages (Trainium: 2 NeuronCore-v2; Trainium2: 8 NeuronCore-v3, grouped by LNC, default 2).
+INSTANCES: dict[str, tuple[int, int, bool]] = {
+    "trn1.2xlarge": (1, 2, False),
+    "trn1.32xlarge": (16, 2, False),
+    "trn2.3xlarge": (1, 8, True),
+    "trn2.48xlarge": (16, 8, True),
+}
+
+#: This process's held cores: lock file -> open descriptor. Never closed: closing any descriptor of a file drops
+#: every fcntl lock this process has on it (POSIX), and the runtime keeps its cores until the process exits.
+_HELD: dict[Path, int] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    cores: int  # logical NeuronCores the runtime exposes
+
+
+def instance(env: Mapping[str, str] | None = None) -> Instance:
+    """The emulated instance and its logical core count (LNC read as the runtime reads it)."""
+    env = os.environ if env is None else env
+    name = env.get(INSTANCE_VAR, "").strip() or DEFAULT_INSTANCE
+    if name not in INSTANCES:
+        known = ", ".join(INSTANCES)
+        raise DeviceUnavailable(f"{INSTANCE_VAR}={name!r} is not an emulated instance: use one of {known}")
+    chips, physical, grouped = INSTANCES[name]
+    lnc = 1
+    if grouped:
+        text = env.get(LNC_VAR, "2").strip() or "2"
+        if text not in ("1", "2"):
+            raise DeviceUnavailable(f"{LNC_VAR}={text!r}: a Trainium2 takes 1 or 2")
+        lnc = int(text)
+    return Instance(name, chips * physical // lnc)
+
+
+def folder(env: Mapping[str, str] | None = None) -> Path:
+    """The machine's core files for this instance (one folder per machine and instance)."""
+    env = os.environ if env is None else env
+    root = env.get(CORES_DIR_VAR) or str(Path(tempfile.gettempdir()) / f"neuron-emulator-cores-{getpass.getuser()}")
+    return Path(root) / instance(env).name
+
+
+def requested(env: Mapping[str, str] | None = None) -> tuple[list[int] | None, int]:
+    """What the process asks the runtime for: (exact cores, None when any free ones do) and how many."""
+    env = os.environ if env is None else env
+    total = instance(env).cores
+    visible = env.get(VISIBLE_CORES_VAR, "").strip()
+    if visible:
+        try:
+            first, last = parse_cores(visible)
+        except ValueError as exc:
+            raise DeviceUnavailable(f"{VISIBLE_CORES_VAR}: {exc}") from exc
+        if last >= total:
+            raise DeviceUnavailable(
+                f"{VISIBLE_CORES_VAR}={visible} names NeuronCore {last}, but the emulated {instance(env).name} has "
+                f"cores 0-{total - 1} ({INSTANCE_VAR}, {LNC_VAR})"
+            )
+        return list(range(first, last + 1)), last - first + 1
+    if "LOCAL_RANK" in env:  # TorchNeuron: a torchrun rank takes the core of its local rank
+        rank = int(env["LOCAL_RANK"])
+        if rank >= total:
+            raise DeviceUnavailable(f"torchrun local rank {rank} has no NeuronCore: the emulated instance has {total}")
+        return [rank], 1
+    number = env.get(NUM_CORES_VAR, "").strip()
+    if number and number != "0":  # 0 means all
+        if not number.isdigit() or int(number) > total:
+            raise DeviceUnavailable(f"{NUM_CORES_VAR}={number!r}: give 1 to {total} (the emulated instance's cores)")
+        return None, int(number)
+    return list(range(total)), total
+
+
+def _holder(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _try(path: Path) -> int | None:
+    """Lock one core's file for this process; its descriptor, or None when a live process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _take(paths: list[Path]) -> Path | None:
+    """Take every core in `paths` or none of them; the first one held by another process, else None."""
+    new: list[tuple[Path, int]] = []
+    for path in paths:
+        if path in _HELD:
+            continue
+        fd = _try(path)
+        if fd is None:
+            for taken, taken_fd in new:
+                os.close(taken_fd)  # none of these was ours before: closing drops only this attempt's locks
+                _HELD.pop(taken, None)
+            return path
+        new.append((path, fd))
+        _HELD[path] = fd
+    return None
+
+
+def acquire(env: Mapping[str, str] | None = None) -> list[int]:
+    """Reserve this process's cores as the runtime does at start; `DeviceUnavailable` in one line naming the core
+    and the holder's pid when a live process holds one. Asking again in the same process keeps what it has."""
+    env = os.environ if env is None else env
+    inst, where = instance(env), folder(env)
+    exact, count = requested(env)
+    where.mkdir(parents=True, exist_ok=True)
+
+    def files(cores: list[int]) -> list[Path]:
+        return [where / f"core-{n}" for n in cores]
+
+    with _LOCK:
+        if exact is not None:
+            busy = _take(files(exact))
+            if busy is None:
+                return exact
+            asked = env.get(VISIBLE_CORES_VAR) or (f"LOCAL_RANK={env['LOCAL_RANK']}" if "LOCAL_RANK" in env else "")
+            how = f"{VISIBLE_CORES_VAR}={asked}" if env.get(VISIBLE_CORES_VAR) else asked or "every core (the default)"
+        else:
+            first_busy = None
+            for start in range(inst.cores - count + 1):
+                cores = list(range(start, start + count))
+                busy = _take(files(cores))
+                if busy is None:
+                    return cores
+                first_busy = first_busy or busy
+            busy, how = first_busy, f"{NUM_CORES_VAR}={count}, no {count} free in a row"
+    core = busy.name.removeprefix("core-") if busy is not None else "?"
+    holder = _holder(busy) if busy is not None else "unknown"
+    raise DeviceUnavailable(
+        f"NeuronCore {core} of the emulated {inst.name} is held by process {holder} ({how}): the Neuron runtime "
+        f"gives a core to one process until it exits; stop that process or set {VISIBLE_CORES_VAR} to free cores"
+    )
+
+
+def held() -> list[int]:
+    """The cores this process holds, in every emulated instance it opened (for the status)."""
+    with _LOCK:
+        return sorted(int(p.name.removeprefix("core-")) for p in _HELD)

@@ -1,0 +1,108 @@
+"""NeuronCore ownership on the emulator (issue 43): a core is held by one process at a time, as the Neuron runtime
+does; the second process to open a held core fails at start in one line naming the core and the holder's pid."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from neuron_app.errors import DeviceUnavailable
+from tests.support import ROOT
+
+HOLD = (
+    "import sys\n"
+    "from neuron_app.backends.emulator import cores\n"
+    "print(cores.acquire(), flush=True)\n"
+    "sys.stdin.readline()\n"  # holds its cores until the test closes its stdin (or kills it)
+)
+
+
+@pytest.fixture
+def holders() -> Iterator[Any]:
+    """Start a process that takes cores as the runtime would (its environment) and holds them; killed at the end."""
+    started: list[subprocess.Popen[str]] = []
+
+    def hold(**env: str) -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD],
+            cwd=ROOT,
+            env=os.environ | env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()  # the cores it took, or nothing when it failed
+        if not line:
+            return proc, proc.communicate(timeout=60)[1].strip().splitlines()[-1]
+        return proc, line
+
+    yield hold
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_the_runtime_variables_are_read_as_the_runtime_reads_them() -> None:
+    from neuron_app.backends.emulator.cores import instance, requested
+
+    assert instance({}).cores == 4  # trn2.3xlarge: 8 physical NeuronCore-v3, LNC=2
+    assert instance({"NEURON_LOGICAL_NC_CONFIG": "1"}).cores == 8
+    assert instance({"NEURON_EMULATOR_INSTANCE": "trn2.48xlarge"}).cores == 64
+    assert requested({}) == ([0, 1, 2, 3], 4)  # neither variable: every core
+    assert requested({"NEURON_RT_VISIBLE_CORES": "2,3"}) == ([2, 3], 2)
+    assert requested({"NEURON_RT_VISIBLE_CORES": "0-1", "NEURON_RT_NUM_CORES": "1"}) == ([0, 1], 2)
+    assert requested({"NEURON_RT_NUM_CORES": "2"}) == (None, 2)  # any two free ones
+    assert requested({"LOCAL_RANK": "1"}) == ([1], 1)  # TorchNeuron: a torchrun rank's own core
+    with pytest.raises(DeviceUnavailable, match=r"names NeuronCore 4, but the emulated trn2\.3xlarge has cores 0-3"):
+        requested({"NEURON_RT_VISIBLE_CORES": "4"})
+    with pytest.raises(DeviceUnavailable, match="not contiguous"):
+        requested({"NEURON_RT_VISIBLE_CORES": "0,2"})
+
+
+def test_a_held_core_refuses_a_second_process_and_a_killed_holder_frees_it(holders: Any) -> None:
+    first, cores = holders(NEURON_RT_VISIBLE_CORES="1")
+    assert cores == "[1]"
+    second, error = holders(NEURON_RT_VISIBLE_CORES="0-1")
+    assert second.returncode != 0
+    assert error.startswith("neuron_app.errors.DeviceUnavailable: NeuronCore 1 of the emulated trn2.3xlarge")
+    assert f"held by process {first.pid} (NEURON_RT_VISIBLE_CORES=0-1)" in error
+    assert holders(NEURON_RT_NUM_CORES="2")[1] == "[2, 3]"  # the first two free cores in a row
+    assert holders(LOCAL_RANK="0")[1] == "[0]"
+    assert "held by process" in holders()[1]  # every core, and none is free now
+    first.kill()  # SIGKILL: no clean-up runs, the kernel drops its locks
+    first.wait(timeout=30)
+    assert holders(NEURON_RT_VISIBLE_CORES="1")[1] == "[1]"
+
+
+def test_one_process_opening_its_cores_again_keeps_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_app.backends.emulator import cores
+
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "3")
+    assert cores.acquire() == [3] and cores.acquire() == [3] and 3 in cores.held()
+
+
+@pytest.mark.slow
+def test_two_neuron_emulated_apps_on_the_same_cores_cannot_both_start(run_app_py: Any) -> None:
+    """The issue's check: the second app with the same NEURON_RT_VISIBLE_CORES exits at start with one line naming
+    the core and the first app's pid; an app on another core starts beside it."""
+    first = run_app_py(device="neuron-emulated", env={"NEURON_RT_VISIBLE_CORES": "0"})
+    first.wait_up()
+    second = run_app_py(device="neuron-emulated", env={"NEURON_RT_VISIBLE_CORES": "0"})
+    assert second.proc.wait(timeout=300) == 2, second.output()[-3000:]
+    lines = [x for x in second.output().splitlines() if "NeuronCore" in x]
+    assert len(lines) == 1 and "Traceback" not in second.output(), second.output()[-3000:]
+    assert lines[0].startswith("error: NeuronCore 0 of the emulated trn2.3xlarge is held by process ")
+    assert f"held by process {first.proc.pid} (NEURON_RT_VISIBLE_CORES=0)" in lines[0], lines[0]
+    third = run_app_py(device="neuron-emulated", env={"NEURON_RT_VISIBLE_CORES": "1"})
+    third.wait_up()
+    assert first.proc.poll() is None and third.proc.poll() is None

@@ -151,7 +151,11 @@ BAD_REQUESTS = {
     "seed-negative": ({"extra_body": {"seed": -1}}, "seed", "seed must be between"),
     "response-format": ({"response_format": "jpeg"}, "response_format", "response_format must be one of"),
     "model-other": ({"model": "dall-e-3"}, "model", "model 'dall-e-3' is not served here"),
-    "stream": ({"extra_body": {"stream": True}}, "stream", "stream is not supported"),
+    "stream-partial-images": (  # streaming itself: tests/web/test_openai_stream.py
+        {"extra_body": {"stream": True, "partial_images": 4}},
+        "partial_images",
+        "partial_images must be a whole number from 0 to 3",
+    ),
     "lora-unknown": ({"extra_body": {"lora": "anime"}}, "lora", "LoRA style 'anime' is not offered"),
     "lora-scale": ({"extra_body": {"lora_scale": 99}}, "lora_scale", "lora_scale must be between 0 and"),
 }

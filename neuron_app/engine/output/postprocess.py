@@ -25,6 +25,8 @@ from neuron_app import tracing
 
 #: The device lane's last holds kept for the idle fraction (the bench, status).
 LANE_LOG = 256
+#: How many of the last holds the mean device time per request is taken over (`snapshot`'s `mean_s`).
+MEAN_OF = 32
 
 
 def post_workers(settings: Any) -> int:
@@ -73,6 +75,12 @@ class Lane:
     def waiting(self) -> int:
         with self._cond:
             return max(0, self._next - self._serving - 1)
+
+    @property
+    def served(self) -> int:
+        """Requests that have let the lane go since start: a queue place counts down by it (web/queue_place.py)."""
+        with self._cond:
+            return self._serving
 
     def __enter__(self) -> Lane:
         self.acquire()
@@ -147,8 +155,10 @@ class PostStage:
             post = {"workers": self.workers, "waiting": self.waiting, "running": self.running}
             post |= {"done": self.done, "failed": self.failed, "seconds": round(self.seconds, 3)}
         idle = idle_fraction(list(lane.holds))
-        device: dict[str, Any] = {"waiting": lane.waiting, "running": int(lane.locked())}
+        device: dict[str, Any] = {"waiting": lane.waiting, "running": int(lane.locked()), "served": lane.served}
         device["idle_fraction"] = None if idle is None else round(idle, 4)
+        recent = list(lane.holds)[-MEAN_OF:]  # the device seconds of the last requests: a queue place's ETA
+        device["mean_s"] = round(sum(end - start for start, end in recent) / len(recent), 3) if recent else None
         return {"device": device, "post": post}
 
 

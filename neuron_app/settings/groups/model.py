@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, SecretStr
 TINY = "tiny"
 
 #: Models trained here that ship in the repository (neuron_app/models/NAME, docs/tiny-shapes.md).
-SHIPPED_MODELS = Path(__file__).resolve().parents[1] / "models"
+SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 def shipped_model(name: str) -> Path:

@@ -45,7 +45,9 @@ from neuron_app.web.openai import sizes
 from neuron_app.web.openai.errors import ApiError, check_size, failure, read_body, refusal
 from neuron_app.web.openai.forms import PNG, Output, content_type, output_choice, read_edit_form
 from neuron_app.web.openai.image_urls import UrlStore
+from neuron_app.web.openai.streaming import ImageStream, check_streamable, stream_choice
 from neuron_app.web.ops import gradio_queue_length
+from neuron_app.web.queue_place import QueuePlace
 from neuron_app.web.traced import traced
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,7 @@ class OpenAIImages:
         # Prefer: respond-async (web/jobs/jobs.py): the same checks, charge and queue place, run by a job worker.
         self.jobs = Jobs(settings, manager, self.marker, self.urls.save, lambda exc: failure(exc).body())
         self.usage = self.jobs.usage  # usage per key per day (web/jobs/usage_book.py): /metrics and `neuron_app usage`
+        self._places: dict[str, QueuePlace] = {}  # a queued job's place (web/queue_place.py), until it starts
 
     @property
     def in_flight(self) -> int:
@@ -131,8 +134,9 @@ class OpenAIImages:
             )
 
     @contextlib.contextmanager
-    def admitted(self) -> Iterator[None]:
-        """503 while loading or shutting down, 429 when the shared queue is full; counts this request in."""
+    def admitted(self) -> Iterator[QueuePlace]:
+        """503 while loading or shutting down, 429 when the shared queue is full; counts this request in, and
+        yields its place in the queue: the requests ahead of it are those this check counts."""
         if self.manager.draining:
             raise refusal(ShuttingDown("the server is shutting down; try again in a moment"))
         status = self.manager.status()
@@ -158,7 +162,7 @@ class OpenAIImages:
                 )
             self._in_flight += 1
         try:
-            yield
+            yield QueuePlace.taken(status, waiting - past_device, self.settings.device_lanes)
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -166,9 +170,7 @@ class OpenAIImages:
     # --- the shared path of generations and edits ---------------------------------------------------
     async def serve(self, request: Request, fields: dict[str, Any], **options: Any) -> Response:
         options |= {name: fields[name] for name in EXTENSIONS if fields.get(name) is not None}
-        for name in ("stream", "partial_images"):
-            if fields.get(name):
-                raise ApiError(400, f"{name} is not supported by this server", param=name, code="unsupported")
+        partials = stream_choice(fields)  # None: not streamed (web/openai/streaming.py)
         output = output_choice(fields)  # (format, quality): web/openai/forms.py
         self.check_model(fields.get("model"))
         response_format = fields.get("response_format") or "b64_json"
@@ -203,6 +205,8 @@ class OpenAIImages:
         if not heavy:
             job, count = await self.validated(*check, **options)
         prefer = request.headers.get("prefer", "")
+        if partials is not None:
+            check_streamable(count, response_format, wants_async(prefer))
         try:  # allowlist and every resolved address: a 400 naming webhook_url, and no connection made
             webhook_url = await run_in_threadpool(self.jobs.check_webhook, prefer, fields)
         except RequestError as exc:
@@ -218,10 +222,16 @@ class OpenAIImages:
             except AppError as exc:
                 log.info("openai api refused: %s", exc)
                 raise refusal(exc) from None
-            stack.enter_context(self.admitted())
+            place = stack.enter_context(self.admitted())
             if heavy:  # the pixel budget from each image's header, then the decode (engine/modes/references.py)
                 job, count = await self.validated(*check, **options)
-            job = dataclasses.replace(job, output=output)  # encoded so in the manager's post stage
+            job = dataclasses.replace(job, output=output, previews=bool(partials))  # encoded in the post stage
+            place = dataclasses.replace(place, images=count, resolution=str(job.resolution))
+            queue_headers = place.headers(await run_in_threadpool(self.manager.status))
+            if partials is not None:  # the worker lets the charge and the queue place go when the run ends
+                prefix = "image_edit" if heavy else "image_generation"
+                stream = ImageStream(self, request, job, size_plan, place, stack.pop_all(), prefix, partials, fields)
+                return stream.response(queue_headers)
             if wants_async(prefer):  # the job holds the charge and the queue place from here until it ends
                 if output[0] != "png":
                     raise ApiError(400, "output_format must be 'png' for a job (Prefer: respond-async)",
@@ -242,7 +252,9 @@ class OpenAIImages:
                     )
                 except AppError as exc:
                     raise refusal(exc) from None
-                return JSONResponse(view, status_code=202, headers={"Location": f"/v1/images/jobs/{view['id']}"})
+                self._places = {k: v for k, v in self._places.items() if k in self.jobs._live} | {view["id"]: place}
+                headers = queue_headers | {"Location": f"/v1/images/jobs/{view['id']}"}
+                return JSONResponse(view, status_code=202, headers=headers)
             try:
                 records = await run_in_threadpool(run_many, self.manager, job, count, on_progress)
                 records = [fit_record(r, size_plan) for r in records]  # off the loop below, with the marks
@@ -257,7 +269,7 @@ class OpenAIImages:
         answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": output[0]}
         answer["usage"] = await run_in_threadpool(self.usage.charge, request.state.api_key_name, records)
         answer |= sizes.answer_fields(size_plan)
-        return JSONResponse(answer)
+        return JSONResponse(answer, headers=queue_headers)  # where it stood when admitted (web/queue_place.py)
 
     def refused(self, exc: RequestError) -> ApiError:
         log.info("openai api refused: %s", exc)
@@ -343,8 +355,15 @@ class OpenAIImages:
         try:
             name = self.check_auth(request)
             if request.method == "DELETE":
-                return JSONResponse(await run_in_threadpool(self.jobs.cancel, request.path_params["id"], name))
-            return JSONResponse(await run_in_threadpool(self.jobs.view, request.path_params["id"], name))
+                answer = await run_in_threadpool(self.jobs.cancel, request.path_params["id"], name)  # never waits
+                if answer.get("cancel_requested"):  # running: its end awaited on the loop, no thread held
+                    answer = await self.jobs.stopped(request.path_params["id"], name, answer)
+                return JSONResponse(answer)
+            view = await run_in_threadpool(self.jobs.view, request.path_params["id"], name)
+            place = self._places.get(view["id"]) if view["status"] == "queued" else None
+            if place is not None:  # its place in the device queue, as the synchronous answer's headers say it
+                view |= place.figures(await run_in_threadpool(self.manager.status))
+            return JSONResponse(view)
         except AppError as exc:
             return self.answer_error(request, refusal(exc))
         except ApiError as exc:

@@ -1,0 +1,73 @@
+"""Where an API request stands in the device queue, and when its image should come: the figures an API caller
+gets (headers `X-Queue-Position` and `X-Queue-Eta-Seconds`, a job's `queue_position` and `queue_eta_s`, a stream's
+comment lines), counted as the page's queue counts them.
+
+The page's figures are Gradio's: its rank in Gradio's queue, and an ETA from the mean time of the requests before.
+An API request waits outside Gradio's queue, on the same device lane (engine/output/postprocess.py, first come
+first served), so its place is taken when it is admitted: the requests ahead of it are those the admission check
+counts (Gradio's waiting and running, the API's in flight, less those already past the device), and the place
+counts down by each request that lets the lane go after that. The ETA is the mean device time of the last requests
+(the lane's own log) for each request ahead, spread over the lanes, plus its own images, plus its shape's compile
+(or graph load) estimate when that shape is not ready: the status table's estimate (engine/cache/estimates.py).
+A manager that does not report its lane (replicas without these fields) gives a place that does not count down
+and no ETA.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_app.engine.records import ManagerStatus, ShapeState
+
+
+def _device(status: ManagerStatus) -> dict[str, Any]:
+    return (status.stages or {}).get("device") or {}
+
+
+@dataclass(frozen=True)
+class QueuePlace:
+    """A request's place when it was admitted; `position` and `eta_s` read it against a later status."""
+
+    ahead: int  # requests ahead of this one when admitted: on the device or waiting for it
+    served: int | None  # the lane's `served` count then (None: the manager does not report it)
+    lanes: int
+    images: int = 1
+    resolution: str | None = None
+
+    @classmethod
+    def taken(cls, status: ManagerStatus, ahead: int, lanes: int) -> QueuePlace:
+        served = _device(status).get("served")
+        return cls(max(0, ahead), served if isinstance(served, int) else None, max(1, lanes))
+
+    def position(self, status: ManagerStatus) -> int:
+        """Requests still ahead: 0 when this one is next or on the device."""
+        now = _device(status).get("served")
+        if self.served is None or not isinstance(now, int):
+            return self.ahead
+        return max(0, self.ahead - (now - self.served))
+
+    def eta_s(self, status: ManagerStatus) -> float | None:
+        """Seconds until the images should be done, or None before any request has timed the device."""
+        mean = _device(status).get("mean_s")
+        if not isinstance(mean, int | float):
+            return None
+        rounds = math.ceil(self.position(status) / self.lanes)  # the requests ahead, `lanes` at a time
+        seconds = (rounds + self.images) * mean
+        shape = status.shapes.get(self.resolution or "")
+        if shape is not None and shape.state is not ShapeState.READY and shape.estimate_s is not None:
+            seconds += shape.estimate_s  # its compile or graph load comes first
+        return round(seconds, 1)
+
+    def figures(self, status: ManagerStatus) -> dict[str, Any]:
+        """`queue_position` and `queue_eta_s` (None when unknown), as a job's view and a stream's comments say."""
+        return {"queue_position": self.position(status), "queue_eta_s": self.eta_s(status)}
+
+    def headers(self, status: ManagerStatus) -> dict[str, str]:
+        """`X-Queue-Position` and `X-Queue-Eta-Seconds` (left out while there is no ETA)."""
+        figures = self.figures(status)
+        headers = {"X-Queue-Position": str(figures["queue_position"])}
+        if figures["queue_eta_s"] is not None:
+            headers["X-Queue-Eta-Seconds"] = str(figures["queue_eta_s"])
+        return headers

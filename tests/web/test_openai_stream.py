@@ -1,0 +1,198 @@
+"""OpenAI image streaming and the queue figures, driven by the official `openai` Python SDK against the launched
+quick-start model (tiny-shapes, with 256x256 as quickstart.toml serves it, so the watermark fits).
+
+`stream=True, partial_images=2` yields two partial images and one completed event, every image marked as the
+server's final images are (read back by `neuron_app verify`'s reader); edits stream as `image_edit.*`; refusals are
+JSON errors before any stream; a client that goes away stops the run; the synchronous answer and a queued job say
+where they stood in the queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+from PIL import Image
+
+from neuron_app.engine.trust.marks import DIGITAL_SOURCE_TYPE
+from neuron_app.verify import configured_signer, verify_file
+from neuron_app.web.openai.streaming import ImageStream, partial_steps
+from tests.support import SHAPES_OVERRIDES, openai_client, source_image, wait_for
+from tests.support import png as png_bytes
+
+PROMPT = "a red circle on a white background"
+
+
+@pytest.fixture(scope="module")
+def quick_app(launch_tiny: Callable[..., Any]) -> Any:
+    return launch_tiny(**SHAPES_OVERRIDES | {"resolutions": ["128x128", "256x256"], "default_steps": 4})
+
+
+@pytest.fixture(scope="module")
+def client(quick_app: Any) -> OpenAI:
+    return openai_client(quick_app)
+
+
+def marked(app: Any, data: bytes, where: Path) -> tuple[Image.Image, Any]:
+    """The PNG and what the project's own verifier reads in it."""
+    where.write_bytes(data)
+    payload = app.settings.watermark_payload.encode("ascii")
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image, verify_file(where, payload, configured_signer(app.settings))
+
+
+def test_partial_steps_spread_over_the_run() -> None:
+    assert partial_steps(4, 2) == [2, 3] and partial_steps(4, 1) == [2] and partial_steps(8, 3) == [2, 4, 6]
+    assert partial_steps(2, 3) == [1, 2]  # fewer steps than partial images: one per step
+
+
+def test_generate_streams_two_marked_partial_images_then_the_completed_image(
+    quick_app: Any, client: OpenAI, tmp_path: Path
+) -> None:
+    stream = client.images.generate(
+        prompt=PROMPT, size="256x256", stream=True, partial_images=2, extra_body={"seed": 5}
+    )
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds == ["image_generation.partial_image"] * 2 + ["image_generation.completed"], kinds
+    assert [e.partial_image_index for e in events[:2]] == [0, 1]
+    for i, event in enumerate(events):
+        assert (event.size, event.output_format, event.background) == ("256x256", "png", "opaque")
+        assert event.created_at > 0
+        image, report = marked(quick_app, base64.b64decode(event.b64_json), tmp_path / f"{i}.png")
+        assert image.size == (256, 256) and image.text["prompt"] == PROMPT and image.text["seed"] == "5"
+        assert report.proof and set(report.ours) == {"c2pa", "iptc", "watermark"}, report.lines
+    steps = [Image.open(io.BytesIO(base64.b64decode(e.b64_json))).text["partial_image"] for e in events[:2]]
+    assert steps == ["0 (step 2 of 4)", "1 (step 3 of 4)"]
+    done = events[-1]
+    assert done.usage.model_extra["steps"] == 4 and done.model_extra["provenance"]["seed"] == 5
+    # The same request without streaming: the same final pixels (one path to the device).
+    plain = client.images.generate(prompt=PROMPT, size="256x256", extra_body={"seed": 5})
+    final = Image.open(io.BytesIO(base64.b64decode(done.b64_json))).convert("RGB")
+    again = Image.open(io.BytesIO(base64.b64decode(plain.data[0].b64_json))).convert("RGB")
+    assert final.tobytes() == again.tobytes()
+
+
+def test_no_partial_images_is_one_completed_event(client: OpenAI) -> None:
+    events = list(client.images.generate(prompt=PROMPT, size="128x128", stream=True, extra_body={"seed": 1}))
+    assert [e.type for e in events] == ["image_generation.completed"]
+    assert events[0].size == "128x128"
+
+
+def test_edit_streams_as_image_edit_events(quick_app: Any, client: OpenAI, tmp_path: Path) -> None:
+    reference = png_bytes(source_image(128))
+    stream = client.images.edit(
+        image=("ref.png", reference, "image/png"),
+        prompt="a blue square on a black background",
+        size="128x128",
+        stream=True,
+        partial_images=1,
+    )
+    events = list(stream)
+    assert [e.type for e in events] == ["image_edit.partial_image", "image_edit.completed"]
+    _, report = marked(quick_app, base64.b64decode(events[-1].b64_json), tmp_path / "edit.png")
+    assert "iptc" in report.ours and report.proof  # 128x128: under the watermark's 256 px, the other marks
+    image = Image.open(io.BytesIO(base64.b64decode(events[0].b64_json)))
+    assert "partial_image" in image.text and image.info.get("XML:com.adobe.xmp", "").count(DIGITAL_SOURCE_TYPE)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"partial_images": 4}, "partial_images"),
+        ({"partial_images": -1}, "partial_images"),
+        ({"partial_images": True}, "partial_images"),
+        ({"partial_images": "2"}, "partial_images"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream": True, "n": 2}, "n"),
+        ({"stream": True, "response_format": "url"}, "response_format"),
+    ],
+)
+def test_bad_stream_requests_are_json_400s_before_any_stream(
+    quick_app: Any, client: OpenAI, extra: dict[str, Any], param: str
+) -> None:
+    before = quick_app.manager.status().stages["device"]["served"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.images.generate(prompt=PROMPT, size="128x128", extra_body=extra)
+    assert caught.value.status_code == 400 and caught.value.param == param
+    assert caught.value.response.headers["content-type"] == "application/json"
+    assert quick_app.manager.status().stages["device"]["served"] == before  # nothing ran
+
+
+def test_partial_images_without_stream_is_refused(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="partial_images needs stream=true"):
+        client.images.generate(prompt=PROMPT, size="128x128", partial_images=2)
+
+
+def test_a_failure_after_the_stream_began_is_an_error_event(quick_app: Any, client: OpenAI) -> None:
+    """The SDK raises the error event's error (here a failure in the run: the model's pipeline made to fail)."""
+    manager = quick_app.manager
+    original = manager._execute
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("the device went away")
+
+    manager._execute = broken
+    try:
+        stream = client.images.generate(prompt=PROMPT, size="128x128", stream=True, partial_images=1)
+        with pytest.raises(openai.APIError, match="generation failed"):
+            list(stream)
+    finally:
+        manager._execute = original
+
+
+def test_a_client_that_goes_away_stops_the_run(quick_app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client closes the stream during the first step: the run ends there (the second step never comes), and
+    its queue place is given back."""
+    manager = quick_app.manager
+    streams: list[ImageStream] = []
+    respond = ImageStream.response
+
+    def recorded(self: ImageStream, headers: dict[str, str]) -> Any:
+        streams.append(self)
+        return respond(self, headers)
+
+    monkeypatch.setattr(ImageStream, "response", recorded)
+    entered, closed = threading.Event(), threading.Event()
+    seen: list[int] = []
+    original = manager._execute
+
+    def held(call: Any, on_step: Any) -> Any:  # the first step waits until the server has seen the client go
+        def step(number: int, total: int, preview: Any = None) -> None:
+            seen.append(number)
+            entered.set()
+            closed.wait(60)
+            on_step(number, total, preview)
+
+        return original(call, step)
+
+    monkeypatch.setattr(manager, "_execute", held)
+    served = manager.status().stages["device"]["served"]
+    try:
+        body = {"prompt": PROMPT, "size": "128x128", "stream": True, "partial_images": 2}
+        with httpx.stream("POST", quick_app.url + "v1/images/generations", json=body, timeout=60) as reply:
+            assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+            assert reply.headers["x-queue-position"] == "0"
+            assert entered.wait(60)
+        wait_for(lambda: streams[-1].stop.is_set(), 60, "the server to see the client go")
+    finally:
+        closed.set()
+    wait_for(lambda: manager.status().stages["device"]["served"] > served, 60, "the lane let go")
+    wait_for(lambda: quick_app.ops.extra_waiting() == 0, 60, "the queue place given back")
+    assert seen == [1], seen  # cancelled at its first step: the second was never reached
+
+
+def test_synchronous_answers_say_their_queue_place(quick_app: Any, client: OpenAI) -> None:
+    """Idle: position 0; after a timed request the ETA is known; a job queued behind a held request says so."""
+    reply = client.images.with_raw_response.generate(prompt=PROMPT, size="128x128")
+    assert reply.headers["x-queue-position"] == "0"
+    assert float(reply.headers["x-queue-eta-seconds"]) > 0  # the device has timed earlier requests

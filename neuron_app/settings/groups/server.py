@@ -33,6 +33,12 @@ class ServerSettings(BaseModel):
         False, description="Permit share=true with no auth (a loud warning is printed)."
     )
 
+    run_history: bool | None = Field(
+        None,
+        description="Gradio's run history (every run kept in the visitor's browser, /gradio_api/runs); unset: on for a "
+        "private server, off on one others can reach (a share link, a non-loopback address, behind a proxy).",
+    )
+
     shutdown_grace_s: float = Field(
         30.0,
         ge=0.0,
@@ -75,6 +81,11 @@ class ServerSettings(BaseModel):
             return not ipaddress.ip_address(name).is_loopback
         except ValueError:
             return True  # a host name other than localhost: assume the network can reach it
+
+    @property
+    def run_history_on(self) -> bool:
+        """What `launch(run_history=...)` gets: the setting, else off where others can reach the server."""
+        return (not self.reachable_by_others) if self.run_history is None else self.run_history
 
     @property
     def auth(self) -> tuple[str, str] | None:

@@ -12,9 +12,7 @@
   `/@uploads/...` for Gradio's upload folder, `/@cache` for `cache_dir` (the page's status names it), and reads
   them back in what clients send (a JSON body, a file URL),
   so the page's "use as reference" and gradio_client's files keep working.
-- `cap_connections` sets uvicorn's `limit_concurrency` on the running server (503 beyond it). uvicorn 0.54 has
-  no timeout for reading a request's headers (its keep-alive timer starts after a first answer), so a client
-  that sends half a request holds its connection until the cap: docs/sharing.md says to put a proxy in front.
+- Connections (a header deadline, requests in progress in all and per address) are web/guard.py's.
 
 A pure ASGI middleware (`app_kwargs={"middleware": [...]}` reaches Gradio's FastAPI app): bodies stream through.
 """
@@ -227,12 +225,3 @@ def _retry_after_on_503(send: Send) -> Send:
 
     return wrapped
 
-
-def cap_connections(demo: Any, settings: Settings) -> bool:
-    """uvicorn's `limit_concurrency` on the launched server: every connection made from now on reads it."""
-    config = getattr(getattr(demo, "server", None), "config", None)
-    if config is None or not hasattr(config, "limit_concurrency"):
-        log.warning("the web server has no uvicorn config to cap connections on")
-        return False
-    config.limit_concurrency = settings.max_connections
-    return True

@@ -91,7 +91,8 @@ class Ops:
         return body["ready"], body
 
     # --- endpoints -----------------------------------------------------------------------------
-    def healthz(self, request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
+        """On the event loop: no pool thread needed, so a busy thread pool never delays the liveness probe."""
         return JSONResponse({"status": "alive"})
 
     def readyz(self, request: Request) -> Response:

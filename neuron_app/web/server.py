@@ -170,7 +170,8 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     result = app.demo.launch(**kwargs)
     if not kwargs["share"]:
         wait_for_page(app.demo.local_url)
-    from neuron_app.web.door import Aliases, cap_connections
+    from neuron_app.web.door import Aliases
+    from neuron_app.web.guard import guard_connections
     from neuron_app.web.mcp.tools import mend
 
     mend(app.demo, Aliases.for_settings(settings).local_path)  # MCP answers: JSON and image content, no paths
@@ -178,7 +179,7 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
 
     mend_error_payload()  # Gradio's own refusals say what was wrong, in one line, instead of {"error": null}
 
-    cap_connections(app.demo, settings)  # uvicorn's limit_concurrency: 503 beyond max_connections
+    guard_connections(app.demo, settings)  # a header deadline; requests in progress capped by web/guard.py
     from neuron_app.web.page.first_render import install
 
     install(app.demo)  # every page opens on the state of now, not the state at launch
@@ -215,9 +216,11 @@ def door_kwargs(app: App) -> dict[str, Any]:
     from starlette.middleware import Middleware
 
     from neuron_app.web.door import Door
+    from neuron_app.web.guard import Guard
 
     kwargs = app.ops.app_kwargs() if app.ops is not None else {}
-    return kwargs | {"middleware": [Middleware(Door, settings=app.settings)]}
+    guard, door = Middleware(Guard, settings=app.settings), Middleware(Door, settings=app.settings)
+    return kwargs | {"middleware": [guard, door]}  # the first is the outermost
 
 
 def announce(demo: Any, settings: Settings) -> str:

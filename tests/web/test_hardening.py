@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,7 +20,6 @@ import pytest
 from PIL import Image
 
 from neuron_app.engine.modes import references
-from tests.support import wait_for
 
 EDIT_KEY = f"sk-edit-{uuid.uuid4().hex}"
 TIGHT_KEY = f"sk-tight-{uuid.uuid4().hex}"
@@ -240,20 +238,7 @@ def test_a_full_gradio_queue_says_when_to_retry(app: Any, monkeypatch: pytest.Mo
         job.result(timeout=BACKSTOP_S)
 
 
-def test_connections_beyond_max_connections_get_a_503(app: Any) -> None:
-    """`max_connections` (uvicorn's limit_concurrency, set on the running server): with that many idle
-    connections held open, the next request is answered 503 at once instead of piling up; closing them
-    frees the server."""
-    host, port = "127.0.0.1", app.settings.server_port
-    idle = [socket.create_connection((host, port), timeout=30) for _ in range(CONNECTIONS)]
-    try:
-        response = httpx.get(app.url + "healthz", timeout=30)
-        assert response.status_code == 503, response.text
-    finally:
-        for sock in idle:
-            sock.close()
-    # the server notices the closed sockets on its loop: a backstop deadline, polled
-    wait_for(lambda: httpx.get(app.url + "healthz", timeout=30).status_code == 200, BACKSTOP_S, "a freed server")
+# Connections (a header deadline, requests in progress per address): tests/web/test_slow_clients.py.
 
 
 def test_the_page_limit_is_on_by_default_when_others_can_reach_the_app(make_settings: Callable[..., Any]) -> None:

@@ -90,7 +90,23 @@ class InterfaceSettings(BaseModel):
     )
 
     max_connections: int = Field(
-        1000, ge=8, description="Open connections the server takes (uvicorn's limit_concurrency); beyond it, 503."
+        1000,
+        ge=8,
+        description="Requests in progress (headers read) the server takes at once; beyond it, 503 (/healthz excepted).",
+    )
+
+    max_connections_per_address: int = Field(
+        64, ge=1, description="Requests in progress one client address may have at once; beyond it, 503."
+    )
+
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="A connection whose request headers are not complete within this is closed."
+    )
+
+    request_body_mb: float = Field(
+        1.0,
+        gt=0,
+        description="Largest body of a Gradio or MCP request that is not an upload (JSON: prompts, file references).",
     )
 
     mcp_server: bool = Field(

@@ -14,6 +14,12 @@ class ServerSettings(BaseModel):
 
     share: bool = Field(False, description="Open a public gradio.live link.")
 
+    behind_proxy: bool = Field(
+        False,
+        description="A reverse proxy forwards other machines' requests (X-Forwarded-For): the app counts as reachable "
+        "by others although it binds to loopback (the page limit and the safety checker turn on).",
+    )
+
     queue_max_size: int = Field(16, ge=1, description="Requests waiting beyond this get 'busy, try again'.")
 
     concurrency_limit: int = Field(1, ge=1, description="Generations run at once on the device.")
@@ -72,7 +78,7 @@ class ServerSettings(BaseModel):
         """A public link, or bound to an address other machines can reach (not loopback)."""
         import ipaddress
 
-        if self.share:
+        if self.share or self.behind_proxy:
             return True
         name = self.server_name.strip().strip("[]")
         if name == "localhost":

@@ -15,19 +15,20 @@ caps and its pruning are web/jobs/job_store.py's.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
-import dataclasses
 import json
 import logging
 import queue
-import re
 import secrets
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
 
 from neuron_app import tracing
 from neuron_app.engine.contract import Manager
@@ -36,6 +37,18 @@ from neuron_app.engine.records import GenerationRecord, ProgressCallback, Progre
 from neuron_app.errors import Cancelled, Conflict, NotFound, RequestError
 from neuron_app.settings import Settings
 from neuron_app.web.jobs.job_store import Caps, JobStore
+from neuron_app.web.jobs.live_job import (
+    CANCEL_POLL_S,
+    CANCEL_WAIT_S,
+    ENDED,
+    JOB_ID,
+    Live,
+    _cancelled,
+    _estimate_of,
+    _int,
+    _iso,
+    wants_async,
+)
 from neuron_app.web.jobs.usage_book import UsageBook
 from neuron_app.web.jobs.webhook_pool import QUEUE_FULL, Deliveries
 from neuron_app.web.jobs.webhooks import Allowlist
@@ -44,36 +57,6 @@ if TYPE_CHECKING:
     from neuron_app.engine.trust.marks import Marker
 
 log = logging.getLogger(__name__)
-
-JOB_ID = re.compile(r"imgjob_[A-Za-z0-9_-]{24}")
-ENDED = ("succeeded", "failed", "cancelled")
-#: How long a DELETE on a running job waits for it to stop at its next step (a step is well under this).
-CANCEL_WAIT_S = 30.0
-
-
-def wants_async(prefer: str) -> bool:
-    """RFC 7240: `Prefer: respond-async` (among other preferences, any case)."""
-    return any(part.split(";")[0].strip().lower() == "respond-async" for part in prefer.split(","))
-
-
-@dataclasses.dataclass
-class Live:
-    """A job of this process that has not ended: what runs it, and its progress (memory only)."""
-
-    id: str
-    work: Callable[[ProgressCallback], list[GenerationRecord]]
-    stack: contextlib.ExitStack  # its key's charge and its place in the shared queue, released when it ends
-    url_for: Callable[[str], str]
-    state: str = "queued"
-    event: ProgressEvent | None = None
-    since: float = 0.0  # when the current phase began (monotonic)
-    estimate: dict[str, Any] | None = None  # the shape's compile (or load) estimate when it started compiling
-    key_name: str | None = None  # whose usage it is
-    stop: threading.Event = dataclasses.field(default_factory=threading.Event)  # DELETE while it runs
-    ended: threading.Event = dataclasses.field(default_factory=threading.Event)
-    queued_at: float = dataclasses.field(default_factory=time.monotonic)
-    waited_s: float = 0.0  # queued, until a worker took it
-    trace: Any = dataclasses.field(default_factory=tracing.capture)  # the submitting request's trace
 
 
 class Jobs:
@@ -312,9 +295,10 @@ class Jobs:
         return ahead.index(job_id) if job_id in ahead else 0
 
     def cancel(self, job_id: str, key_name: str | None) -> dict[str, Any]:
-        """Cancel a job. Queued: its charge given back, its queue place freed. Running: it stops at its next
-        denoising step (its images never stored, the device free for the next request, every graph kept); the
-        answer waits up to CANCEL_WAIT_S for that. An ended job answers as it is."""
+        """Cancel a job, never waiting (issue 45: a wait here held a request thread for as long as a compile).
+        Queued: its charge given back, its queue place freed. Running: asked to stop at its next denoising step
+        (its images never stored, every graph kept) and answered as it reads now, with `cancel_requested`;
+        `stopped` awaits the end on the event loop. An ended job answers as it is."""
         row = self._row(job_id, key_name)
         with self._lock:
             live = self._live.get(job_id)
@@ -325,9 +309,7 @@ class Jobs:
                 live.state = "cancelled"
                 self._live.pop(job_id)
         if running:
-            if not live.ended.wait(CANCEL_WAIT_S):
-                log.info("job %s: cancel asked, still in its step after %.0f s", job_id, CANCEL_WAIT_S)
-            return self.view(job_id, key_name, images=False)
+            return self.view(job_id, key_name, images=False) | {"cancel_requested": True}
         if live is None:
             if row["status"] in ENDED:
                 return self.view(job_id, key_name, images=False)
@@ -338,6 +320,19 @@ class Jobs:
         log.info("job %s cancelled", job_id)
         self._announce(job_id)
         return self.view(job_id, key_name, images=False)
+
+    async def stopped(self, job_id: str, key_name: str | None, answer: dict[str, Any]) -> dict[str, Any]:
+        """After `cancel` on a running job: wait for its end on the event loop (no thread held), up to
+        CANCEL_WAIT_S; then the job as it reads (`answer` if it is still in a phase without steps)."""
+        with self._lock:
+            live = self._live.get(job_id)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while live is not None and not live.ended.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(CANCEL_POLL_S)
+        if live is not None and not live.ended.is_set():
+            log.info("job %s: cancel asked, still without a step after %.0f s", job_id, CANCEL_WAIT_S)
+            return answer
+        return await run_in_threadpool(self.view, job_id, key_name, images=False)
 
     # --- webhooks ---------------------------------------------------------------------------------------------
     def _announce(self, job_id: str) -> None:
@@ -363,29 +358,3 @@ class Jobs:
         self.deliveries.close()
         self.store.close()
         self.usage.close()
-
-
-def _estimate_of(shape: Any) -> dict[str, Any] | None:
-    """The shape's estimate as the status table has it: seconds, load or compile, and how sure."""
-    if shape is None or shape.estimate_s is None:
-        return None
-    found = shape.estimate
-    if found is None:
-        return {"seconds": round(shape.estimate_s, 1)}
-    return {"seconds": round(found.seconds, 1), "kind": found.kind, "basis": found.basis, "sure": found.sure}
-
-
-def _cancelled() -> tuple[Any, BaseException, Any]:
-    try:
-        raise RuntimeError("the job was cancelled")
-    except RuntimeError:
-        info = sys.exc_info()
-    return info  # type: ignore[return-value]
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
-
-
-def _iso(stamp: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))

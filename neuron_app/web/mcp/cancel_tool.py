@@ -19,7 +19,8 @@ def add_cancel_job(demo: Any, jobs: Jobs) -> None:
 
     def cancel_job(job_id: str) -> dict[str, Any]:
         """Cancel an image job by its id. A queued job is dropped; a running one stops at its next denoising step
-        and its images are never stored. Returns the job as it now reads (status "cancelled", or how it ended).
+        and its images are never stored. Returns at once, the job as it now reads: status "cancelled", how it
+        ended, or "running" with cancel_requested true (read it again to see it stop).
 
         Args:
             job_id: the job's id ("imgjob_..."), from an asynchronous request (header Prefer: respond-async) to

@@ -1,4 +1,4 @@
-"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest,emulate,usage,train-tiny}`.
+"""Command line: `python -m neuron_app {serve,precompile,cache,doctor,verify,selftest,emulate,usage,train-tiny,plan}`.
 
 `precompile` is what a deployment runs once before users come (or in an image build):
 it fills the persistent compile cache and the manifest, so the server starts warm.
@@ -254,6 +254,13 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """What fits where and the floor per image, measured on fake tensors (neuron_app/engine/model/real/)."""
+    from neuron_app.engine.model.real.plan import main_args
+
+    return main_args(args, _table)
+
+
 def cmd_serve(_args: argparse.Namespace) -> int:
     import app
 
@@ -328,6 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     train_tiny.add_argument("--lora-share", type=float, help="share of the budget for the outline LoRA (default 0.18)")
     train_tiny.set_defaults(func=cmd_train_tiny)
+    plan = sub.add_parser("plan", help="before any compile: memory per NeuronCore, placement and floor per image")
+    plan.add_argument("--model", help="klein-4b, klein-9b (-random), or their Hub id (default: the configured model)")
+    plan.add_argument("--shape", action="append", metavar="WxH", help="repeatable (default: configured resolutions)")
+    plan.add_argument("--tp", action="append", metavar="N", help="tensor-parallel degree, repeatable (default 1)")
+    plan.add_argument("--instance", action="append", metavar="trn1|trn2|trn3", help="repeatable (default trn2)")
+    plan.add_argument("--json", action="store_true", help="one object per model x shape x TP x instance")
+    plan.set_defaults(func=cmd_plan)
     usage = sub.add_parser("usage", help="usage per API key per day (the usage table and the job store)")
     usage.add_argument("--days", type=int, default=0, metavar="N", help="the last N days only (default: all)")
     usage.add_argument("--json", action="store_true", help="machine-readable rows")

@@ -1,0 +1,202 @@
+"""`python -m neuron_app plan`: before any compile, what fits on which NeuronCores and the fastest an image can be.
+
+For each model x shape x TP x instance, from the fake-tensor measurements (measure.py) and the instance's published
+figures (specs/instances.json, cited in docs/real-size.md):
+- memory per core: weights of the components a core holds plus the largest activation peak among them (they run
+  one after another); the transformer at its TP shard;
+- a placement: everything on each TP core if it fits, else the text encoder on a core of its own, else the VAE too;
+- a roofline floor per image: each call takes at least max(FLOPs / peak bfloat16 rate, weight bytes / HBM
+  bandwidth) of one core (weights read once per call; collectives and activation traffic left out: a lower bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_app.engine.model.real.catalog import GIB, Instance, check_tp, instance, load_spec, spec_name
+from neuron_app.shapes import Resolution
+
+COMPONENTS = ("transformer", "text_encoder", "vae")
+
+#: Tried in order: the first whose every core fits is the plan. Each entry: what the TP cores hold, and the
+#: components given a core of their own.
+PLACEMENTS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    ("together", ("transformer", "text_encoder", "vae"), ()),
+    ("text encoder on its own core", ("transformer", "vae"), ("text_encoder",)),
+    ("text encoder and VAE on their own cores", ("transformer",), ("text_encoder", "vae")),
+]
+
+
+@dataclass(frozen=True)
+class Request:
+    """Checked arguments: nothing heavy is imported until every one of them is valid."""
+
+    model: str
+    spec: str
+    shapes: list[Resolution]
+    tps: list[int]
+    instances: list[Instance]
+
+
+def parse(args: argparse.Namespace) -> Request:
+    """Refuse bad input in one line (RequestError) before any model work."""
+    spec = spec_name(args.model or _settings().model)
+    loaded = load_spec(spec)
+    shapes = [Resolution.parse(s) for s in args.shape] if args.shape else _settings().parsed_resolutions
+    tps = [check_tp(loaded, tp) for tp in (args.tp or ["1"])]
+    found = [instance(name) for name in (args.instance or ["trn2"])]
+    return Request(args.model or _settings().model, spec, _unique(shapes), _unique(tps), _unique(found))
+
+
+def _settings() -> Any:
+    from neuron_app.settings import get_settings
+
+    return get_settings()
+
+
+def _unique(items: list[Any]) -> list[Any]:
+    return list(dict.fromkeys(items))
+
+
+def _gib(nbytes: float) -> float:
+    return round(nbytes / GIB, 3)
+
+
+def _core(held: tuple[str, ...], measured: dict[str, Any]) -> dict[str, Any]:
+    weights = sum(measured[c].weight_bytes for c in held)
+    activations = max(measured[c].activation_bytes for c in held)
+    return {"holds": list(held), "weights": weights, "activations": activations, "total": weights + activations}
+
+
+def place(measured: dict[str, Any], tp: int, hbm_gib: float) -> dict[str, Any]:
+    """The first placement whose fullest core fits `hbm_gib`; else the last one (the least per core), not fitting."""
+    for name, shared, own in PLACEMENTS:
+        cores = [_core(shared, measured)] + [_core((c,), measured) for c in own]
+        fullest = max(cores, key=lambda core: core["total"])
+        if fullest["total"] <= hbm_gib * GIB or name == PLACEMENTS[-1][0]:
+            break
+    per_core = [
+        {"cores": tp if i == 0 else 1, "holds": core["holds"], "gib": _gib(core["total"])}
+        for i, core in enumerate(cores)
+    ]
+    return {"name": name, "cores_used": tp + len(own), "cores": per_core, "fullest": fullest}
+
+
+def _seconds(measured: Any, inst: Instance) -> float:
+    compute = measured.flops / (inst.bf16_tflops_per_core * 1e12)
+    memory = measured.weight_bytes / inst.hbm_bytes_per_s_per_core
+    return max(compute, memory)
+
+
+def plan_one(spec: str, model: str, shape: Resolution, tp: int, inst: Instance) -> dict[str, Any]:
+    """One model x shape x TP x instance, as the JSON object the command prints."""
+    from neuron_app.engine.model.real import measure
+
+    pipeline = load_spec(spec)["pipeline"]
+    steps, tokens = pipeline["default_steps"], pipeline["max_sequence_length"]
+    measured = {
+        "transformer": measure.transformer(spec, shape.width, shape.height, tp, tokens),
+        "text_encoder": measure.text_encoder(spec, tokens),
+        "vae": measure.vae(spec, shape.width, shape.height),
+    }
+    whole_step = measure.transformer(spec, shape.width, shape.height, 1, tokens).flops
+    placement = place(measured, tp, inst.hbm_gib_per_core)
+    fullest = placement.pop("fullest")
+    step_s = _seconds(measured["transformer"], inst)
+    floor = steps * step_s + _seconds(measured["text_encoder"], inst) + _seconds(measured["vae"], inst)
+    total = _gib(fullest["total"])
+    image_flops = steps * whole_step + measured["text_encoder"].flops + measured["vae"].flops
+    return {
+        "model": model,
+        "spec": spec,
+        "shape": str(shape),
+        "tp": tp,
+        "instance": inst.name,
+        "dtype": "bfloat16",
+        "steps": steps,
+        "text_tokens": tokens,
+        "components": {
+            name: {
+                "params": m.params,
+                "weights_gib_per_core": _gib(m.weight_bytes),
+                "activations_gib": _gib(m.activation_bytes),
+                "tflop_per_call_per_core": round(m.flops / 1e12, 3),
+            }
+            for name, m in measured.items()
+        },
+        "activations_gib_per_core": _gib(fullest["activations"]),
+        "total_gib_per_core": total,
+        "hbm_gib_per_core": inst.hbm_gib_per_core,
+        "fits": total <= inst.hbm_gib_per_core,
+        "placement": placement,
+        "tflop_per_step": round(whole_step / 1e12, 3),
+        "tflop_per_image": round(image_flops / 1e12, 3),
+        "floor_s_per_step": round(step_s, 4),
+        "floor_s_per_image": round(floor, 3),
+        "peak_bf16_tflops_per_core": inst.bf16_tflops_per_core,
+        "hbm_gb_per_s_per_core": round(inst.hbm_bytes_per_s_per_core / 1e9, 1),
+    }
+
+
+def plan(request: Request) -> list[dict[str, Any]]:
+    return [
+        plan_one(request.spec, request.model, shape, tp, inst)
+        for shape in request.shapes
+        for tp in request.tps
+        for inst in request.instances
+    ]
+
+
+def table(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """The rows of the readable table (headers: HEADERS)."""
+    return [
+        [
+            r["spec"],
+            r["shape"],
+            r["tp"],
+            r["instance"],
+            "yes" if r["fits"] else "NO",
+            f"{r['total_gib_per_core']:.1f} of {r['hbm_gib_per_core']:g}",
+            f"{r['placement']['name']} ({_cores(r['placement']['cores_used'])})",
+            f"{r['tflop_per_step']:.1f}",
+            f"{r['tflop_per_image']:.1f}",
+            f"{r['floor_s_per_image']:.2f}",
+        ]
+        for r in rows
+    ]
+
+
+def _cores(count: int) -> str:
+    return f"{count} core" if count == 1 else f"{count} cores"
+
+
+HEADERS = [
+    "model",
+    "shape",
+    "tp",
+    "instance",
+    "fits",
+    "GiB per core",
+    "placement",
+    "TFLOP/step",
+    "TFLOP/image",
+    "floor s/image",
+]
+
+
+def main_args(args: argparse.Namespace, render: Any) -> int:
+    """The command: checked arguments, the measured plan, JSON or a table (`render(headers, rows)`)."""
+    request = parse(args)
+    rows = plan(request)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(render(HEADERS, table(rows)))
+    print(
+        f"bfloat16, {rows[0]['steps']} steps, {rows[0]['text_tokens']} text tokens; measured on fake tensors "
+        "(docs/real-size.md). floor: roofline at the instance's peak rate and HBM bandwidth per core"
+    )
+    return 0

@@ -42,12 +42,12 @@ class Instance:
     hbm_bytes_per_s_per_core: float
 
 
-def spec_name(model: str) -> str:
-    """The spec a `--model` value plans; refused in one line when it names none."""
+def spec_name(model: str, given: str = "--model") -> str:
+    """The spec a model name plans (`given`: where the name came from); refused in one line when it names none."""
     key = next((k for k in ALIASES if k.lower() == model.strip().lower()), None)
     if key is None:
         known = ", ".join(ALIASES)
-        raise RequestError(f"--model {model!r} is not a planned model; known: {known}", param="model")
+        raise RequestError(f"{given} {model!r} is not a planned model; pass --model, one of: {known}", param="model")
     return ALIASES[key]
 
 

@@ -43,12 +43,13 @@ class Request:
 
 def parse(args: argparse.Namespace) -> Request:
     """Refuse bad input in one line (RequestError) before any model work."""
-    spec = spec_name(args.model or _settings().model)
+    model = args.model or _settings().model
+    spec = spec_name(model, "--model" if args.model else "the configured model")
     loaded = load_spec(spec)
     shapes = [Resolution.parse(s) for s in args.shape] if args.shape else _settings().parsed_resolutions
     tps = [check_tp(loaded, tp) for tp in (args.tp or ["1"])]
     found = [instance(name) for name in (args.instance or ["trn2"])]
-    return Request(args.model or _settings().model, spec, _unique(shapes), _unique(tps), _unique(found))
+    return Request(model, spec, _unique(shapes), _unique(tps), _unique(found))
 
 
 def _settings() -> Any:
@@ -199,4 +200,6 @@ def main_args(args: argparse.Namespace, render: Any) -> int:
         f"bfloat16, {rows[0]['steps']} steps, {rows[0]['text_tokens']} text tokens; measured on fake tensors "
         "(docs/real-size.md). floor: roofline at the instance's peak rate and HBM bandwidth per core"
     )
+    if not all(r["fits"] for r in rows):
+        print("NO: not even the text encoder and the VAE on cores of their own fit; plan a higher --tp")
     return 0

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from neuron_app.engine.contract import Manager
+from neuron_app.engine.records import ShapeState
 from neuron_app.settings import Settings
 from neuron_app.web.metrics import Metrics
 
@@ -67,9 +68,17 @@ class Ops:
         return self.manager.in_flight if length is None else length + self.extra_waiting()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready = the model is loaded and at least one shape is compiled (and the TP group is whole)."""
+        """Ready = the model is loaded and at least one shape is compiled or precompiled (and the TP group is
+        whole). A precompiled shape counts: after a restart its first request loads graphs from the cache folder
+        (seconds), and a load balancer that waits for a compile in memory would never send that request."""
         status = self.manager.status()
+        precompiled = [
+            r
+            for r, s in status.shapes.items()
+            if s.offered and s.manifest == "precompiled" and s.state is not ShapeState.FAILED and r not in status.ready
+        ]
         body: dict[str, Any] = {"ready": False, "loaded": status.loaded, "ready_shapes": status.ready}
+        body["precompiled_shapes"] = precompiled
         if status.broken:
             body["reason"] = f"tensor-parallel group is broken: {status.broken}"
         elif self.manager.draining:
@@ -81,7 +90,7 @@ class Ops:
                 body["reason"] = f"the model failed to load: {status.load_error}"
             else:
                 body["reason"] = "the model is not loaded yet (it loads on the first request, or with load_on_start)"
-        elif not status.ready:
+        elif not status.ready and not precompiled:
             body["reason"] = "no shape is compiled yet (precompile, set warmup, or send a first request)"
         else:
             body["ready"] = True

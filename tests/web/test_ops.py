@@ -145,3 +145,24 @@ def test_readyz_turns_503_while_draining_for_shutdown(make_settings: Any) -> Non
     assert manager.drain(5) is True
     ready, body = ops.readiness()
     assert ready is False and body["reason"] == "the server is shutting down"
+
+
+def test_readyz_after_a_restart_counts_the_precompiled_shapes(make_settings: Any) -> None:
+    """The first hour's item 10: with every shape in the cache folder, a restarted server loaded its model but stayed
+    503 until a first request, which a load balancer checking /readyz would never send. A precompiled shape counts
+    (its first request loads graphs from the folder), and the answer names it."""
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.web.ops import Ops
+
+    settings = make_settings(resolutions=["64x64"], default_resolution="64x64")
+    first = PipelineManager(settings)
+    first.generate(PROMPT, "64x64", 2, 7)  # compiles 64x64 and writes it to the manifest
+    restarted = PipelineManager(settings)  # a new process's manager on the same folder
+    ops = Ops(settings, restarted)
+    ready, body = ops.readiness()
+    assert not ready and "not loaded" in body["reason"]  # not before the model is
+    restarted.ensure_loaded()
+    ready, body = ops.readiness()
+    assert ready, body
+    assert body["ready_shapes"] == [] and body["precompiled_shapes"] == ["64x64"]
+    assert restarted.status().compiles == 0  # nothing was compiled to get there

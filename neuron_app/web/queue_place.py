@@ -21,6 +21,9 @@ from typing import Any
 
 from neuron_app.engine.records import ManagerStatus, ShapeState
 
+#: Queued jobs' places remembered at most (each a few numbers).
+KEPT_PLACES = 4096
+
 
 def _device(status: ManagerStatus) -> dict[str, Any]:
     return (status.stages or {}).get("device") or {}
@@ -71,3 +74,24 @@ class QueuePlace:
         if figures["queue_eta_s"] is not None:
             headers["X-Queue-Eta-Seconds"] = str(figures["queue_eta_s"])
         return headers
+
+
+class JobPlaces:
+    """Queued jobs' places by job id (web/jobs/jobs.py keeps none), until a view shows the job on the device."""
+
+    def __init__(self) -> None:
+        self._places: dict[str, QueuePlace] = {}
+
+    def keep(self, job_id: str, place: QueuePlace) -> None:
+        """A new job's place; the oldest are forgotten beyond KEPT_PLACES (jobs never read again)."""
+        self._places[job_id] = place
+        while len(self._places) > KEPT_PLACES:
+            self._places.pop(next(iter(self._places)))
+
+    def waiting(self, view: dict[str, Any]) -> QueuePlace | None:
+        """The place of a job that has not reached the device yet (queued, or its worker waits for the lane)."""
+        phase = (view.get("progress") or {}).get("phase")
+        if view["status"] == "queued" or phase in ("starting", "loading"):
+            return self._places.get(view["id"])
+        self._places.pop(view["id"], None)
+        return None

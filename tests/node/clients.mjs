@@ -51,6 +51,23 @@ for (let i = 0; i < 600 && !["succeeded", "failed"].includes(view.status); i++) 
 }
 seen.openai.job = { status: view.status, images: view.data?.length ?? 0 };
 
+// Streaming: stream: true with partial_images, the events as the SDK parses them; a bad partial_images is a 400
+// before any stream.
+const events = [];
+for await (const event of await openai.images.generate({ prompt: "a fox", size: "64x64", stream: true, partial_images: 2 })) {
+  events.push(event);
+}
+seen.openai.stream = {
+  types: events.map((e) => e.type),
+  indexes: events.filter((e) => e.type === "image_generation.partial_image").map((e) => e.partial_image_index),
+  completed: events.at(-1)?.b64_json ?? null,
+};
+try {
+  await openai.images.generate({ prompt: "a fox", size: "64x64", stream: true, partial_images: 9 });
+} catch (error) {
+  seen.openai.stream.refusal = { status: error.status, param: error.param };
+}
+
 // MCP: the named endpoints as tools, over streamable HTTP.
 const mcp = new McpClient({ name: "node-example", version: "1.0.0" });
 await mcp.connect(new StreamableHTTPClientTransport(new URL(`${url}gradio_api/mcp/`)));

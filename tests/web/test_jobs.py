@@ -292,7 +292,7 @@ def test_a_queued_job_is_cancelled_and_gives_its_place_back(jobs_app: Any) -> No
         first = client.post("v1/images/generations", json=body).json()["id"]
         wait_for(jobs_app, first, ("running",), timeout=30)
         second = client.post("v1/images/generations", json=body).json()
-        assert second["status"] == "queued" and second["queue_position"] == 0
+        assert second["status"] == "queued" and second["queue_position"] == 1  # the first job is ahead of it
         running = client.get(f"v1/images/jobs/{first}").json()
         assert running["status"] == "running" and running["progress"]["elapsed_s"] >= 0
         assert running["progress"]["phase"] == "starting" and running["progress"]["message"]  # even before events

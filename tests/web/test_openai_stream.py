@@ -10,6 +10,7 @@ where they stood in the queue.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import threading
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from PIL import Image
 from neuron_app.engine.trust.marks import DIGITAL_SOURCE_TYPE
 from neuron_app.verify import configured_signer, verify_file
 from neuron_app.web.openai.streaming import ImageStream, partial_steps
+from neuron_app.web.queue_place import QueuePlace
 from tests.support import SHAPES_OVERRIDES, openai_client, source_image, wait_for
 from tests.support import png as png_bytes
 
@@ -191,8 +193,84 @@ def test_a_client_that_goes_away_stops_the_run(quick_app: Any, monkeypatch: pyte
     assert seen == [1], seen  # cancelled at its first step: the second was never reached
 
 
-def test_synchronous_answers_say_their_queue_place(quick_app: Any, client: OpenAI) -> None:
-    """Idle: position 0; after a timed request the ETA is known; a job queued behind a held request says so."""
-    reply = client.images.with_raw_response.generate(prompt=PROMPT, size="128x128")
-    assert reply.headers["x-queue-position"] == "0"
-    assert float(reply.headers["x-queue-eta-seconds"]) > 0  # the device has timed earlier requests
+def test_answers_and_jobs_say_their_queue_place(
+    quick_app: Any, client: OpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle: position 0 and an ETA (the device has timed a request). Behind a request held on the device, a
+    synchronous request stands at 1 and a job submitted next at 2, in its 202 and in its view."""
+    client.images.generate(prompt=PROMPT, size="128x128", extra_body={"seed": 2})  # the device timed once
+    reply = client.images.with_raw_response.generate(prompt=PROMPT, size="128x128", extra_body={"seed": 2})
+    assert reply.headers["x-queue-position"] == "0" and float(reply.headers["x-queue-eta-seconds"]) > 0
+
+    manager = quick_app.manager
+    entered, go = threading.Event(), threading.Event()
+    original, calls = manager._execute, []
+
+    def held(call: Any, on_step: Any) -> Any:  # only the first run waits on the device, at its first step
+        calls.append(call)
+        if len(calls) > 1:
+            return original(call, on_step)
+
+        def step(number: int, total: int, preview: Any = None) -> None:
+            entered.set()
+            go.wait(60)
+            on_step(number, total, preview)
+
+        return original(call, step)
+
+    monkeypatch.setattr(manager, "_execute", held)
+    body = {"prompt": PROMPT, "size": "128x128"}
+    url = quick_app.url + "v1/images/generations"
+    answers: dict[str, httpx.Response] = {}
+
+    def post(name: str) -> None:
+        answers[name] = httpx.post(url, json=body, timeout=120)
+
+    first = threading.Thread(target=post, args=("first",))
+    first.start()
+    assert entered.wait(60)
+    second = threading.Thread(target=post, args=("second",))
+    second.start()
+    wait_for(lambda: quick_app.ops.extra_waiting() == 2, 60, "the second request admitted")
+    try:
+        job = httpx.post(url, json=body, headers={"Prefer": "respond-async"}, timeout=60)
+        assert job.status_code == 202 and job.headers["x-queue-position"] == "2" and job.json()["queue_position"] == 2
+        view = httpx.get(quick_app.url + f"v1/images/jobs/{job.json()['id']}", timeout=60).json()
+        assert view["queue_position"] == 2 and view["queue_eta_s"] > 0, view
+    finally:
+        go.set()
+    first.join(120)
+    second.join(120)
+    assert answers["first"].headers["x-queue-position"] == "0"
+    assert answers["second"].headers["x-queue-position"] == "1"
+    eta = float(answers["second"].headers["x-queue-eta-seconds"])
+    assert eta > float(answers["first"].headers["x-queue-eta-seconds"])  # one request more ahead of it
+    done = wait_for(
+        lambda: (
+            (v := httpx.get(quick_app.url + f"v1/images/jobs/{job.json()['id']}", timeout=60).json())["status"]
+            in ("succeeded", "failed")
+            and v
+        ),
+        120,
+        "the job to end",
+    )
+    assert done["status"] == "succeeded" and "queue_position" not in done
+
+
+def test_a_queue_place_counts_down_as_requests_ahead_let_the_lane_go(quick_app: Any) -> None:
+    """Three ahead when admitted; two served since: one ahead, and the ETA is (1 round + its own image) x the mean."""
+    status = quick_app.manager.status()
+    device = status.stages["device"]
+
+    def at(served: int, mean_s: float | None) -> Any:
+        return dataclasses.replace(
+            status, stages=status.stages | {"device": device | {"served": served, "mean_s": mean_s}}
+        )
+
+    place = dataclasses.replace(QueuePlace.taken(at(10, 2.0), 3, 1), resolution="128x128")
+    assert place.position(at(10, 2.0)) == 3 and place.eta_s(at(10, 2.0)) == 8.0
+    assert place.figures(at(12, 2.0)) == {"queue_position": 1, "queue_eta_s": 4.0}
+    assert place.position(at(20, 2.0)) == 0  # never below 0
+    assert place.headers(at(12, None)) == {"X-Queue-Position": "1"}  # no timed request yet: no ETA
+    two_lanes = QueuePlace.taken(at(10, 2.0), 3, 2)
+    assert two_lanes.eta_s(at(10, 2.0)) == 6.0  # the three ahead take two rounds on two lanes

@@ -47,7 +47,7 @@ from neuron_app.web.openai.forms import PNG, Output, content_type, output_choice
 from neuron_app.web.openai.image_urls import UrlStore
 from neuron_app.web.openai.streaming import ImageStream, check_streamable, stream_choice
 from neuron_app.web.ops import gradio_queue_length
-from neuron_app.web.queue_place import QueuePlace
+from neuron_app.web.queue_place import JobPlaces, QueuePlace
 from neuron_app.web.traced import traced
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class OpenAIImages:
         # Prefer: respond-async (web/jobs/jobs.py): the same checks, charge and queue place, run by a job worker.
         self.jobs = Jobs(settings, manager, self.marker, self.urls.save, lambda exc: failure(exc).body())
         self.usage = self.jobs.usage  # usage per key per day (web/jobs/usage_book.py): /metrics and `neuron_app usage`
-        self._places: dict[str, QueuePlace] = {}  # a queued job's place (web/queue_place.py), until it starts
+        self.places = JobPlaces()  # a queued job's place in the device queue (web/queue_place.py)
 
     @property
     def in_flight(self) -> int:
@@ -227,7 +227,8 @@ class OpenAIImages:
                 job, count = await self.validated(*check, **options)
             job = dataclasses.replace(job, output=output, previews=bool(partials))  # encoded in the post stage
             place = dataclasses.replace(place, images=count, resolution=str(job.resolution))
-            queue_headers = place.headers(await run_in_threadpool(self.manager.status))
+            now = await run_in_threadpool(self.manager.status)
+            queue_headers = place.headers(now)
             if partials is not None:  # the worker lets the charge and the queue place go when the run ends
                 prefix = "image_edit" if heavy else "image_generation"
                 stream = ImageStream(self, request, job, size_plan, place, stack.pop_all(), prefix, partials, fields)
@@ -252,7 +253,8 @@ class OpenAIImages:
                     )
                 except AppError as exc:
                     raise refusal(exc) from None
-                self._places = {k: v for k, v in self._places.items() if k in self.jobs._live} | {view["id"]: place}
+                self.places.keep(view["id"], place)
+                view |= place.figures(now)
                 headers = queue_headers | {"Location": f"/v1/images/jobs/{view['id']}"}
                 return JSONResponse(view, status_code=202, headers=headers)
             try:
@@ -327,7 +329,11 @@ class OpenAIImages:
 
     async def edits(self, request: Request) -> Response:
         try:
-            self.check_auth(request)
+            name = self.check_auth(request)
+            try:  # over its limit: the 429 before the body (up to 50 MB) is read and parsed (issue 45, row 39)
+                self.access.api_room(name, request.client.host if request.client else None)
+            except AppError as exc:
+                raise refusal(exc) from None
             fields, options = await read_edit_form(request)  # web/openai/forms.py
             if options.get("references") and not self.editing:
                 raise ApiError(
@@ -360,8 +366,7 @@ class OpenAIImages:
                     answer = await self.jobs.stopped(request.path_params["id"], name, answer)
                 return JSONResponse(answer)
             view = await run_in_threadpool(self.jobs.view, request.path_params["id"], name)
-            place = self._places.get(view["id"]) if view["status"] == "queued" else None
-            if place is not None:  # its place in the device queue, as the synchronous answer's headers say it
+            if place := self.places.waiting(view):  # until it reaches the device, as the answers' headers say
                 view |= place.figures(await run_in_threadpool(self.manager.status))
             return JSONResponse(view)
         except AppError as exc:

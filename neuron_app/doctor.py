@@ -172,9 +172,29 @@ def sdk_release(cc: str | None) -> str:
     return "newer than 2.33 (2.34 or later)" if found > COMPILER_2_33 else "older than 2.33 (not TorchNeuron's)"
 
 
+#: The Neuron release of each TorchNeuron build: its third and fourth numbers (2.13.3.0 / 2.14.3.0 were Neuron
+#: 2.33; 2.13.3.1 / 2.14.3.1 are 2.34, AWS's torch-neuronx v2.34.0 release notes).
+TORCHNEURON_RELEASES = {(3, 0): "2.33", (3, 1): "2.34"}
+
+
+def torchneuron_release(found: str | None) -> str | None:
+    """Which Neuron release a torch-neuronx version is (None when this project does not know it)."""
+    try:
+        build = tuple(int(x) for x in (found or "").split("+")[0].split(".")[2:4])
+    except ValueError:
+        return None
+    return TORCHNEURON_RELEASES.get(build) if len(build) == 2 else None
+
+
 def check_sdk_release(record: Path = SDK_RECORD) -> Check:
-    """Info only: the release the compiler says, and the install script's own record when it built this Python."""
+    """Info only: the release torch-neuronx (and the compiler) say, and the install script's own record when it
+    built this Python."""
+    neuronx = dist_version("torch-neuronx")
+    release = torchneuron_release(neuronx)
     found = f"compiler from Neuron {sdk_release(dist_version('neuronx-cc'))}"
+    if neuronx is not None:
+        named = f"Neuron SDK {release}" if release else "a Neuron release this project does not know"
+        found = f"{named} (torch-neuronx {neuronx}); {found}"
     try:
         lines = record.read_text(errors="replace").splitlines()
     except OSError:

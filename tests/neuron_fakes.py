@@ -1,7 +1,7 @@
 """Helpers for tests that put the FAKE Neuron SDK (tests/fake_neuron_sdk) on the path.
 
 The fake carries package metadata like the real wheel, so the version family decides whether it
-passes for TorchNeuron (2.13.3.0) or for the PyTorch/XLA torch-neuronx (2.9.x).
+passes for TorchNeuron (2.13.3.1, Neuron 2.34) or for the PyTorch/XLA torch-neuronx (2.9.x).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 FAKE_SDK = Path(__file__).parent / "fake_neuron_sdk"
-TORCHNEURON_VERSION = "2.13.3.0"
+TORCHNEURON_VERSION = "2.13.3.1"
 XLA_VERSION = "2.9.0.2.15.32035"
 
 

@@ -162,6 +162,24 @@ def test_the_compiler_version_names_its_release(cc: str | None, release: str) ->
     assert sdk_release(cc) == release
 
 
+@pytest.mark.parametrize(
+    ("neuronx", "release"),
+    [("2.13.3.1", "2.34"), ("2.14.3.1.412", "2.34"), ("2.13.3.0", "2.33"), ("2.13.3.2", None), ("0.1.0", None)],
+)
+def test_the_torchneuron_build_names_its_release(neuronx: str, release: str | None) -> None:
+    from neuron_app.doctor import torchneuron_release
+
+    assert torchneuron_release(neuronx) == release
+
+
+def test_the_doctor_says_which_sdk_release_it_found(tmp_path: Path) -> None:
+    """T7: with the FAKE TorchNeuron of the 2.34 build (tests/fake_neuron_sdk), the doctor names Neuron SDK 2.34;
+    with a 2.33 build, 2.33."""
+    for version, release in (("2.13.3.1", "Neuron SDK 2.34 (torch-neuronx 2.13.3.1)"), ("2.13.3.0", "SDK 2.33")):
+        checks = verdicts(doctor("--json", pythonpath=fake_sdk_dir(tmp_path, version)))
+        assert release in checks["neuron sdk"]["found"], checks["neuron sdk"]
+
+
 def test_the_sdk_check_shows_what_the_install_script_recorded(tmp_path: Path) -> None:
     record = tmp_path / "neuron-sdk.txt"
     assert "not installed by scripts/install-neuron.sh" in check_sdk_release(record).found

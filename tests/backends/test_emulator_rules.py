@@ -125,15 +125,16 @@ def test_the_cache_looks_in_memory_then_on_disk_with_torchneurons_counters(tmp_p
     from neuron_app.backends.emulator.cache import ArtifactStore, forget_memory
 
     forget_memory()
-    store = ArtifactStore(tmp_path)
-    assert store.record("graph", "g") is True and store.counters() == (0, 1)
-    assert store.record("graph", "g") is False and store.counters() == (0, 1)
+    store = ArtifactStore(tmp_path)  # its counters land when the device is synchronized (`flush`): T3
+    assert store.record("graph", "g") is True and not store.flush() and store.counters() == (0, 1)
+    assert store.record("graph", "g") is False and not store.flush() and store.counters() == (0, 1)
     assert store.stats["in_memory_hits"] == 1
     second_manager = ArtifactStore(tmp_path)  # same process: the memory layer is the process's
-    assert second_manager.record("graph", "g") is False and second_manager.counters() == (0, 0)
+    assert second_manager.record("graph", "g") is False and not second_manager.flush()
+    assert second_manager.counters() == (0, 0)
     forget_memory()  # a restart
     restarted = ArtifactStore(tmp_path)
-    assert restarted.record("graph", "g") is False and restarted.counters() == (1, 0)
+    assert restarted.record("graph", "g") is False and not restarted.flush() and restarted.counters() == (1, 0)
     assert restarted.count() == 1
 
 
@@ -213,9 +214,12 @@ def test_eager_compiles_are_counted_from_the_misses_no_graph_caused(tmp_path: Pa
 
     counters = [0, 0]
 
-    class Metered(NeuronBackend):  # the real backend, its counters read from this list
+    class Metered(NeuronBackend):  # the real backend, its counters read from this list (a synchronous device)
         def cache_counters(self) -> tuple[int, int]:
             return counters[0], counters[1]
+
+        def synchronize(self) -> None:
+            return None
 
     backend = Metered()
     finish = backend.check_graph(None, [])

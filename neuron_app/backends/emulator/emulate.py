@@ -40,7 +40,7 @@ def install(mode: str = "enforce") -> Any:
     folder = Path(os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or DEFAULT_NEFF_CACHE) / "emulated"
     em = NeuronEmulator(folder, mode)
     emulator_device._DeviceModule.available = True
-    emulator_device._DeviceModule.synchronize_hook = em.synchronize
+    emulator_device._DeviceModule.synchronize_hook = lambda: (em.store.flush(), em.synchronize())  # counters land
     emulator_device.register_accelerator()
     sys.modules.setdefault("torch.neuron", emulator_device._DEVICE_MODULE)  # torch imports it as a module too
     nki_off = os.environ.get("TORCH_NEURONX_ENABLE_NKI_SDPA", "1").strip().lower() in ("0", "false")
@@ -138,6 +138,7 @@ def _live_shards() -> dict[str, Any] | None:
 
 def summary(em: Any) -> str:
     """What the script did on the emulated device, in a few lines."""
+    em.store.flush()  # the compile queue's counts land first (emulator/cache.py), as a synchronize would
     snap = em.snapshot()
     fallbacks = ", ".join(f"{op} x{n}" for op, n in sorted(snap["fallback_ops"].items())) or "none"
     world = os.environ.get("WORLD_SIZE")

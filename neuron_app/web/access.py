@@ -217,12 +217,7 @@ class Access:
     def api_images(self, name: str | None, client: str | None, images: int) -> Iterator[None]:
         """Charge an OpenAI API request to its key (or, with no keys configured, to the client's address under
         the page limit); given back if the body raises; counted per key name when it succeeds."""
-        if name is None:
-            caller = client or "unknown"  # one budget per address, shared with the page
-            refund = self.limiter.charge(f"page:{caller}", images, self.page_limits, f"address {caller}")
-        else:
-            key = next(k for k in self.keys if k.name == name)
-            refund = self.limiter.charge(f"key:{name}", images, key.limits, f"key {name!r}")
+        refund = self._charge_api(name, client, images)
         try:
             yield
         except BaseException:
@@ -230,6 +225,17 @@ class Access:
             raise
         with self._lock:
             self.images[name or "(none)"] += images
+
+    def _charge_api(self, name: str | None, client: str | None, images: int) -> Callable[[], None]:
+        if name is None:
+            caller = client or "unknown"  # one budget per address, shared with the page
+            return self.limiter.charge(f"page:{caller}", images, self.page_limits, f"address {caller}")
+        key = next(k for k in self.keys if k.name == name)
+        return self.limiter.charge(f"key:{name}", images, key.limits, f"key {name!r}")
+
+    def api_room(self, name: str | None, client: str | None) -> None:
+        """RateLimited now if the caller could not be charged one image: checked before a large body is read."""
+        self._charge_api(name, client, 1)()
 
     def api_refused(self, name: str | None, reason: str | None) -> None:
         """An API request refused after its key was known (content policy, invalid value, ...)."""

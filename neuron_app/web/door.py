@@ -6,6 +6,16 @@
   must declare its size (Content-Length; 411 otherwise): it is charged before a byte is read, and given back
   when Gradio refuses it. The address is uvicorn's (X-Forwarded-For only from FORWARDED_ALLOW_IPS), as for
   the page's image limit (web/access.py).
+- Every other way bytes reach the disk through Gradio counts against the same budgets, before a byte is kept
+  (issue 45): a multipart POST to any Gradio route (`/gradio_api/process_recording`, any route a Gradio
+  upgrade adds) is charged as an upload; an MCP request that carries a `data:` URL (the `edit` tool's images,
+  which Gradio writes to its temp folder before the tool runs) is charged to its caller's address by its size.
+  The MCP loopback client's own re-upload of those files (it carries this process's secret) is not charged again.
+- An address may take at most a quarter of the hourly total (or its per-minute amount, if larger): one address
+  cannot keep every other address's uploads refused.
+- Bodies are capped per route while they arrive: a Gradio POST that is not an upload at `request_body_mb`
+  (JSON: a prompt and file references), an MCP request at MCP_BODY_LIMIT (the MCP SDK's own 4 MiB); beyond it
+  a 413, before the app reads the body (a declared length) or as soon as it passes the cap (a streamed one).
 - A full Gradio queue answers 503 from `/gradio_api/queue/join` with no `Retry-After`: the door adds one.
 - No server path in an answer: Gradio names every file by its absolute path (`path`, and its
   `/gradio_api/file=<path>` URL). The door answers with aliases instead, `/@outputs/...` for `outputs_dir` and
@@ -19,6 +29,7 @@ A pure ASGI middleware (`app_kwargs={"middleware": [...]}` reaches Gradio's Fast
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import re
@@ -27,11 +38,12 @@ from typing import Any
 
 from neuron_app.errors import RateLimited, RequestError
 from neuron_app.settings import Settings
-from neuron_app.web.access import MINUTE_S, Limit, Limiter
+from neuron_app.web.access import MCP_SECRET, MCP_SECRET_HEADER, MINUTE_S, Limit, Limiter
 
 log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
@@ -43,8 +55,11 @@ GRADIO_API = "/gradio_api/"
 FILE_ROUTE = "/gradio_api/file="
 #: The app's own routes (web/openai/routes.py, web/ops.py): their answers carry no server folder.
 OWN_ROUTES = ("/v1/", "/healthz", "/readyz", "/metrics")
-#: JSON bodies read whole to put the real folders back (event inputs: a prompt, numbers, file references).
-INBOUND_LIMIT = 4 << 20
+#: The MCP SDK's own limit of a message: an MCP request larger than this is refused at the door.
+MCP_BODY_LIMIT = 4 << 20
+MCP_PATH = "/gradio_api/mcp"
+#: The share of `upload_total_mb` one address may take in an hour (or its per-minute amount, if larger).
+ADDRESS_SHARE = 0.25
 #: What a full queue tells a client to wait (a generation takes seconds to a minute).
 QUEUE_RETRY_AFTER_S = 5
 
@@ -64,9 +79,14 @@ class Door:
         self.app = app
         self.aliases = Aliases.for_settings(settings)
         self.limiter = limiter or Limiter()
-        per_minute = int(settings.upload_mb_per_minute * MB)
-        self.per_address = [Limit(per_minute, MINUTE_S, "per minute", "upload_bytes_per_minute", "bytes")]
-        self.total = [Limit(int(settings.upload_total_mb * MB), HOUR_S, "per hour", "upload_bytes_per_hour", "bytes")]
+        per_minute, total = int(settings.upload_mb_per_minute * MB), int(settings.upload_total_mb * MB)
+        share = min(total, max(per_minute, int(total * ADDRESS_SHARE)))
+        self.per_address = [
+            Limit(per_minute, MINUTE_S, "per minute", "upload_bytes_per_minute", "bytes"),
+            Limit(share, HOUR_S, "per hour", "upload_bytes_per_hour_address", "bytes"),
+        ]
+        self.total = [Limit(total, HOUR_S, "per hour", "upload_bytes_per_hour", "bytes")]
+        self.body_limit = int(settings.request_body_mb * MB)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,22 +99,43 @@ class Door:
             return
         if not path.startswith(OWN_ROUTES):  # ours name no folder; their base64 images are left as they are
             send = self.aliases.outbound_send(send)
-        if scope.get("method") == "POST" and path.rstrip("/") in UPLOAD_PATHS:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        post = scope.get("method") == "POST"
+        if post and path.startswith(MCP_PATH):
+            await self.mcp(scope, receive, send, headers)
+            return
+        multipart = headers.get("content-type", "").lower().startswith("multipart/")
+        if post and (path.rstrip("/") in UPLOAD_PATHS or (path.startswith(GRADIO_API) and multipart)):
             await self.upload(scope, receive, send)
             return
-        if scope.get("method") == "POST" and path.startswith(GRADIO_API):
-            scope, receive = await self.aliases.inbound_body(scope, receive)
+        if post and path.startswith(GRADIO_API):
+            body = await read_capped(receive, headers, self.body_limit)
+            if body is None:
+                await _answer(send, 413, f"the request body is larger than {self.body_limit} bytes")
+                return
+            scope, receive = self.aliases.with_body(scope, receive, body)
         if path.startswith(QUEUE_JOIN):
             send = _retry_after_on_503(send)
         await self.app(scope, receive, send)
 
-    async def upload(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        declared = headers.get("content-length", "")
-        if not declared.isdigit():
-            await _answer(send, 411, "an upload must declare its size (Content-Length)")
+    async def mcp(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+        """An MCP message: capped at MCP_BODY_LIMIT; one with a `data:` URL charged as an upload by its size."""
+        body = await read_capped(receive, headers, MCP_BODY_LIMIT)
+        if body is None:
+            await _answer(send, 413, f"an MCP request may be at most {MCP_BODY_LIMIT} bytes")
             return
-        size = int(declared)
+        if b'"data:' in body and not await self.charge(scope, len(body), send):
+            return
+        scope, receive = self.aliases.with_body(scope, receive, body)
+        await self.app(scope, receive, send)
+
+    async def charge(self, scope: Scope, size: int, send: Send) -> list[Callable[[], None]] | None:
+        """Take `size` bytes from the caller's and the total upload budget, or answer the refusal and return None.
+        The MCP loopback client's uploads (this process's secret) were charged to the MCP caller already."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        token = headers.get(MCP_SECRET_HEADER, "")
+        if token and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), MCP_SECRET.encode()):
+            return []
         address = (scope.get("client") or ("unknown", 0))[0]
         refunds = []
         try:
@@ -109,6 +150,17 @@ class Door:
             else:
                 status = 429 if not refunds else 507
                 await _answer(send, status, str(exc), {"Retry-After": str(max(1, round(exc.retry_after_s)))})
+            return None
+        return refunds
+
+    async def upload(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        declared = headers.get("content-length", "")
+        if not declared.isdigit():
+            await _answer(send, 411, "an upload must declare its size (Content-Length)")
+            return
+        refunds = await self.charge(scope, int(declared), send)
+        if refunds is None:
             return
         status: list[int] = []
 
@@ -185,23 +237,38 @@ class Aliases:
 
         return wrapped
 
-    async def inbound_body(self, scope: Scope, receive: Receive) -> tuple[Scope, Receive]:
-        """A POST body up to INBOUND_LIMIT bytes read whole and given to the app with the real folders."""
-        headers = {k.lower(): v for k, v in scope.get("headers", [])}
-        declared = headers.get(b"content-length", b"")
-        if not declared.isdigit() or int(declared) > INBOUND_LIMIT:
-            return scope, receive  # streamed or large: passed on as sent
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return scope, _replay([message], receive)
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = self.inbound(b"".join(chunks))
-        raw = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+    def with_body(
+        self, scope: Scope, receive: Receive, body: bytes | MutableMapping[str, Any]
+    ) -> tuple[Scope, Receive]:
+        """A body read whole (`read_capped`), given to the app with the real folders; a disconnect as it came."""
+        if not isinstance(body, bytes):
+            return scope, _replay([body], receive)
+        body = self.inbound(body)
+        raw = [
+            (k, v) for k, v in scope.get("headers", []) if k.lower() not in (b"content-length", b"transfer-encoding")
+        ]
         raw.append((b"content-length", str(len(body)).encode()))
         return {**scope, "headers": raw}, _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
+
+
+async def read_capped(receive: Receive, headers: dict[str, str], cap: int) -> bytes | Message | None:
+    """The whole body, or None once it is known to pass `cap`: from its declared length before a byte is read,
+    or as it streams. A disconnect is returned as its message, for the app to see."""
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        return None
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return message
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            return None
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
 
 
 def _replay(messages: list[MutableMapping[str, Any]], then: Receive) -> Receive:
@@ -224,4 +291,3 @@ def _retry_after_on_503(send: Send) -> Send:
         await send(message)
 
     return wrapped
-

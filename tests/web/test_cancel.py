@@ -47,23 +47,28 @@ def submit(client: OpenAI, steps: int) -> str:
     return created.model_dump()["id"]
 
 
+def running_at(app: Any, job_id: str, step: int) -> None:
+    """Poll the job until it runs its `step`-th step (a backstop of 300 s)."""
+    deadline = time.monotonic() + 300
+    while (view := job(app, job_id)).get("progress", {}).get("step", 0) < step:
+        assert view["status"] in ("queued", "running") and time.monotonic() < deadline, view
+        time.sleep(0.01)
+
+
 def test_delete_on_a_running_job_stops_it_at_the_next_step_and_the_next_request_needs_no_compile(
     app: Any, client: OpenAI
 ) -> None:
     warm = client.images.generate(prompt="warm", size="64x64", extra_body={"num_inference_steps": 2})
     assert warm.model_dump()["usage"]["compile_s"] > 0  # the shape is compiled now
     job_id = submit(client, LONG)
-    deadline = time.monotonic() + 300
-    while (view := job(app, job_id)).get("progress", {}).get("step", 0) < 2:
-        assert view["status"] in ("queued", "running") and time.monotonic() < deadline, view
-        time.sleep(0.01)
+    running_at(app, job_id, 2)
     reply = httpx.delete(f"{app.url}v1/images/jobs/{job_id}", timeout=60)
     assert reply.status_code == 200
     answer = reply.json()
     assert answer["status"] == "cancelled" and answer["error"]["code"] == "cancelled", answer
     stopped = int(re.fullmatch(r"cancelled at step (\d+) of 200", answer["error"]["message"]).group(1))
     assert 2 < stopped < LONG and "data" not in answer
-    assert not (app.settings.outputs_dir / "jobs" / job_id).exists()  # its images were never stored
+    assert not (app.settings.cache_dir / "job-images" / job_id).exists()  # its images were never stored
     assert job(app, job_id)["status"] == "cancelled"
     again = client.images.generate(prompt="next", size="64x64", extra_body={"num_inference_steps": 8})
     usage = again.model_dump()["usage"]
@@ -96,3 +101,26 @@ def test_mcps_cancel_job_tool_cancels_a_queued_job_and_names_an_unknown_one(app:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert job(app, first)["status"] == "succeeded" and job(app, second)["status"] == "cancelled"
+
+
+def _usage(app: Any) -> tuple[float, float]:
+    """The keyless caller's images made (from /metrics) and device seconds booked today (the usage book)."""
+    import sqlite3
+
+    metrics = httpx.get(app.url + "metrics", timeout=10).text
+    found = re.search(r'^neuron_app_api_images_total\{key="\(none\)"\} ([0-9.]+)', metrics, re.M)
+    with sqlite3.connect(app.settings.cache_dir / "usage.sqlite3") as db:
+        row = db.execute("SELECT SUM(device_seconds) FROM usage WHERE key_name = '-'").fetchone()
+    return float(found.group(1)) if found else 0.0, row[0] or 0.0
+
+
+def test_a_job_cancelled_after_its_steps_began_is_booked_not_refunded(app: Any, client: OpenAI) -> None:
+    """Row 32: a job cancelled near its end is no way around a limit: its image stays charged (what limits count)
+    and the device time it took is booked in the usage table."""
+    images, seconds = _usage(app)
+    job_id = submit(client, LONG)
+    running_at(app, job_id, 3)
+    reply = httpx.delete(f"{app.url}v1/images/jobs/{job_id}", timeout=60)
+    assert reply.json()["status"] == "cancelled", reply.text
+    after_images, after_seconds = _usage(app)
+    assert after_images == images + 1 and after_seconds > seconds

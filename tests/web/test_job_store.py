@@ -43,8 +43,9 @@ class Lines(logging.Handler):
 
 @pytest.fixture(scope="module")
 def corrupt_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Any]:
-    """The real app started on a cache folder whose jobs.sqlite3 was overwritten with random bytes, with small
-    job caps: two queued or running jobs per key, three stored."""
+    """The real app started on a cache folder whose jobs.sqlite3 and usage.sqlite3 were overwritten with random
+    bytes (issue 45, row 40: the usage book stopped the start), with small job caps: two queued or running jobs
+    per key, three stored."""
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
     from neuron_app.web.server import build_app, launch
@@ -52,8 +53,9 @@ def corrupt_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -
     cache_dir = link_models(tmp_path_factory.mktemp("appcache"), shared_models)
     garbage = os.urandom(64 * 1024)
     (cache_dir / "jobs.sqlite3").write_bytes(garbage)
+    (cache_dir / "usage.sqlite3").write_bytes(garbage[::-1])
     lines = Lines()
-    logger = logging.getLogger("neuron_app.web.jobs.job_store")
+    logger = logging.getLogger("neuron_app.web.jobs.sqlite_file")  # both stores open through it
     logger.addHandler(lines)
     keys = {"alice": {"key": ALICE, "images_per_minute": 3}, "bob": {"key": BOB}}
     overrides = {"cache_dir": cache_dir, "server_port": free_port(), "api_keys": keys}
@@ -73,11 +75,14 @@ def test_a_corrupt_store_is_kept_aside_with_one_line_and_the_server_serves(corru
     cache_dir = corrupt_app.settings.cache_dir
     aside = list(cache_dir.glob("jobs.sqlite3.corrupt-*"))
     assert len(aside) == 1 and aside[0].read_bytes() == corrupt_app.garbage  # kept as it was, for a post-mortem
-    assert [r.levelno for r in corrupt_app.lines] == [logging.ERROR], [r.getMessage() for r in corrupt_app.lines]
-    line = corrupt_app.lines[0]
-    message = line.getMessage()
-    assert line.exc_info is None and "\n" not in message  # one line, no traceback
-    assert "not a database" in message and aside[0].name in message and str(cache_dir) not in message
+    (usage,) = cache_dir.glob("usage.sqlite3.corrupt-*")
+    assert usage.read_bytes() == corrupt_app.garbage[::-1]
+    levels = [r.levelno for r in corrupt_app.lines]
+    assert levels == [logging.ERROR] * 2, [r.getMessage() for r in corrupt_app.lines]
+    for line, kept in zip(corrupt_app.lines, (aside[0], usage), strict=True):  # one line per store, in this order
+        message = line.getMessage()
+        assert line.exc_info is None and "\n" not in message  # one line, no traceback
+        assert "not a database" in message and kept.name in message and str(cache_dir) not in message
     job = openai_client(corrupt_app, BOB, timeout=120).images.with_raw_response.generate(
         prompt=PROMPT, size="64x64", extra_headers=ASYNC, extra_body=JOB
     )
@@ -85,6 +90,8 @@ def test_a_corrupt_store_is_kept_aside_with_one_line_and_the_server_serves(corru
     job_id = job.http_response.json()["id"]
     done = wait_for(lambda: _finished(corrupt_app, BOB, job_id), 300, "the job on the fresh store")
     assert done["status"] == "succeeded" and done["data"][0]["b64_json"]
+    with sqlite3.connect(cache_dir / "usage.sqlite3") as db:  # booked in the fresh usage book
+        assert db.execute("SELECT SUM(images) FROM usage WHERE key_name = 'bob'").fetchone()[0] >= 1
 
 
 def test_a_key_over_its_job_caps_gets_429_jobs_full_and_its_charge_back(corrupt_app: Any) -> None:

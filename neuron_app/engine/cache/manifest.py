@@ -89,11 +89,11 @@ class Manifest:
             stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
             if self._memo is not None and self._memo[0] == stamp:
                 return dict(self._memo[1])
-            raw = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         try:
-            data = json.loads(raw)
+            data = json.loads(raw.decode("utf-8"))  # random bytes: a UnicodeDecodeError, set aside like bad JSON
             if data.get("version") != MANIFEST_VERSION:
                 raise ValueError(f"unknown manifest version {data.get('version')!r}")
             entries = {k: ManifestEntry(**v) for k, v in data["entries"].items()}
@@ -112,7 +112,9 @@ class Manifest:
                 os.replace(self.path, target)
             except OSError:
                 return
-        log.warning("manifest %s was unreadable (%s); moved to %s and starting a new one", self.path, exc, target)
+        # One ERROR line, as for the job store and the usage book: file names only, never the server's folder.
+        log.error("manifest %s is unreadable (%s): kept aside as %s; starting a new one", self.path.name,
+                  str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__, target.name)  # fmt: skip
 
     def _write(self, entries: dict[str, ManifestEntry]) -> None:
         payload = {"version": MANIFEST_VERSION, "entries": {k: asdict(v) for k, v in sorted(entries.items())}}

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_app.errors import RateLimited, one_line
+from neuron_app.web.jobs.sqlite_file import open_checked
 
 log = logging.getLogger(__name__)
 
@@ -61,57 +62,18 @@ class Caps:
 
 
 def open_database(path: Path) -> sqlite3.Connection:
-    """The database at `path`, checked; a file that is not a sound database is kept aside and a new one made."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return _connect(path)
-    except sqlite3.DatabaseError as exc:
-        if not _corrupt(exc):
-            raise  # locked, read-only, no room: the file may be sound, so it is left where it is
-        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-        for suffix in ("", "-wal", "-shm"):  # the WAL belongs to the bad file: never replayed into the new one
-            source = path.with_name(path.name + suffix)
-            if source.exists():
-                source.replace(aside.with_name(aside.name + suffix))
-        log.error(
-            "job store %s is unreadable (%s): kept aside as %s; starting with no jobs",
-            path.name,
-            one_line(exc, limit=120),
-            aside.name,
-        )
-        return _connect(path)
+    """The jobs database at `path`, checked; a corrupt file kept aside (web/jobs/sqlite_file.py)."""
+    return open_checked(path, _prepare, "job store", "starting with no jobs")
 
 
-class Unsound(sqlite3.DatabaseError):
-    """A database that opens but fails its integrity check."""
-
-
-def _corrupt(exc: sqlite3.DatabaseError) -> bool:
-    """Not a database, or a damaged one (SQLITE_NOTADB, SQLITE_CORRUPT and its extended codes)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return isinstance(exc, Unsound) or (
-        code is not None and code & 0xFF in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
-    )
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
-    try:
-        db.execute("PRAGMA journal_mode=WAL")
-        (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
-        if verdict != "ok":
-            raise Unsound(f"quick_check: {verdict}")
-        db.execute(SCHEMA)
-        present = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
-        for name, kind in ADDED.items():
-            if name not in present:
-                db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
-        for sql in INDEXES:
-            db.execute(sql)
-    except BaseException:
-        db.close()
-        raise
-    return db
+def _prepare(db: sqlite3.Connection) -> None:
+    db.execute(SCHEMA)
+    present = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    for name, kind in ADDED.items():
+        if name not in present:
+            db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+    for sql in INDEXES:
+        db.execute(sql)
 
 
 class JobStore:

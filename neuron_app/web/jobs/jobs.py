@@ -8,7 +8,8 @@ by a worker through the same `run_many` as a synchronous request, so it meets th
 
 Jobs live in SQLite in the cache folder (`jobs.sqlite3`): a finished job reads the same after a restart until
 `job_ttl_s`; a job that a restart cut off is marked failed ("the server restarted"), never lost. A `b64_json`
-job's PNGs are files under `outputs/jobs/<id>/` (base64 only when read: the database stays small); `url` jobs keep
+job's PNGs are files under `cache_dir/job-images/<id>/` (base64 only when read: the database stays small; outside
+what Gradio's file route serves, so only the job's key reads them); `url` jobs keep
 the URLs the synchronous API hands out. Progress lives in memory: only a running job has any. The table, its
 caps and its pruning are web/jobs/job_store.py's.
 """
@@ -47,6 +48,8 @@ from neuron_app.web.jobs.live_job import (
     _estimate_of,
     _int,
     _iso,
+    spent,
+    stepped,
     wants_async,
 )
 from neuron_app.web.jobs.usage_book import UsageBook
@@ -79,7 +82,7 @@ class Jobs:
             max_pending=settings.webhook_queue,
             deadline_s=settings.webhook_timeout_s,
         )
-        self.files = settings.outputs_dir / "jobs"
+        self.files = settings.cache_dir / "job-images"  # not under outputs_dir: Gradio serves that folder
         caps = Caps(
             settings.jobs_per_key, settings.jobs_stored_per_key, settings.job_images_max, settings.job_images_max_bytes
         )
@@ -164,6 +167,7 @@ class Jobs:
                     continue  # cancelled while it waited
                 live.state, live.since = "running", time.monotonic()
                 live.waited_s = live.since - live.queued_at
+                live.started = live.since
             try:
                 self.store.update(job_id, status="running", started=time.time())
                 with tracing.resumed(live.trace), tracing.span("job", job_id=job_id):
@@ -172,39 +176,56 @@ class Jobs:
                 log.exception("job %s could not be recorded", job_id)
 
     def _run(self, live: Live) -> None:
+        stopped: Cancelled | None = None
+        records: list[GenerationRecord] = []
         try:
             with live.stack:  # leaving it gives the key's images back on failure and frees the queue place
-                records = live.work(lambda event: self._progress(live, event))
+                try:
+                    records = live.work(lambda event: self._progress(live, event))
+                except Cancelled as exc:
+                    if not stepped(live):
+                        raise  # before its first step: its images given back
+                    stopped = exc  # after steps had run they stay charged (issue 45, row 32)
                 items = [self._item(live, record, i) for i, record in enumerate(records)]
-        except Cancelled as exc:  # at the next step: nothing was stored, the key's images were given back
-            log.info("job %s %s", live.id, exc)
-            error = json.dumps(self.error_of(exc))  # says at which step it stopped
-            self.store.update(live.id, status="cancelled", error=error, finished=time.time())
+        except Cancelled as exc:  # at the next step: nothing was stored
+            stopped = exc
         except Exception as exc:
             error = self.error_of(exc)
             log.info("job %s failed: %s", live.id, error["message"])
             self.store.update(live.id, status="failed", error=json.dumps(error), finished=time.time())
         else:
-            result = {"data": items, "size": records[0].resized_to or records[0].resolution, "output_format": "png"}
-            result["usage"] = self.usage.charge(live.key_name, records, live.waited_s)
-            stored = [f.stat().st_size for f in (self.files / live.id).glob("*.png")]
-            self.store.update(
-                live.id, status="succeeded", result=json.dumps(result), finished=time.time(),
-                images=len(stored), bytes=sum(stored),
-            )  # fmt: skip
-            if stored:
-                self.store.wake()  # the pruner checks the image caps now
-            log.info("job %s succeeded (%d image(s))", live.id, len(items))
+            if stopped is None:
+                self._succeeded(live, records, items)
+        if stopped is not None:
+            log.info("job %s %s", live.id, stopped)
+            error = json.dumps(self.error_of(stopped))  # says at which step it stopped
+            self.store.update(live.id, status="cancelled", error=error, finished=time.time())
+            if stepped(live):  # the device time it took is booked: usage shows what a key used
+                self.usage.add(live.key_name, spent(live), 0)
         with self._lock:
             self._live.pop(live.id, None)
         live.ended.set()
         self._announce(live.id)
+
+    def _succeeded(self, live: Live, records: list[GenerationRecord], items: list[dict[str, Any]]) -> None:
+        result = {"data": items, "size": records[0].resized_to or records[0].resolution, "output_format": "png"}
+        result["usage"] = self.usage.charge(live.key_name, records, live.waited_s)
+        stored = [f.stat().st_size for f in (self.files / live.id).glob("*.png")]
+        self.store.update(
+            live.id, status="succeeded", result=json.dumps(result), finished=time.time(),
+            images=len(stored), bytes=sum(stored),
+        )  # fmt: skip
+        if stored:
+            self.store.wake()  # the pruner checks the image caps now
+        log.info("job %s succeeded (%d image(s))", live.id, len(items))
 
     def _progress(self, live: Live, event: ProgressEvent) -> None:
         """The manager's progress event for this job (the page's own): its phase, and the estimate when compiling.
         After a DELETE, the next step's event stops the job there (engine/steps.py)."""
         if live.stop.is_set() and event.phase in ("denoising", "decoding"):
             raise Cancelled("the job was cancelled")
+        if event.phase == "denoising" and event.step > 0:
+            live.steps_run += 1
         current = live.event
         if current is None or (event.phase, event.resolution) != (current.phase, current.resolution):
             estimate = live.estimate

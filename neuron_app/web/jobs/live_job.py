@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from neuron_app import tracing
-from neuron_app.engine.records import GenerationRecord, ProgressCallback, ProgressEvent
+from neuron_app.engine.records import GenerationRecord, ProgressCallback, ProgressEvent, Usage
 
 JOB_ID = re.compile(r"imgjob_[A-Za-z0-9_-]{24}")
 ENDED = ("succeeded", "failed", "cancelled")
@@ -45,6 +45,8 @@ class Live:
     ended: threading.Event = dataclasses.field(default_factory=threading.Event)
     queued_at: float = dataclasses.field(default_factory=time.monotonic)
     waited_s: float = 0.0  # queued, until a worker took it
+    started: float = 0.0  # when a worker took it (monotonic)
+    steps_run: int = 0  # denoising steps it reached (a cancel after the first one is booked, not refunded)
     trace: Any = dataclasses.field(default_factory=tracing.capture)  # the submitting request's trace
 
 
@@ -72,3 +74,18 @@ def _int(value: float | None) -> int | None:
 
 def _iso(stamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+
+
+def stepped(live: Live) -> bool:
+    """The job reached a denoising step: the device worked for it."""
+    return live.steps_run > 0
+
+
+def spent(live: Live) -> Usage:
+    """What a job cancelled after its first step took from the device, as the usage book counts it: its seconds
+    since a worker took it, its steps, no image."""
+    seconds = round(time.monotonic() - live.started, 4)
+    return Usage(
+        queue_s=round(live.waited_s, 4), compile_s=0.0, inference_s=seconds, steps=live.steps_run,
+        output_megapixels=0.0, input_megapixels=0.0, cache="-", eager_compiles=0, device_seconds=seconds,
+    )  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from neuron_app.engine.records import GenerationRecord, Usage
+from neuron_app.web.jobs.sqlite_file import open_checked
 
 PREFIX = "neuron_app"
 NO_KEY = "-"
@@ -39,12 +40,9 @@ class UsageBook:
     """The usage table; one connection behind a lock (autocommit, WAL), like the job store."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(SCHEMA)
+        # A corrupt file is kept aside with one ERROR line and the book starts empty (issue 45, row 40).
+        self._db = open_checked(path, lambda db: db.execute(SCHEMA), "usage book", "starting with no usage")
 
     def add(self, key_name: str | None, usage: Usage, images: int, *, day: str | None = None) -> None:
         """One answered request of `images` images that cost `usage` (summed over its images)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -163,3 +164,17 @@ def test_app_with_warmup_all_answers_at_once_and_shapes_turn_ready_one_by_one(ru
     assert status["warmup"]["done"] == shapes
     assert all(s["state"] == "ready" for s in status["shapes"].values())
     assert seen == sorted(seen) and seen[0] < len(shapes)  # status answered before warm-up ended
+
+
+def test_a_manifest_of_random_bytes_is_one_error_line_and_kept_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 45 (every store the same way): random bytes, not UTF-8, are one ERROR line naming the files only."""
+    garbage = bytes(range(128, 256)) * 64
+    (tmp_path / "manifest.json").write_bytes(garbage)
+    with caplog.at_level(logging.WARNING):
+        assert Manifest(tmp_path).entries() == {}
+    (aside,) = tmp_path.glob("manifest.json.corrupt-*")
+    assert aside.read_bytes() == garbage
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and aside.name in errors[0].getMessage() and str(tmp_path) not in errors[0].getMessage()

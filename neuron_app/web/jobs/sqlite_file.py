@@ -1,0 +1,67 @@
+"""SQLite files the app keeps (the job store, the usage book), opened the same defensive way.
+
+Stored state outlives the process that wrote it, so it is read as untrusted: a file that is not a database
+(overwritten, truncated, a disk fault) or fails its quick check is kept aside as `<name>.corrupt-<time>` (with its
+WAL, never replayed into the new one), one ERROR line says so, and a fresh database is made: the server starts.
+A file that is locked, read-only or on a full disk may be sound, so it is left where it is and the error raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from neuron_app.errors import one_line
+
+log = logging.getLogger(__name__)
+Prepare = Callable[[sqlite3.Connection], object]
+
+
+class Unsound(sqlite3.DatabaseError):
+    """A database that opens but fails its integrity check."""
+
+
+def open_checked(
+    path: Path, prepare: Callable[[sqlite3.Connection], None], what: str, fresh: str
+) -> sqlite3.Connection:
+    """The database at `path` in WAL mode, checked, then `prepare`d (its schema); `what` and `fresh` word the
+    line logged when a corrupt file is kept aside ("job store", "starting with no jobs")."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _connect(path, prepare)
+    except sqlite3.DatabaseError as exc:
+        if not _corrupt(exc):
+            raise  # locked, read-only, no room: the file may be sound, so it is left where it is
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        for suffix in ("", "-wal", "-shm"):  # the WAL belongs to the bad file: never replayed into the new one
+            source = path.with_name(path.name + suffix)
+            if source.exists():
+                source.replace(aside.with_name(aside.name + suffix))
+        log.error("%s %s is unreadable (%s): kept aside as %s; %s", what, path.name, one_line(exc, limit=120),
+                  aside.name, fresh)  # fmt: skip
+        return _connect(path, prepare)
+
+
+def _corrupt(exc: sqlite3.DatabaseError) -> bool:
+    """Not a database, or a damaged one (SQLITE_NOTADB, SQLITE_CORRUPT and its extended codes)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, Unsound) or (
+        code is not None and code & 0xFF in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+    )
+
+
+def _connect(path: Path, prepare: Prepare) -> sqlite3.Connection:
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
+        if verdict != "ok":
+            raise Unsound(f"quick_check: {verdict}")
+        prepare(db)
+    except BaseException:
+        db.close()
+        raise
+    return db

@@ -13,8 +13,10 @@ NKI attention per graph). What is installed, so that the diffusers guide's code 
   `DeviceMesh("neuron", ...)` work under torchrun, and the emulated device as torch's accelerator, so diffusers'
   TensorParallelConfig shards the transformer (DTensor slices on each rank's device; the summary names them);
 - TORCH_NEURONX_NEFF_CACHE_DIR (its `emulated/` subfolder holds the artifacts, apart from real NEFFs) and
-  TORCH_NEURONX_ENABLE_NKI_SDPA=0 (attention then never takes the kernel), read as TorchNeuron reads them.
-The script's main thread runs under the rules; threads it starts do not.
+  TORCH_NEURONX_ENABLE_NKI_SDPA=0 (attention then never takes the kernel), read as TorchNeuron reads them;
+- an emulated `torch_neuronx` (`emulator/sdk.py`, version `...+emulated`), so code that looks for the SDK
+  before it uses the device (diffusers' `is_torch_neuronx_available`, its `require_torch_neuron` tests) runs.
+Every thread the script starts runs under the rules too (a thread pool loading weights, a threaded server).
 """
 
 from __future__ import annotations
@@ -58,7 +60,32 @@ def install(mode: str = "enforce") -> Any:
     emulator_device.register_dist_backend()
     _patch_module_to(em)
     _patch_compile(em)
+    _patch_threads(em)
+    if os.environ.get("NEURON_EMULATOR_SDK", "1") != "0":
+        from neuron_app.backends.emulator import sdk
+
+        sdk.install(em)
     return em
+
+
+def _patch_threads(em: Any) -> None:
+    """Every thread started from now on runs under the rules, as every thread of a process sees the device
+    (TorchNeuron's device is process-wide; the emulator's modes are per thread, so each thread enters them)."""
+    import threading
+
+    start = threading.Thread.start
+
+    def start_under_rules(self: threading.Thread) -> None:
+        run = self.run
+
+        def run_under_rules() -> None:
+            with em.device_work():
+                run()
+
+        self.run = run_under_rules  # type: ignore[method-assign]
+        start(self)
+
+    threading.Thread.start = start_under_rules  # type: ignore[method-assign]
 
 
 def _patch_module_to(em: Any) -> None:
@@ -113,8 +140,13 @@ def _patch_compile(em: Any) -> None:
 
     def compile_fn(model: Any = None, **kwargs: Any) -> Any:
         out = torch_compile(model, **kwargs) if model is not None else torch_compile(**kwargs)
-        if kwargs.get("backend") != "neuron" or isinstance(out, torch.nn.Module) or not callable(out):
-            return out  # torch.compile(module): use module.compile(backend="neuron") to run it as a device graph
+        if kwargs.get("backend") != "neuron" or not callable(out):
+            return out
+        if isinstance(out, torch.nn.Module):  # torch.compile(module): its OptimizedModule's forward is the graph
+            forward = getattr(out, "forward", None)
+            if callable(forward) and not hasattr(forward, "neuron_graph"):
+                out.forward = _device_graph(em, forward, type(model).__name__)
+            return out
         return _device_graph(em, out, getattr(model, "__name__", "graph"))
 
     torch.nn.Module.compile = compile_module  # type: ignore[method-assign]
@@ -148,7 +180,8 @@ def summary(em: Any) -> str:
         f"graphs compiled {snap['graph_compiles']}; cache {snap['cache']}",
         f"  violations {snap['violation_count']}" + (f": last {snap['violations'][-1]}" if snap["violations"] else ""),
         f"  fallbacks to the CPU: {fallbacks} (host round trips {snap['host_round_trips']})",
-        f"  device weights {snap['weight_gib']} GiB of {snap['hbm_gib']} GiB; int64 ops {snap['int64_ops']}",
+        f"  device memory {snap['hbm_in_use_gib']} GiB in use (weights {snap['weight_gib']} GiB), peak "
+        f"{snap['hbm_peak_gib']} GiB, of {snap['hbm_gib']} GiB HBM per core; int64 ops {snap['int64_ops']}",
     ]
     shards = snap["tensor_parallel"] or _live_shards()
     if shards:

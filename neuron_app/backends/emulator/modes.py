@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from neuron_app.backends.emulator import device as dev
 from neuron_app.backends.emulator.device import _RANDOM_FUNCTIONS, _is_neuron, _spec
@@ -37,9 +37,7 @@ class _RulesMode(TorchDispatchMode):
             em.check_op(func, args, kwargs, tensors)
         out = func(*args, **kwargs)
         if on_device:
-            em.place(out, True)
-        elif tensors and all(em.is_host(t) for t in tensors):
-            em.place(out, False)
+            em.place(out, True)  # new storages are device memory (an activation: HBM until it dies)
         return out
 
 
@@ -75,17 +73,7 @@ class _PlacementMode(TorchFunctionMode):
             return em.place(out, True)
         if name in _RANDOM_FUNCTIONS and any(em.is_device(a) for a in pytree.tree_leaves(args)):
             em.violate(f"torch.{name} of a device tensor makes random numbers on the device; use a CPU generator")
-        out = func(*args, **kwargs)
-        if device is not None and isinstance(out, torch.Tensor) and not _is_neuron(device):
-            em.place(out, False)  # an explicit host factory
-        elif (
-            name in ("from_numpy", "tensor", "as_tensor")
-            and device is None
-            and isinstance(out, torch.Tensor)
-            and not any(em.is_device(a) for a in pytree.tree_leaves(args))
-        ):
-            em.place(out, False)
-        return out
+        return func(*args, **kwargs)  # a new storage is host memory; an op on device tensors places its own
 
     def _move(self, func: Any, name: str, args: tuple, kwargs: dict) -> Any:
         em = self.emulator
@@ -108,10 +96,11 @@ class _PlacementMode(TorchFunctionMode):
                 call_kwargs = {"dtype": dtype} if dtype is not None else {}
                 if "memory_format" in kwargs:
                     call_kwargs["memory_format"] = kwargs["memory_format"]
-        out = src.to(**call_kwargs) if call_kwargs else src
-        if out is src and target_device != em.is_device(src):
-            out = src.clone()  # a transfer makes a new tensor on the other side
-        return em.place(out, target_device)
+        with _disable_current_modes():  # a transfer or a cast, not an op the device compiles
+            out = src.to(**call_kwargs) if call_kwargs else src
+            if out is src and target_device != em.is_device(src):
+                out = src.clone()  # a transfer makes a new storage on the other side
+        return em.place(out, True) if target_device else out  # a new host storage is host memory already
 
 
 def _is_method(func: Any, name: str) -> bool:

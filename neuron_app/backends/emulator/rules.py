@@ -38,7 +38,6 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils.weak import WeakIdKeyDictionary
 
 from neuron_app.backends.emulator.cache import ArtifactStore
 from neuron_app.backends.emulator.device import (
@@ -48,10 +47,10 @@ from neuron_app.backends.emulator.device import (
     _TRANSFER_OPS,
     _register_device,
     _spec,
-    local_part,
     shard_report,
 )
 from neuron_app.backends.emulator.modes import _PlacementMode, _returns_view, _RulesMode
+from neuron_app.backends.emulator.placement import DeviceMemory
 from neuron_app.errors import NeuronRuleViolation
 
 log = logging.getLogger(__name__)
@@ -62,6 +61,8 @@ log = logging.getLogger(__name__)
 UNIMPLEMENTED_OPS = frozenset({"scatter_.src"})
 #: HBM per logical core: a Trainium2 has 96 GiB for 4 logical cores at LNC=2 (NEURON_EMULATOR_HBM_GIB changes it).
 HBM_PER_CORE_GIB = 24.0
+#: How torch names the device in its "Expected all tensors to be on the same device" error.
+_DEVICE_NAME = "neuron:0"
 #: Ops that write a strided view as a full-buffer copy on TorchNeuron instead of failing.
 _STRIDED_WRITE_OK = {"copy_"}
 
@@ -106,8 +107,6 @@ class NeuronEmulator:
         _register_device()
         self.mode = mode
         self.store = ArtifactStore(folder)
-        self.device_tensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self.host_tensors: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.eager_compiles = 0  # new eager signatures met by this process (persistent misses)
         self.eager_seen = 0  # eager device ops run (hits and compiles)
         self.graph_compiles = 0
@@ -121,7 +120,7 @@ class NeuronEmulator:
         self.graph_notes: list[str] = []
         env_gib = os.environ.get("NEURON_EMULATOR_HBM_GIB")
         self.hbm_bytes = int((hbm_gib if hbm_gib is not None else float(env_gib or HBM_PER_CORE_GIB)) * 2**30)
-        self.weight_bytes = 0
+        self.memory = DeviceMemory(self.hbm_bytes)  # placement by storage, and the HBM it takes
         self.tensor_parallel: dict[str, Any] | None = None  # the adopted DTensor parameters (`shard_report`)
         self.unimplemented = _unimplemented()
         self._latched: str | None = None
@@ -129,44 +128,70 @@ class NeuronEmulator:
 
     # --- placement -------------------------------------------------------------------------------
     def is_device(self, t: Any) -> bool:
-        """On the device: marked so, or a DTensor whose local shard is (tensor parallel: each rank its shard)."""
-        return isinstance(t, torch.Tensor) and (t in self.device_tensors or local_part(t) in self.device_tensors)
+        """On the device: its storage is (a view, `.data` or a new Parameter over it too; a DTensor by its local
+        shard: tensor parallel, each rank its shard)."""
+        return self.memory.holds(t)
 
     def is_host(self, t: Any) -> bool:
-        return isinstance(t, torch.Tensor) and t in self.host_tensors
+        """On the host: a tensor whose storage is not on the device, however it was made."""
+        return self.memory.is_host(t)
 
-    def place(self, value: Any, on_device: bool) -> Any:
+    @property
+    def weight_bytes(self) -> int:
+        return self.memory.weights
+
+    def hbm_bytes_in_use(self) -> int:
+        """Device memory held now (weights and live activations, by storage, from every thread)."""
+        return self.memory.in_use
+
+    def hbm_peak_bytes(self) -> int:
+        """The most device memory held at once since the start (or the last `reset_hbm_peak`)."""
+        return self.memory.peak
+
+    def reset_hbm_peak(self) -> int:
+        return self.memory.reset_peak()
+
+    def place(self, value: Any, on_device: bool, weight: bool = False) -> Any:
+        """Put every tensor in `value` on the device (its storage: HBM it takes from now on, past the capacity an
+        out-of-memory failure) or take it off."""
         for leaf in pytree.tree_leaves(value):
             if not isinstance(leaf, torch.Tensor):
                 continue
-            for t in {id(leaf): leaf, id(local_part(leaf)): local_part(leaf)}.values():  # a DTensor and its shard
-                if on_device:
-                    self.device_tensors[t] = True
-                    self.host_tensors.pop(t, None)
-                else:
-                    self.host_tensors[t] = True
-                    self.device_tensors.pop(t, None)
+            if not on_device:
+                self.memory.release(leaf)
+                continue
+            over = self.memory.claim(leaf, weight, force=self.mode != "enforce")
+            if over is not None:
+                self._out_of_memory(leaf, *over, weight=weight)
         return value
 
+    def _out_of_memory(self, leaf: torch.Tensor, asked: int, in_use: int, weight: bool) -> None:
+        """The Neuron runtime's allocation failure ("Failed to allocate N bytes on DEVICE for tensor", with the
+        core's utilization: aws-neuron-sdk issue 1014), with the figures."""
+        gib = 2**30
+        hint = (
+            f"device weights {self.memory.weights / gib:.2f} GiB: shard the model (tensor parallel) or use LNC=2"
+            if weight
+            else f"weights {self.memory.weights / gib:.2f} GiB, the rest live activations: a smaller shape or batch"
+        )
+        self.violate(
+            f"out of device memory: Failed to allocate {asked} bytes on DEVICE for tensor {_spec(leaf)} on NC 0; "
+            f"in use {in_use} bytes ({in_use / gib:.2f} GiB), capacity {self.hbm_bytes} bytes "
+            f"({self.hbm_bytes / gib:.2f} GiB of HBM per logical core, NEURON_EMULATOR_HBM_GIB); {hint}"
+        )
+
     def adopt(self, module: Any) -> int:
-        """Put a module's parameters and buffers on the device (the `pipe.to("neuron")` of the real path): any
-        earlier host mark goes (a model loaded while the rules were on is one tensor on one side), and the
-        weights must fit one logical core's HBM."""
-        tensors = [t for t in [*module.parameters(), *module.buffers()] if not self.is_device(t)]
-        self.place(tensors, True)
-        added = sum(local_part(t).numel() * t.element_size() for t in tensors)  # a shard's bytes, not the whole
+        """Put a module's parameters and buffers on the device (the `pipe.to("neuron")` of the real path): their
+        storages become device memory, counted as weights, and must fit one logical core's HBM."""
+        tensors = [*module.parameters(), *module.buffers()]
+        moved = [t for t in tensors if not self.is_device(t)]
+        for t in tensors:
+            self.place(t, True, weight=True)
         shards = shard_report(module.parameters())
-        with self._lock:
-            self.weight_bytes += added
-            total = self.weight_bytes
-            if shards is not None:
+        if shards is not None:
+            with self._lock:
                 self.tensor_parallel = shards
-        if total > self.hbm_bytes:
-            self.violate(
-                f"device weights take {total / 2**30:.2f} GiB, past the {self.hbm_bytes / 2**30:.2f} GiB of HBM one "
-                "logical core has (NEURON_EMULATOR_HBM_GIB): shard the model (tensor parallel) or use LNC=2"
-            )
-        return len(tensors)
+        return len(moved)
 
     # --- rules -----------------------------------------------------------------------------------
     def violate(self, text: str) -> None:
@@ -235,10 +260,11 @@ class NeuronEmulator:
             return
         if name not in _MIXED_OK:
             host = [t for t in tensors if self.is_host(t) and t.dim() > 0]
-            if host:
+            if host:  # torch's own device check, as TorchNeuron (any accelerator) raises it
                 self.violate(
-                    f"{overload} mixes device and host tensors (host: {', '.join(_spec(t) for t in host)}; "
-                    f"all: {shapes}); move them to one side first"
+                    f"Expected all tensors to be on the same device, but found at least two devices, {_DEVICE_NAME} "
+                    f"and cpu! ({overload} mixes device and host tensors: host {', '.join(_spec(t) for t in host)}; "
+                    f"all {shapes}; move them to one side first)"
                 )
         if name in _NO_KERNEL or (func._schema.returns and _returns_view(func)):
             return
@@ -330,7 +356,9 @@ class NeuronEmulator:
                 "host_round_trips": self.host_round_trips,
                 "int64_ops": self.int64_ops,
                 "strided_copies": self.strided_copies,
-                "weight_gib": round(self.weight_bytes / 2**30, 3),
+                "weight_gib": round(self.memory.weights / 2**30, 3),
+                "hbm_in_use_gib": round(self.memory.in_use / 2**30, 3),
+                "hbm_peak_gib": round(self.memory.peak / 2**30, 3),
                 "tensor_parallel": dict(self.tensor_parallel) if self.tensor_parallel else None,
                 "hbm_gib": round(self.hbm_bytes / 2**30, 3),
                 "graph_attention": [dict(a) for a in self.graph_attention[-50:]],

@@ -12,6 +12,7 @@ child with another cache folder, can tell the app's own values from the user's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,6 +35,10 @@ FALLBACK_VARS = {
     "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS": "1",
 }
 VISIBLE_CORES_VAR = "NEURON_RT_VISIBLE_CORES"
+#: What a NEFF depends on beyond its graph (the NEFF folder's key, T12): the SDK's packages, the compiler flags, the
+#: logical-core setting and how SDPA is lowered.
+NEFF_KEY_DISTS = ("torch-neuronx", "neuronx-cc", "nki", "torch")
+NEFF_KEY_VARS = ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG", "TORCH_NEURONX_ENABLE_NKI_SDPA")
 MARK_VAR = "_NEURON_APP_EXPORTED"
 #: One item of NEURON_RT_VISIBLE_CORES: a core index or an inclusive range. The runtime takes a comma list of
 #: items (`3,4,5,6`, `3-6`, `3-5,6`; Ray writes comma lists) whose cores form one contiguous range.
@@ -140,11 +145,20 @@ def dist_version(name: str) -> str | None:
         return None
 
 
+def neff_key() -> str:
+    """The NEFF folder's name for this SDK and these flags (T12): whether TorchNeuron's own disk key covers the
+    compiler's version and NEURON_CC_FLAGS is unconfirmed, so NEFFs of another release or flag set never meet."""
+    found = {name: dist_version(name) or "absent" for name in NEFF_KEY_DISTS}
+    found |= {name: os.environ.get(name, "") for name in NEFF_KEY_VARS}
+    digest = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:12]
+    return f"torch-neuronx-{found['torch-neuronx']}-{digest}"
+
+
 def neff_cache_dir(cache_dir: Path) -> Path:
-    """Where NEFFs go: the user's own TORCH_NEURONX_NEFF_CACHE_DIR, else `<cache_dir>/neff`."""
+    """Where NEFFs go: the user's own TORCH_NEURONX_NEFF_CACHE_DIR, else `<cache_dir>/neff/<neff_key()>`."""
     if origin(NEFF_CACHE_VAR) == "user":
         return Path(os.environ[NEFF_CACHE_VAR]).expanduser()
-    return cache_dir / "neff"
+    return cache_dir / "neff" / neff_key()
 
 
 def prepare_process(settings: Any) -> list[EnvValue]:
@@ -155,7 +169,7 @@ def prepare_process(settings: Any) -> list[EnvValue]:
     """
     if "torch" in sys.modules:  # too late for TorchNeuron's import-time reads: say so loudly
         log.warning("torch was imported before the Neuron environment was exported; %s may be ignored", NEFF_CACHE_VAR)
-    folder = settings.cache_dir / "neff"
+    folder = neff_cache_dir(settings.cache_dir)  # the user's own folder is kept as it is
     values = [set_unless_user(NEFF_CACHE_VAR, str(folder))]
     if values[0].origin == "app":
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,16 +1,14 @@
 """`python -m neuron_app selftest`: the second review's "First device check", one verdict per check.
 
-What matters on a trn2, each check failing where the device would: the real model (`--model`, klein-4B by default
-on a trn instance) at 1024x1024 and a 4032-token shape at the serving step count (compile seconds, device memory,
-NKI attention yes/no, the shape's own CPU fallbacks); VAE tile compiles at 256, 384 and 512 px, each in a fresh
-cache in its own process, with the PSNR of each image against `vae_device=cpu`; the restart in a **second
-process** on the same cache (TorchNeuron serves a second manager in one process from memory); image-to-image and
-inpaint at a ready shape meeting 0 compiles. It prints a verdict per check and writes a JSON report
-(`--report`) to attach to an issue. Elsewhere the same script runs on `neuron-emulated` with the tiny model (the
-gate is then evaluated on the traced graph: 480 text tokens make 128x64 qualify and 64x64 not).
-TP=2 against TP=1: the diffusers guide's tensor-parallel snippet (examples/guide_tp.py) under torchrun with 2
-ranks and with 1 (on the emulator under `python -m neuron_app emulate`). An edit at a precompiled edit graph and a
-LoRA switch (`--lora NAME=SOURCE` twice; two tiny adapters with the tiny model) at a ready shape meet 0 compiles.
+On a trn2, each check failing where the device would: the real model (`--model`, klein-4B by default) at 1024x1024
+and a 4032-token shape at the serving step count (compile seconds, device memory, NKI attention as measured, the
+shape's own CPU fallbacks); VAE tiles of 256, 384 and 512 px, each compiled in a fresh cache in its own process, with
+the PSNR against `vae_device=cpu`; the restart in a second process on the same cache; image-to-image, inpaint, an
+edit and a LoRA switch (`--lora NAME=SOURCE` twice) at a ready shape meeting 0 compiles; NKI SDPA on against off;
+TP=2 against TP=1 (examples/guide_tp.py under torchrun). Every check runs in a process of its own, one at a time, on
+one NeuronCore; this process never opens the device (T1, T2). Elsewhere it runs on `neuron-emulated` with the tiny
+model (the NKI gate is then a prediction from the traced graph: 480 text tokens make 128x64 qualify, 64x64 not).
+It prints a verdict per check and writes a JSON report (`--report`) to attach to an issue.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_app.backends.nki_gate import nki_verdict
 from neuron_app.engine.model.vae import psnr
 
 SHAPES = ["64x64", "128x64", "64x128"]
@@ -60,18 +59,9 @@ def _settings(device: str, cache_dir: Path, **overrides: Any) -> Any:
 
     shapes = overrides.pop("shapes", SHAPES)
     tiny = overrides.get("model", "tiny") == "tiny"
-    base = {
-        "model": "tiny",
-        "device": device,
-        "resolutions": shapes,
-        "default_resolution": shapes[0],
-        "max_sequence_length": 32 if tiny else 512,
-        "max_steps": 8,
-        "default_steps": 2 if tiny else 4,
-        "cache_dir": cache_dir,
-        "vae_compile": "on",
-        "prompt_cache_size": 0,
-    }
+    base = {"model": "tiny", "device": device, "resolutions": shapes, "default_resolution": shapes[0]}
+    base |= {"max_sequence_length": 32 if tiny else 512, "max_steps": 8, "default_steps": 2 if tiny else 4}
+    base |= {"cache_dir": cache_dir, "vae_compile": "on", "prompt_cache_size": 0}
     if device == "neuron-emulated":
         base["compile_backend"] = "aot_eager"
     return load_settings(**(base | overrides))
@@ -89,12 +79,8 @@ def check_in_place(manager: Any) -> Verdict:
             manager.backend.synchronize()
     except Exception as exc:
         return Verdict("in-place probe", "pass", f"refused as modelled: {str(exc).splitlines()[0][:160]}")
-    return Verdict(
-        "in-place probe",
-        "warn",
-        "allowed here: the emulator's non-contiguous rule is stricter than this TorchNeuron (harmless: the app "
-        "no longer writes into device slices)",
-    )
+    why = "the emulator's non-contiguous rule is stricter than this TorchNeuron (harmless: the app no longer writes"
+    return Verdict("in-place probe", "warn", f"allowed here: {why} into device slices)")
 
 
 def device_memory() -> str:
@@ -114,7 +100,7 @@ def check_profile(manager: Any, shapes: list[str]) -> list[Verdict]:
     """Each shape at the serving step count: compile seconds, memory, NKI attention, its own CPU fallbacks."""
     verdicts = []
     for shape in shapes:
-        start = time.perf_counter()
+        start, failures_before = time.perf_counter(), manager.backend.nki_kernel_failures()  # None: emulated
         try:
             manager.compile_shape(shape)
         except Exception as exc:
@@ -122,13 +108,13 @@ def check_profile(manager: Any, shapes: list[str]) -> list[Verdict]:
             continue
         took = time.perf_counter() - start
         row = manager.status().shapes[shape]
-        nki = {True: "yes", False: "no (decomposed attention)", None: "no attention graph"}[row.nki_attention]
+        nki, degraded = nki_verdict(row.nki_attention, failures_before, manager.backend.nki_kernel_failures())
         glue = ", ".join(row.fallback_ops) or "none"
         found = (
             f"compile {took:.1f} s, {row.graphs} graph(s), {row.eager_compiles} eager; memory {device_memory()}; "
             f"NKI attention {nki}; CPU fallbacks {glue}"
         )
-        verdicts.append(Verdict(f"profile {shape}", "warn" if row.degraded else "pass", found))
+        verdicts.append(Verdict(f"profile {shape}", "warn" if row.degraded or degraded else "pass", found))
     return verdicts
 
 
@@ -182,15 +168,43 @@ def check_lora_switch(manager: Any, shape: str) -> Verdict:
     return Verdict("LoRA switch", "pass" if not any(counts) else "fail", found)
 
 
+def check_core() -> str:
+    """The one NeuronCore every check's process takes (the first of your NEURON_RT_VISIBLE_CORES, else 0): the
+    checks run one at a time and this process never opens the device, so none finds its core held (T1)."""
+    from neuron_app.environment import VISIBLE_CORES_VAR, parse_cores
+
+    theirs = os.environ.get(VISIBLE_CORES_VAR)
+    return str(parse_cores(theirs)[0]) if theirs else "0"
+
+
 def worker(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """This module in a fresh process (`--worker ...`): its last line is a JSON result."""
+    """This module in a fresh process (`--worker ...`) on one NeuronCore: its last line is a JSON result."""
+    from neuron_app.environment import VISIBLE_CORES_VAR
+
     cmd = [sys.executable, "-m", "neuron_app.selftest", "--worker", *args]
-    done = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=7200)
+    env = {**os.environ, VISIBLE_CORES_VAR: check_core(), **(env or {})}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
     lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
     if done.returncode != 0 or not lines:
         errors = [x for x in done.stderr.splitlines() if x.strip()]
         return {"error": (errors[-1] if errors else f"exit code {done.returncode}")[:300]}
     return json.loads(lines[-1])
+
+
+def device_checks(manager: Any, shapes: list[str]) -> list[Verdict]:
+    """The checks on one loaded manager, in the `checks` worker's process: in-place probe, the profile of each
+    shape, image-to-image and inpaint at a ready shape, an edit and a LoRA switch."""
+    verdicts = [check_in_place(manager), *check_profile(manager, shapes)]
+    verdicts.append(check_sources_at_ready_shape(manager, shapes[0]))
+    return [*verdicts, check_edit_ready(manager, shapes[0]), check_lora_switch(manager, shapes[0])]
+
+
+def check_on_device(device: str, model: str, cache_dir: Path, loras: dict[str, str]) -> list[Verdict]:
+    """`device_checks` in a process of its own, which exits (freeing its core) before the next check starts."""
+    got = worker(["checks", device, model, "-", str(cache_dir)], {"NEURON_APP_LORAS": json.dumps(loras)})
+    if "error" in got:
+        return [Verdict("device checks", "fail", got["error"])]
+    return [Verdict(**v) for v in got["verdicts"]]
 
 
 def check_restart(device: str, model: str, shape: str, cache_dir: Path, loras: dict[str, str]) -> Verdict:
@@ -205,16 +219,23 @@ def check_restart(device: str, model: str, shape: str, cache_dir: Path, loras: d
 
 
 def check_tiles(device: str, model: str, tiles: list[int], cache_dir: Path) -> list[Verdict]:
-    """N5: each tile size compiled in a fresh cache in its own process; PSNR against vae_device=cpu."""
-    verdicts = []
+    """N5: each tile size compiled in a fresh cache in its own process; PSNR against vae_device=cpu, decoded in a
+    process of its own (T2: never a second pipeline beside the first on one core), once per image side."""
+    verdicts: list[Verdict] = []
+    hosts: dict[int, dict[str, Any]] = {}
     for tile in tiles:
-        got = worker(["tile", device, model, str(tile), str(cache_dir / f"tile-{tile}")])
+        side = max(512, tile)
+        if side not in hosts:
+            hosts[side] = worker(["host", device, model, str(side), str(cache_dir / f"tile-host-{side}")])
+        got = hosts[side]
+        if "error" not in got:
+            got = worker(["tile", device, model, str(tile), str(cache_dir / f"tile-{tile}")])
         if "error" in got:
             verdicts.append(Verdict(f"VAE tile {tile} px", "fail", got["error"]))
             continue
-        psnr = got["psnr"]
-        found = f"first decode {got['seconds']:.1f} s (fresh cache), PSNR {psnr:.1f} dB against vae_device=cpu"
-        verdicts.append(Verdict(f"VAE tile {tile} px", "pass" if psnr >= 30 else "warn", found))
+        value = psnr(got["png"], hosts[side]["png"])
+        found = f"first decode {got['seconds']:.1f} s (fresh cache), PSNR {value:.1f} dB against vae_device=cpu"
+        verdicts.append(Verdict(f"VAE tile {tile} px", "pass" if value >= 30 else "warn", found))
     return verdicts
 
 
@@ -257,9 +278,8 @@ def check_tp(device: str, model: str, cache_dir: Path) -> Verdict:
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}"]
         command += ["--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
         command += ["-m", "neuron_app", "emulate", str(GUIDE_TP)] if emulated else [str(GUIDE_TP)]
-        env = (
-            os.environ | guide | {"GUIDE_OUTPUT": str(out), "TORCH_NEURONX_NEFF_CACHE_DIR": str(cache_dir / "tp-neff")}
-        )
+        env = os.environ | guide | {"GUIDE_OUTPUT": str(out), "TORCH_NEURONX_NEFF_CACHE_DIR": str(cache_dir / "neff")}
+        env.pop("NEURON_RT_VISIBLE_CORES", None)  # rank N takes core N (LOCAL_RANK): free while no check runs (T1)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GUIDE_TP.parent.parent), env.get("PYTHONPATH")]))
         cache_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
@@ -269,13 +289,8 @@ def check_tp(device: str, model: str, cache_dir: Path) -> Verdict:
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
             return Verdict(name, "fail", f"torchrun with {ranks} rank(s) exited {done.returncode}: {tail}")
         pngs.append(str(out))
-        shares.append(
-            [
-                line.split("elements, ")[-1].split(")")[0]
-                for line in done.stderr.splitlines()
-                if "tensor parallel:" in line
-            ]
-        )
+        held = [line for line in done.stderr.splitlines() if "tensor parallel:" in line]
+        shares.append([line.split("elements, ")[-1].split(")")[0] for line in held])
     value = psnr(pngs[0], pngs[1])
     found = f"{guide['GUIDE_SIZE']} px, 1 rank {seconds[0]:.0f} s, 2 ranks {seconds[1]:.0f} s; PSNR {value:.1f} dB"
     sharded = not emulated or shares[1] == ["0.50", "0.50"]
@@ -285,25 +300,18 @@ def check_tp(device: str, model: str, cache_dir: Path) -> Verdict:
 
 
 def run(device: str, model: str, cache_dir: Path, loras: dict[str, str] | None = None) -> list[Verdict]:
-    from neuron_app.environment import prepare_process
-
+    """Every check in a process of its own, one at a time, each on one NeuronCore (`check_core`); this process never
+    opens the device (T1: the runtime gives a core to one process until it exits, so a check started beside a
+    parent that held the cores could not start), and no process holds two pipelines (T2)."""
     emulated = device != "neuron"
     shapes, tiles = (EMULATED_SHAPES, EMULATED_TILES) if emulated else (DEVICE_SHAPES, DEVICE_TILES)
-    extra = {"max_sequence_length": EMULATED_TEXT} if emulated and model == "tiny" else {}
     if loras is None and model == "tiny":
         loras = TINY_LORAS
-    settings = _settings(device, cache_dir / "main", model=model, shapes=shapes, loras=loras or {}, **extra)
-    prepare_process(settings)
-    from neuron_app.engine.manager import PipelineManager
-
-    manager = PipelineManager(settings)
-    manager.ensure_loaded()
-    verdicts = [check_in_place(manager), *check_profile(manager, shapes)]
-    verdicts.append(check_sources_at_ready_shape(manager, shapes[0]))
-    verdicts.append(check_restart(device, model, shapes[0], cache_dir / "main", settings.loras))
+    loras = loras or {}
+    verdicts = check_on_device(device, model, cache_dir / "main", loras)
+    verdicts.append(check_restart(device, model, shapes[0], cache_dir / "main", loras))
     verdicts += check_tiles(device, model, tiles, cache_dir)
     verdicts += [check_nki_sdpa(device, model, shapes[0], cache_dir), check_tp(device, model, cache_dir / "tp")]
-    verdicts += [check_edit_ready(manager, shapes[0]), check_lora_switch(manager, shapes[0])]
     return verdicts
 
 
@@ -312,33 +320,34 @@ def run_worker(job: str, device: str, model: str, arg: str, cache: str) -> int:
     from neuron_app.environment import prepare_process
 
     cache_dir = Path(cache)
-    if job == "tile":
-        tile_px = int(arg)
-        side = max(512, tile_px)
-        shape = f"{side}x{side}"
-        settings = _settings(device, cache_dir, model=model, shapes=[shape], vae_tile=tile_px // 8)
-        settings_cpu = _settings(device, cache_dir / "host", model=model, shapes=[shape], vae_device="cpu")
+    extra = {"max_sequence_length": EMULATED_TEXT} if device != "neuron" and model == "tiny" else {}
+    shapes = EMULATED_SHAPES if device != "neuron" else DEVICE_SHAPES
+    if job == "checks":
+        settings = _settings(device, cache_dir, model=model, shapes=shapes, **extra)
+    elif job in ("tile", "host"):  # a tile size on the device, or the same image decoded on the host
+        side = max(512, int(arg))
+        shapes = [f"{side}x{side}"]
+        decode = {"vae_tile": int(arg) // 8} if job == "tile" else {"vae_device": "cpu"}
+        settings = _settings(device, cache_dir, model=model, shapes=shapes, **decode)
     else:
-        shape = arg
-        extra = {"max_sequence_length": EMULATED_TEXT} if device != "neuron" and model == "tiny" else {}
-        settings = _settings(device, cache_dir, model=model, shapes=[shape], **extra)
+        shapes = [arg]
+        settings = _settings(device, cache_dir, model=model, shapes=shapes, **extra)
     prepare_process(settings)
     from neuron_app.engine.manager import PipelineManager
 
     manager = PipelineManager(settings)
     manager.ensure_loaded()
+    if job == "checks":
+        print(json.dumps({"verdicts": [asdict(v) for v in device_checks(manager, shapes)]}))
+        return 0
     start = time.perf_counter()
-    record = manager.generate("a lighthouse at dusk", shape, settings.default_steps, 7)
+    record = manager.generate("a lighthouse at dusk", shapes[0], settings.default_steps, 7)
     result: dict[str, Any] = {"seconds": time.perf_counter() - start, "cache": record.cache.value}
     result |= {"eager": record.eager_compiles, "graphs_missed": int(record.cache.value == "miss")}
     out = cache_dir / "image.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     record.image.save(out)
     result["png"] = str(out)
-    if job == "tile":
-        host = PipelineManager(settings_cpu).generate("a lighthouse at dusk", shape, settings.default_steps, 7)
-        host.image.save(cache_dir / "host.png")
-        result["psnr"] = psnr(str(out), str(cache_dir / "host.png"))
     print(json.dumps(result))
     return 0
 

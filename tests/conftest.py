@@ -29,6 +29,9 @@ from tests.support import ROOT, TINY_OVERRIDES, AppProcess, free_port, link_mode
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="neuron-app-tests-"))
 os.environ["GRADIO_TEMP_DIR"] = str(_SESSION_TMP / "gradio")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+# The emulator's NeuronCores are held per machine (neuron_app/backends/emulator/cores.py): this process's tests, and
+# each test, get a machine of their own, so that xdist workers and earlier tests' managers hold none of its cores.
+os.environ["NEURON_EMULATOR_CORES_DIR"] = str(_SESSION_TMP / "neuron-cores")
 for _key in [k for k in os.environ if k.startswith("NEURON_APP_")]:
     del os.environ[_key]
 sys.path.insert(0, str(ROOT))
@@ -94,7 +97,8 @@ NEURON_ENV = (
 
 @pytest.fixture(autouse=True)
 def _neuron_env_per_test() -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in NEURON_ENV}
+    saved = {name: os.environ.get(name) for name in (*NEURON_ENV, "NEURON_EMULATOR_CORES_DIR")}
+    os.environ["NEURON_EMULATOR_CORES_DIR"] = tempfile.mkdtemp(dir=_SESSION_TMP, prefix="neuron-cores-")
     yield
     for name, value in saved.items():
         if value is None:

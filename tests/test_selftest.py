@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,8 +32,8 @@ def test_the_selftest_runs_every_check_and_writes_its_report(tmp_path: Path) -> 
     data = json.loads(report.read_text())
     checks = {c["check"]: c for c in data["checks"]}
     assert data["device"] == "neuron-emulated" and data["model"] == "tiny" and data["failed"] == 0
-    assert "NKI attention yes" in checks["profile 128x64"]["found"]  # 32 + 480 tokens = 512
-    assert "NKI attention no" in checks["profile 64x64"]["found"]  # 16 + 480 = 496
+    assert "NKI attention eligible (predicted" in checks["profile 128x64"]["found"]  # 32 + 480 = 512 (T10)
+    assert "NKI attention no (decomposed attention" in checks["profile 64x64"]["found"]  # 16 + 480 = 496
     assert "scatter_.src" in checks["profile 64x64"]["found"] and checks["profile 64x64"]["verdict"] == "pass"
     assert (
         checks["restart (2nd process)"]["verdict"] == "pass" and "0 eager" in checks["restart (2nd process)"]["found"]
@@ -45,3 +46,17 @@ def test_the_selftest_runs_every_check_and_writes_its_report(tmp_path: Path) -> 
     tp = checks["TP=2 equals TP=1"]  # the guide's snippet, 2 ranks against 1, each rank half of every sharded weight
     assert tp["verdict"] == "pass" and "share of the sharded weights: 0.50, 0.50" in tp["found"], tp
     assert f"selftest: {len(checks)} checks, 0 failing" in done.stdout
+
+
+def test_a_check_started_beside_a_process_holding_the_cores_cannot_start(make_settings: Any, tmp_path: Path) -> None:
+    """T1 on the emulator: the old selftest kept its manager (every NeuronCore of the instance) while it started its
+    checks' processes; with the runtime's core ownership each of them now fails at start, naming the holder, as
+    it would on a trn2. The selftest's own processes hold nothing while a check runs (the full run above passes)."""
+    from neuron_app import selftest
+    from neuron_app.engine.manager import PipelineManager
+
+    parent = PipelineManager(make_settings(device="neuron-emulated"))  # what the old run() held: all 4 cores
+    got = selftest.worker(["image", "neuron-emulated", "tiny", "64x64", str(tmp_path / "restart")])
+    assert parent.backend.cores == [0, 1, 2, 3]
+    assert "NeuronCore 0 of the emulated trn2.3xlarge is held by process" in got.get("error", ""), got
+    assert f"held by process {os.getpid()} (NEURON_RT_VISIBLE_CORES=0)" in got["error"], got

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from neuron_app.backends.base import CacheProbe, CacheVerdict, DeviceBackend, FolderCacheProbe
-from neuron_app.environment import dist_version
+from neuron_app.environment import NEFF_KEY_VARS, dist_version
 from neuron_app.errors import DeviceUnavailable
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ XLA_FIX = (
 )
 
 #: Variables that change a NEFF without changing the HLO (TorchNeuron's disk key may not cover them).
-FINGERPRINT_VARS = ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG", "TORCH_NEURONX_ENABLE_NKI_SDPA")
+FINGERPRINT_VARS = NEFF_KEY_VARS
 
 SdkKind = Literal["torchneuron", "xla", "absent"]
 
@@ -202,6 +202,15 @@ class NeuronBackend(DeviceBackend):
             importlib.import_module(SDK_MODULE)
         except Exception as exc:  # a broken SDK install: say so in one line
             raise DeviceUnavailable(f"{SDK_MODULE} failed to import ({exc}): {INSTALL_HINT}") from exc
+        from neuron_app.backends.nki_gate import watch_kernel_failures
+
+        self._kernel_failures = watch_kernel_failures()
+
+    def nki_kernel_failures(self) -> int | None:
+        """NKI attention kernel calls that failed while graphs compiled in this process, after which TorchNeuron
+        decomposed attention silently (T10: measured on the device); None where no TorchNeuron compiles."""
+        watch = getattr(self, "_kernel_failures", None)
+        return None if watch is None else watch.count
 
     def check_device(self) -> None:
         """torch has the `neuron` device with at least one NeuronCore; under torchrun call it only after
@@ -223,22 +232,24 @@ class NeuronBackend(DeviceBackend):
 
     def prepare_cache(self, cache_dir: Path) -> None:
         super().prepare_cache(cache_dir)
-        from neuron_app.environment import NEFF_CACHE_VAR, set_unless_user
+        from neuron_app.environment import NEFF_CACHE_VAR, neff_cache_dir, set_unless_user
 
-        folder = cache_dir / "neff"
+        folder = neff_cache_dir(cache_dir)  # `neff/<SDK release and flags>` (T12), or the user's own folder
         if set_unless_user(NEFF_CACHE_VAR, str(folder)).origin == "app":
             folder.mkdir(parents=True, exist_ok=True)
 
     def compiled_artifacts_dirs(self, cache_dir: Path) -> list[Path]:
-        from neuron_app.environment import neff_cache_dir
+        """The NEFF folder (the whole `neff/`, every SDK's subfolder: a pull installs each where its SDK looks)."""
+        from neuron_app.environment import NEFF_CACHE_VAR, neff_cache_dir, origin
 
-        return [neff_cache_dir(cache_dir), cache_dir / "inductor"]
+        neffs = neff_cache_dir(cache_dir) if origin(NEFF_CACHE_VAR) == "user" else cache_dir / "neff"
+        return [neffs, cache_dir / "inductor"]
 
     def cache_probe(self, compile_backend: str, cache_dir: Path) -> CacheProbe:
         # Eager mode compiles ops into NEFFs too, so the evidence holds in every mode.
         from neuron_app.environment import neff_cache_dir
 
-        return NeuronCacheProbe(neff_cache_dir(cache_dir))
+        return NeuronCacheProbe(neff_cache_dir(cache_dir), counters=self.settled_counters)
 
     def synchronize(self) -> None:
         """Wait for the device: NEFF compilation and execution are asynchronous, so an error surfaces here."""
@@ -283,7 +294,7 @@ class NeuronBackend(DeviceBackend):
         first run cause, so that eager compiles are counted from the other misses only."""
         from neuron_app.backends.nki_gate import attentions, summary
 
-        before = self.cache_counters()
+        before = self.settled_counters()  # the text encoder's queued eager misses land before, not inside
         self._device_check(gm, example_inputs)
         if component == "transformer":
             verdict = summary(attentions(gm))
@@ -294,9 +305,15 @@ class NeuronBackend(DeviceBackend):
     def _device_check(self, gm: Any, example_inputs: Any) -> None:
         """What the device itself checks of a graph before it compiles (the emulator's rules); nothing here."""
 
+    def settled_counters(self) -> Counters | None:
+        """The counters once the device has done what was queued (T3): TorchNeuron compiles and runs on its own
+        stream, and its counters move when its worker looks a key up, not when the Python call returns."""
+        self.synchronize()
+        return self.cache_counters()
+
     def _meter(self, before: Counters | None) -> Callable[[Any], Any]:
         def add(start: Counters | None) -> None:
-            now = self.cache_counters()
+            now = self.settled_counters()
             if start is not None and now is not None:
                 with self._graph_lock:
                     self.graph_misses += max(0, now[1] - start[1])
@@ -309,11 +326,10 @@ class NeuronBackend(DeviceBackend):
                 if not pending:
                     return compiled(*args, **kwargs)
                 pending.clear()
-                start = self.cache_counters()
-                try:
-                    return compiled(*args, **kwargs)
-                finally:
-                    add(start)  # one that builds it on the first run
+                start = self.settled_counters()  # once per new graph: what was queued before it is not its own
+                out = compiled(*args, **kwargs)
+                add(start)  # one that builds it on the first run (read after the device is done)
+                return out
 
             return first_run_metered
 

@@ -32,6 +32,7 @@ class NeuronEmulatedBackend(NeuronBackend):
         self.rules = rules
         self._folder: Path | None = None
         self._emulator: Any = None
+        self.cores: list[int] = []  # the NeuronCores this process holds (`check_device`)
 
     def configure(self, settings: Any) -> None:
         self.rules = settings.neuron_rules
@@ -41,20 +42,26 @@ class NeuronEmulatedBackend(NeuronBackend):
         return True
 
     def require(self) -> None:
-        return None
+        self.check_device()
 
     def require_sdk(self) -> None:
         return None
 
     def check_device(self) -> None:
-        return None
+        """The runtime's start: this process reserves its NeuronCores of the emulated instance, or fails in one
+        line naming the core and the process holding it (`emulator/cores.py`)."""
+        from neuron_app.backends.emulator import cores
+
+        self.cores = cores.acquire()
 
     def torch_device(self) -> str:
         return "cpu"  # the emulator marks what is "on the device" (adopt)
 
     def synchronize(self) -> None:
-        """CPU work is synchronous; what the emulator latched (an asynchronous device failure) surfaces here."""
+        """Wait for the emulated compile queue (its counters land, `emulator/cache.py`); what the emulator latched
+        (an asynchronous device failure) surfaces here."""
         if self._emulator is not None:
+            self._emulator.store.flush()
             self._emulator.synchronize()
 
     # --- cache -----------------------------------------------------------------------------------
@@ -68,7 +75,7 @@ class NeuronEmulatedBackend(NeuronBackend):
 
     def cache_probe(self, compile_backend: str, cache_dir: Path) -> CacheProbe:
         """NeuronBackend's probe, on the emulator's TorchNeuron-shaped counters (memory first, then disk)."""
-        return NeuronCacheProbe(cache_dir / ARTIFACTS, counters=self.cache_counters)
+        return NeuronCacheProbe(cache_dir / ARTIFACTS, counters=self.settled_counters)
 
     def cache_counters(self) -> Counters | None:
         return self.emulator.store.counters() if self._folder is not None else None
@@ -142,10 +149,17 @@ class NeuronEmulatedBackend(NeuronBackend):
     def fallback_ops(self) -> list[str]:
         return self.emulator.fallback_invocations() if self._emulator is not None else []
 
+    def nki_kernel_failures(self) -> int | None:
+        """No NKI kernel runs here: whether attention takes it is the gate's prediction (T10)."""
+        return None
+
     def rules_status(self) -> dict[str, Any] | None:
         if self._emulator is None:
-            return {"mode": self.rules, "violations": [], "violation_count": 0, "eager_signatures": 0}
-        return self.emulator.snapshot()
+            status = {"mode": self.rules, "violations": [], "violation_count": 0, "eager_signatures": 0}
+        else:
+            status = self.emulator.snapshot()
+        nki = "predicted: TorchNeuron's gate on the traced graph; no kernel runs here (the selftest measures it)"
+        return status | {"cores": list(self.cores), "nki_attention": nki}
 
     def fingerprint_fields(self) -> dict[str, Any]:
         fields = super().fingerprint_fields()

@@ -10,6 +10,8 @@ Imports nothing heavy: it reads the FX nodes' example values, whatever the backe
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,3 +92,53 @@ def summary(found: list[Attention]) -> bool | None:
 def tokens_qualify(image_tokens: int, text_tokens: int) -> bool:
     """The joint sequence of FLUX.2's double-stream blocks (image + text) meets the length part of the gate."""
     return (image_tokens + text_tokens) % SEQ_MULTIPLE == 0
+
+
+#: TorchNeuron's SDPA decomposition calls the NKI kernel inside `try`, and on any exception logs this (at debug) and
+#: decomposes attention instead (TN-SRC `neuron_dynamo_backend/decompositions.py`): the gate being met says only
+#: that the kernel was tried. Counting these records while a graph compiles on the device is the measurement (T10).
+KERNEL_LOGGER = "torch_neuronx.neuron_dynamo_backend.decompositions"
+KERNEL_FAILED = "NKI kernel call failed"
+
+
+class KernelFailures(logging.Filter):
+    """Counts TorchNeuron's "NKI kernel call failed" records; passes on only what the logger passed before."""
+
+    def __init__(self, passed_from: int) -> None:
+        super().__init__()
+        self.count = 0
+        self._passed_from = passed_from
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if KERNEL_FAILED in str(record.msg):
+            with self._lock:
+                self.count += 1
+        return record.levelno >= self._passed_from  # its debug lines stay as quiet as they were
+
+
+def watch_kernel_failures() -> KernelFailures:
+    """Install (once per process) the counter on TorchNeuron's decomposition logger, opened to debug records."""
+    logger = logging.getLogger(KERNEL_LOGGER)
+    for existing in logger.filters:
+        if isinstance(existing, KernelFailures):
+            return existing
+    watch = KernelFailures(logger.getEffectiveLevel())
+    logger.addFilter(watch)
+    logger.setLevel(logging.DEBUG)
+    return watch
+
+
+def nki_verdict(gate: bool | None, failures_before: int | None, failures_now: int | None) -> tuple[str, bool]:
+    """T10, in words: on a device whether attention took the kernel is measured (no kernel call failed while the
+    graph compiled), elsewhere the gate only predicts it ("eligible"). True: a failed kernel, worth a warning."""
+    if gate is None:
+        return "no attention graph", False
+    if not gate:
+        return "no (decomposed attention: the gate is not met)", False
+    if failures_now is None or failures_before is None:
+        return "eligible (predicted: the gate is met on the traced graph; only a device runs the kernel)", False
+    if failures_now > failures_before:
+        failed = failures_now - failures_before
+        return f"no (measured: the kernel call failed {failed} time(s) and attention was decomposed)", True
+    return "yes (measured: no kernel call failed while it compiled)", False

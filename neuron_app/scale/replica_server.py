@@ -52,6 +52,10 @@ def prepare_replica_environment(settings: Settings) -> None:
     from neuron_app.environment import prepare_process
 
     prepare_process(settings.model_copy(update={"visible_cores": None}))
+    if settings.device == "neuron-emulated" and not os.environ.get("NEURON_RT_VISIBLE_CORES"):
+        # Ray knows no emulated NeuronCores, so it sets no NEURON_RT_VISIBLE_CORES: each replica asks the emulated
+        # runtime for its number of free cores instead of every core (which a second replica would find held).
+        os.environ.setdefault("NEURON_RT_NUM_CORES", str(settings.cores_per_replica))
     tracing.setup(settings)  # the replica's spans join the front end's traces
 
 

@@ -40,9 +40,33 @@ def test_neuron_cache_env_is_set_before_the_sdk_loads(tmp_path: Path, monkeypatc
         backend = resolve_backend("neuron", tmp_path)
         import torch_neuronx  # the fake
 
-        assert str(tmp_path / "neff") == torch_neuronx.NEFF_CACHE_AT_IMPORT
+        folder = Path(torch_neuronx.NEFF_CACHE_AT_IMPORT)  # `neff/<the SDK's release and flags>` (T12)
+        assert folder.parent == tmp_path / "neff" and folder.name.startswith("torch-neuronx-2.13.3.1-")
         assert backend.default_compile_backend == "neuron" and backend.dist_backend == "neuron"
         assert isinstance(backend.cache_probe("neuron", tmp_path), NeuronCacheProbe)
+
+
+def test_the_neff_folder_is_keyed_by_sdk_release_and_compiler_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T12: NEFFs of another SDK build, compiler flags, logical-core setting or SDPA lowering go to another folder,
+    so TorchNeuron never meets them whatever its own disk key covers; the user's own folder is kept as it is."""
+    from neuron_app.environment import neff_cache_dir
+
+    for name in ("TORCH_NEURONX_NEFF_CACHE_DIR", "NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    plain = neff_cache_dir(tmp_path)
+    assert plain.parent == tmp_path / "neff" and plain.name.startswith("torch-neuronx-absent-")
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--optlevel 1")
+    flagged = neff_cache_dir(tmp_path)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    assert len({plain, flagged, neff_cache_dir(tmp_path)}) == 3
+    monkeypatch.delenv("NEURON_CC_FLAGS")
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
+    with fake_sdk_on_path(monkeypatch, FAKE_SDK):  # a TorchNeuron build installed: its version names the folder
+        assert neff_cache_dir(tmp_path).name.startswith("torch-neuronx-2.13.3.1-")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "mine"))
+    assert neff_cache_dir(tmp_path) == tmp_path / "mine"
 
 
 def test_neff_folder_probe_judges_disk_only_when_no_new_artifact(tmp_path: Path) -> None:
@@ -98,3 +122,12 @@ def test_on_neuron_a_transposed_shape_is_its_own_key_even_with_the_tiled_vae(
             managers[vae_compile] = neuron
         # the tile is part of what a precompiled entry names
         assert managers["auto"].fingerprint != managers["off"].fingerprint
+
+
+def test_host_glue_is_known_with_or_without_its_overload() -> None:
+    """T9: TorchNeuron's fallback list may name ops without the overload (`aten::scatter_`); diffusers' latent
+    unpack is host glue either way, while another overload of it, named, is a slow path."""
+    from neuron_app.backends.fallbacks import degrading
+
+    ops = ["aten::scatter_", "scatter_.src", "aten.scatter_.src", "aten::scatter_.value", "aten::index_put_"]
+    assert degrading(ops) == ["aten::scatter_.value", "aten::index_put_"]

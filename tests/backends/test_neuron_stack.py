@@ -151,7 +151,7 @@ def test_the_apps_own_export_is_not_mistaken_for_the_users(tmp_path: Path, make_
     environment.prepare_process(make_settings(cache_dir=tmp_path / "a"))
     assert environment.origin(environment.NEFF_CACHE_VAR) == "app"
     environment.prepare_process(make_settings(cache_dir=tmp_path / "b"))
-    assert os.environ[environment.NEFF_CACHE_VAR] == str(tmp_path / "b" / "neff")
+    assert os.environ[environment.NEFF_CACHE_VAR] == str(environment.neff_cache_dir(tmp_path / "b"))
 
 
 def test_core_reservation(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,7 +246,7 @@ def test_a_replica_exports_the_neuron_environment_itself(make_settings: Any, mon
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "5")  # Ray's choice for this replica
     prepare_replica_environment(settings)
     assert {name: os.environ[name] for name in FALLBACKS} == environment.FALLBACK_VARS
-    assert os.environ[environment.NEFF_CACHE_VAR] == str(settings.cache_dir / "neff")
+    assert os.environ[environment.NEFF_CACHE_VAR] == str(environment.neff_cache_dir(settings.cache_dir))
     assert os.environ["NEURON_RT_VISIBLE_CORES"] == "5"
     forwarded = environment.forwarded_env()
     assert set(forwarded) == {environment.NEFF_CACHE_VAR, *FALLBACKS, environment.MARK_VAR}
@@ -267,7 +267,8 @@ def test_the_replicas_load_runs_prepare_process_before_the_manager(make_settings
     settings = make_settings()
     assert environment.NEFF_CACHE_VAR not in os.environ
     manager = ReplicaServer._load(settings)
-    assert manager.loaded and os.environ[environment.NEFF_CACHE_VAR] == str(settings.cache_dir / "neff")
+    folder = environment.neff_cache_dir(settings.cache_dir)
+    assert manager.loaded and os.environ[environment.NEFF_CACHE_VAR] == str(folder)
 
 
 def test_cache_evidence_uses_torchneurons_counters_when_present(
@@ -307,7 +308,7 @@ def test_fingerprint_has_compiler_flags_logical_cores_and_nki(
     assert {"torch-neuronx", "neuronx-cc", "nki", "NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG"} <= set(
         plain.fingerprint_fields
     )
-    assert plain.fingerprint_fields["torch-neuronx"] == "2.13.3.0"
+    assert plain.fingerprint_fields["torch-neuronx"] == "2.13.3.1"
     assert len({plain.fingerprint, flagged.fingerprint, lnc.fingerprint}) == 3
 
 
@@ -377,5 +378,5 @@ def test_every_entry_exports_the_environment_before_torch_is_imported(
     lines = [line for line in out.stdout.splitlines() if line.startswith("PROBE ")]
     assert lines, f"torch was never imported?\n{out.stdout}\n{out.stderr[-2000:]}"
     seen = json.loads(lines[0][len("PROBE ") :])
-    assert seen[environment.NEFF_CACHE_VAR] == str(cache / "neff")
+    assert Path(seen[environment.NEFF_CACHE_VAR]).parent == cache / "neff"  # keyed by the SDK it sees (T12)
     assert all(seen[name] == "1" for name in FALLBACKS), seen

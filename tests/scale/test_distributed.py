@@ -137,6 +137,8 @@ def single_process(tmp_path: Path, shared_models: Path, device: str, loras: dict
 
     single_cache = link_models(tmp_path / "single", shared_models)
     overrides = {"model": "tiny-shapes", "device": device, "resolutions": SHAPES, "cache_dir": single_cache}
+    if device == "neuron-emulated":  # the ranks hold cores 0 and 1 (LOCAL_RANK), as on a trn2: this one takes core 2
+        os.environ["NEURON_RT_VISIBLE_CORES"] = "2"  # restored after the test (conftest's NEURON_ENV)
     return PipelineManager(load_settings(**(TINY_OVERRIDES | overrides | {"loras": loras})))
 
 

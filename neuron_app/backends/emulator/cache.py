@@ -6,6 +6,11 @@ memory first; only on an in-memory miss does it look on disk, counting `persiste
 counter; a new process on a warm folder counts hits. The emulator keeps the same two layers (the memory layer
 per process and folder, as TorchNeuron's is per process) so that `NeuronCacheProbe` and the eager-compile count
 run on its counters instead of being replaced.
+
+TorchNeuron compiles on its own stream: `compile_graph` submits the work and returns, and the counters move when
+its worker looks the key up (the fourth review's T3). Here too the counters move on a worker thread, which takes
+what is queued when the device is synchronized (`flush`): code that reads them without synchronizing first reads
+numbers that are not yet true, as it would on a device.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 #: This process's in-memory layer, per cache folder (what a new process starts without).
@@ -27,6 +33,48 @@ def forget_memory() -> None:
         _MEMORY.clear()
 
 
+class CompileQueue:
+    """The counters' side of TorchNeuron's asynchronous compile queue: each lookup's count is made on a worker
+    thread, which runs what was queued when the device is synchronized."""
+
+    def __init__(self, apply: Callable[[str], None]) -> None:
+        self._apply = apply
+        self._pending: list[str] = []
+        self._cond = threading.Condition()
+        self._asked = self._done = 0  # synchronizations asked for, and served
+        self._worker: threading.Thread | None = None
+
+    def submit(self, stat: str) -> None:
+        with self._cond:
+            self._pending.append(stat)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name="neuron-emulator-compile-queue", daemon=True)
+                self._worker.start()
+
+    def flush(self) -> None:
+        """Return once every count queued before this call has landed (what `synchronize()` waits for)."""
+        with self._cond:
+            if self._worker is None:
+                return
+            self._asked += 1
+            wanted = self._asked
+            self._cond.notify_all()
+            while self._done < wanted:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._asked == self._done:
+                    self._cond.wait()
+                wanted, batch, self._pending = self._asked, self._pending, []
+            for stat in batch:
+                self._apply(stat)
+            with self._cond:
+                self._done = wanted
+                self._cond.notify_all()
+
+
 class ArtifactStore:
     """NEFF-style files, one per compiled graph or eager-op signature: `<dir>/ab/cd/<32 hex>.neff`."""
 
@@ -35,6 +83,15 @@ class ArtifactStore:
         self._lock = threading.Lock()
         self.stats = {"in_memory_hits": 0, "persistent_hits": 0, "persistent_misses": 0}
         self._on_disk: int | None = None  # artifacts in the folder, counted once, then kept up to date
+        self.queue = CompileQueue(self._count)
+
+    def _count(self, stat: str) -> None:
+        with self._lock:
+            self.stats[stat] += 1
+
+    def flush(self) -> None:
+        """Let the queued counts land (the device's synchronize)."""
+        self.queue.flush()
 
     def _memory(self) -> set[str]:
         with _MEMORY_LOCK:
@@ -49,14 +106,14 @@ class ArtifactStore:
         memory = self._memory()
         with self._lock:
             if key in memory:
-                self.stats["in_memory_hits"] += 1
+                self.queue.submit("in_memory_hits")
                 return False
             memory.add(key)
             path = self._path(key)
             if path.exists():  # an earlier process (or another one, meanwhile) compiled it
-                self.stats["persistent_hits"] += 1
+                self.queue.submit("persistent_hits")
                 return False
-            self.stats["persistent_misses"] += 1
+            self.queue.submit("persistent_misses")
             if self._on_disk is not None:
                 self._on_disk += 1
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +123,8 @@ class ArtifactStore:
         return True
 
     def counters(self) -> tuple[int, int]:
-        """(persistent hits, persistent misses), as `torch_neuronx._C._get_compilation_cache_stats()` gives them."""
+        """(persistent hits, persistent misses), as `torch_neuronx._C._get_compilation_cache_stats()` gives them:
+        what has landed so far (`flush` first for the true figures)."""
         with self._lock:
             return self.stats["persistent_hits"], self.stats["persistent_misses"]
 

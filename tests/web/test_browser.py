@@ -385,10 +385,10 @@ def test_previews_show_in_the_image_slot_mid_generation(browser: Any, launch_tin
 
 
 def test_stop_ends_the_generation_at_the_next_step_and_the_next_one_needs_no_compile(
-    browser: Any, launch_tiny: Any
+    browser: Any, launch_tiny: Any, tmp_path: Path
 ) -> None:
-    """Stop during the steps: the manager reports the request cancelled (never an image), and the next Generate
-    is served from the compiled graph."""
+    """Stop during the steps: the manager reports the request cancelled (never an image), the page says "stopped at
+    step k of n" with no error badge, and the next Generate is served from the compiled graph."""
     import threading
 
     from neuron_app.engine.records import RequestFailed
@@ -405,7 +405,13 @@ def test_stop_ends_the_generation_at_the_next_step_and_the_next_one_needs_no_com
         page.locator("#info").filter(has_text=re.compile(r"256x256 - step ([2-9]|\d\d+)/200")).wait_for()
         page.locator("#stop").click()
         assert cancelled.wait(60), "the manager never reported the request cancelled"
+        # The output area says where it stopped, as the server counts it, and the gallery wears no "Error" badge.
+        stopped = page.locator("#info").filter(has_text=re.compile(r"256x256 - stopped at step \d+ of 200"))
+        stopped.wait_for()
         assert "cache:" not in page.locator("#info").inner_text()  # no record: no image was made
+        page.screenshot(path=str(tmp_path / "stopped.png"), full_page=True)
+        badge = page.locator("#gallery").get_by_text("Error", exact=True)
+        assert badge.count() == 0 or not badge.first.is_visible(), "Stop left an Error badge on the gallery"
         page.locator("#generate").click()
         info = page.locator("#info").filter(has_text="256x256,").filter(has_text="cache: memory")
         info.wait_for()

@@ -20,6 +20,7 @@ from neuron_app.engine.records import (
     GenerationRecord,
     ManagerStatus,
     ProgressCallback,
+    ProgressEvent,
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
 from neuron_app.web.access import Access, entry_of
@@ -36,11 +37,14 @@ from neuron_app.web.page.views import (
     shape_info,
     shapes_table,
     status_markdown,
+    stopped_markdown,
 )
 
 log = logging.getLogger(__name__)
 
 STATUS_REFRESH_S = 2.0
+#: Stop's notes kept for sessions (one each, until its next Generate); past this the oldest go.
+MAX_STOP_NOTES = 1000
 #: Gradio's temporary files older than this are deleted, checked as often (seconds).
 TEMP_FILE_MAX_AGE_S = 3600
 
@@ -77,8 +81,12 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         options |= painting.editor_source(source, strength)  # an image in the brush editor: inpaint or img2img
         previews = painting.Previews(settings.previews)  # each step's preview in the gallery while it runs
 
+        session = request.session_hash if request is not None else None
+        steps_seen.pop(session, None)
+        stop_notes.pop(session, None)
+
         def work(on_event: ProgressCallback) -> list[GenerationRecord]:
-            on_event = previews.forward(on_event)
+            on_event = previews.forward(seen_by(session, on_event))
             with access.page_images_for(request, check_images(count, settings.max_images)):  # per address
                 return generate_many(manager, prompt, resolution, steps, seed, count, progress=on_event, **options)
 
@@ -88,10 +96,12 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         try:
             records = yield from live(work, manager.status, api_endpoints.progress_bridge(progress), line)
         except Exception as exc:
+            steps_seen.pop(session, None)
             access.observe_error(exc, entry_of(request, "page"))
             error = api_endpoints.user_error(exc)
             yield line(f"**Not generated:** {error.message}")  # the reason stays in the output area, not the seed
             raise error from exc
+        steps_seen.pop(session, None)
         paths = [str(images.save(record)) for record in records]
         status = manager.status()
         choices = choices_for(status, buckets)
@@ -104,6 +114,26 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             [history.entry(record, path) for record, path in zip(records, paths, strict=True)],  # for the history
         )
 
+    steps_seen: dict[str | None, ProgressEvent] = {}  # each session's running request's last event, for Stop
+    stop_notes: dict[str | None, str] = {}  # what Stop said, until the session's next Generate (the status tick)
+
+    def seen_by(session: str | None, forward: ProgressCallback) -> ProgressCallback:
+        def on_event(event: ProgressEvent) -> None:
+            steps_seen[session] = event
+            forward(event)
+
+        return on_event
+
+    def stopped(request: gr.Request | None = None) -> tuple[Any, str]:
+        """Stop's own answer: it replaces the cancelled event's state on the gallery (no "Error" badge) and says
+        where the request stopped, in the words the server logs."""
+        session = request.session_hash if request is not None else None
+        event = steps_seen.pop(session, None)
+        note = stop_notes[session] = stopped_markdown(event)
+        while len(stop_notes) > MAX_STOP_NOTES:  # sessions that left: the oldest note goes
+            stop_notes.pop(next(iter(stop_notes)))
+        return (gr.update() if event is None else []), note  # no preview left as if it were kept
+
     def choices_for(status: ManagerStatus, buckets: list[str] | None) -> list[tuple[str, str]]:
         return edit_controls.edit_choices(status, buckets) if buckets else dropdown_choices(status)
 
@@ -115,7 +145,15 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         value = current if current in values else (edit_controls.AUTO if buckets else (values or [None])[0])
         return buckets, gr.update(choices=choices, value=value), choices
 
-    def refresh(current: str | None, shown: list[Any] | None, buckets: list[str] | None = None) -> tuple[Any, ...]:
+    def refresh(
+        current: str | None,
+        shown: list[Any] | None,
+        buckets: list[str] | None = None,
+        request: gr.Request | None = None,
+    ) -> tuple[Any, ...]:
+        """The status tick; it also says again what Stop said, since a cancelled request's last progress line can
+        reach the page after Stop's own answer and cover it."""
+        note = stop_notes.get(request.session_hash) if request is not None else None
         status = manager.status()
         choices = choices_for(status, buckets)
         if choices == shown:
@@ -124,7 +162,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             values = [value for _label, value in choices]
             value = current if current in values else (values or [None])[0]
             dropdown = gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value)))
-        return status_markdown(status), shapes_table(status), dropdown, choices
+        return status_markdown(status), shapes_table(status), dropdown, choices, (gr.update() if note is None else note)
 
     def resolution_info(current: str | None) -> Any:
         """The chosen shape's long text (state and estimate) in the dropdown's info line."""
@@ -227,7 +265,8 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_visibility="private",
             show_progress_on=[gallery],  # the seed box keeps its number: no spinner, no error badge on it
         )
-        stop_btn.click(None, cancels=[generated])  # Gradio closes the request's generator (web/page/live.py)
+        # Gradio closes the request's generator (web/page/live.py); Stop's own answer says where it stopped.
+        stop_btn.click(stopped, outputs=[gallery, info], cancels=[generated], queue=False, api_visibility="private")
 
         # The public API (web/page/api_endpoints.py): plain inputs, validated by the manager.
         api_endpoints.add(manager, images, run, lanes)
@@ -262,7 +301,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         demo.load(
             refresh,
             inputs=[resolution, shown, buckets],
-            outputs=[status_md, table, resolution, shown],
+            outputs=[status_md, table, resolution, shown, info],
             queue=False,
             api_visibility="private",
             show_progress="hidden",
@@ -271,7 +310,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         timer.tick(
             refresh,
             inputs=[resolution, shown, buckets],
-            outputs=[status_md, table, resolution, shown],
+            outputs=[status_md, table, resolution, shown, info],
             queue=False,
             concurrency_limit=None,
             api_visibility="private",

@@ -74,6 +74,17 @@ def shape_info(shape: ShapeStatus | None, name: str | None = None) -> str:
     return f"{name} is {state_word(shape)}: the first request {estimate_text(shape)}; later ones reuse it"
 
 
+def stopped_markdown(event: ProgressEvent | None) -> str:
+    """The output area after the page's Stop: where the request stopped, as the server counts it (the work ends
+    at the end of the step running when Stop was pressed), and that nothing was kept."""
+    if event is None or event.phase not in ("denoising", "decoding"):
+        return "**Stopped** before the first step: no image was made."
+    if event.phase == "decoding":
+        return f"**{event.resolution} - stopped** while decoding: no image was kept."
+    step = min(event.step + 1, event.total)
+    return f"**{event.resolution} - stopped at step {step} of {event.total}**: no image was kept."
+
+
 def progress_markdown(
     event: ProgressEvent, shape: ShapeStatus | None, elapsed_s: float, compiled_s: float | None = None
 ) -> str:

@@ -189,6 +189,11 @@ def test_upload_a_reference_edit_and_use_the_result_as_the_next_reference(page: 
     assert "128x64, " in info.inner_text()  # auto: the served shape nearest the reference's 2:1
     page.locator("#use-as-reference").click()
     page.wait_for_function("() => document.querySelectorAll('#references img').length >= 2", timeout=TIMEOUT_MS)
+    # The shapes are relabelled for two references, as an upload relabels them (it said "+ 1 ref - ready" before,
+    # and an edit with two references then compiled unannounced).
+    page.locator("#resolution input").click()
+    page.locator("ul[role='listbox'] li", has_text="+ 2 refs").first.wait_for()
+    page.keyboard.press("Escape")
 
 
 # --- one source of truth: the dropdown and the table, before and after a restart -------------------------------

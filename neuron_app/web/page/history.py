@@ -77,14 +77,17 @@ def panel(editing: bool) -> tuple[Any, Any, Any, Any]:
 
 def wire(
     generated: Any, parts: tuple[Any, Any, Any, Any], last: Any, form: list[Any], references: Any, limit: int
-) -> None:
+) -> Any:
     """The history's events: each generation adds its images (`last`, set by the page's Generate), a click puts
     an image's settings into `form` (prompt, resolution, steps, seed, randomize, lora, lora_scale), and the
-    button adds the selected image to `references`. Private: none of them is an API endpoint."""
+    button adds the selected image to `references` (returned: the page relabels its shapes after it). Private:
+    none of them is an API endpoint."""
     from neuron_app.web.page.edit_controls import add_reference
 
     state, gallery, selected, use = parts
     quiet: dict[str, Any] = {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
     generated.success(add, inputs=[state, last], outputs=[state, gallery], **quiet)
     gallery.select(reuse, inputs=[state], outputs=[*form, selected], **quiet)
-    use.click(lambda refs, image: add_reference(refs, image, limit), [references, selected], [references], **quiet)
+    return use.click(
+        lambda refs, image: add_reference(refs, image, limit), [references, selected], [references], **quiet
+    )

@@ -273,22 +273,18 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
 
         page_notes.count_prompt(prompt, settings.max_prompt_chars)
         form = [prompt, resolution, steps, seed, randomize, lora, lora_scale]
-        history.wire(generated, past, last, form, references, settings.max_references)
-        references.change(
-            references_changed,
-            inputs=[references, resolution],
-            outputs=[buckets, resolution, shown],
-            queue=False,
-            api_visibility="private",
-            show_progress="hidden",
-        )
+        history_use = history.wire(generated, past, last, form, references, settings.max_references)
+        relabel: dict[str, Any] = {"inputs": [references, resolution], "outputs": [buckets, resolution, shown]}
+        relabel |= {"queue": False, "api_visibility": "private", "show_progress": "hidden"}
+        references.change(references_changed, **relabel)  # an upload
         use_btn.click(
             lambda refs, out: edit_controls.add_reference(refs, out, settings.max_references),
             inputs=[references, gallery],
             outputs=[references],
             queue=False,
             api_visibility="private",
-        )
+        ).then(references_changed, **relabel)  # "Use as reference" relabels the shapes as an upload does
+        history_use.then(references_changed, **relabel)
         resolution.change(
             resolution_info,
             inputs=[resolution],

@@ -70,7 +70,7 @@ def setup(settings: Any, exporter: Any = None) -> bool:
         url = endpoint.rstrip("/")
         url = url if url.endswith("/v1/traces") else url + "/v1/traces"  # the variable names the base URL
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url, timeout=10)))
-        log.info("traces go to %s (OTLP over HTTP)", url.split("?")[0])
+        log.info("traces go to %s (OTLP over HTTP)", shown_endpoint(url))
     _state.update(
         provider=provider, tracer=provider.get_tracer("neuron_app"), propagator=TraceContextTextMapPropagator()
     )
@@ -226,3 +226,13 @@ def _install_log_filter() -> None:
     for handler in root.handlers:
         if not any(isinstance(f, _TraceIdFilter) for f in handler.filters):
             handler.addFilter(_TraceIdFilter())
+
+
+def shown_endpoint(url: str) -> str:
+    """The endpoint as the log may show it: no query string, and no user or password (issue 45, row 48)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, ("***@" if "@" in parts.netloc else "") + netloc, parts.path, "", ""))

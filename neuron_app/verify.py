@@ -157,7 +157,7 @@ def verify_file(path: Path, payload: bytes, signer: Signer | None = None, key: b
         report.readable = False
         report.lines.append("cannot read it as an image: not an image format Pillow knows")
         return report
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:  # a bomb: unreadable, never a traceback
         report.readable = False
         report.lines.append(f"cannot read it as an image: {type(exc).__name__}: {str(exc)[:200]}")
         return report

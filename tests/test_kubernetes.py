@@ -83,6 +83,45 @@ def settings_of(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> 
     return load_settings()
 
 
+# --- the security list (issue 45, row 43) ---------------------------------------------------------------------
+def test_every_pod_passes_the_security_list(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """Every pod template of every overlay, the RayService's head and workers included: non-root with the runtime's
+    seccomp profile, no privilege escalation and no capability, no host namespace or path; the app's secrets (API
+    keys, webhook secret) only where the page and APIs run or in the precompile Job; Ray's ports admitted from the
+    app's own pods only (the dashboard also from KubeRay's operator); a serving pod's job store on its own disk."""
+    for overlay, docs in rendered.items():
+        for where, spec in pod_specs(docs).items():
+            where = f"{overlay}: {where}"
+            pod = spec["securityContext"]
+            assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 1000, where
+            assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), where
+            assert not any("hostPath" in v for v in spec.get("volumes", [])), where
+            for container in spec["containers"]:
+                context = container["securityContext"]
+                assert context["allowPrivilegeEscalation"] is False and not context.get("privileged"), where
+                assert context["capabilities"]["drop"] == ["ALL"] and not context["capabilities"].get("add"), where
+                everything = {"secretRef": {"name": "neuron-app-secrets"}} in container.get("envFrom", [])
+                serves = any(p["name"] == "http" for p in container.get("ports", []))
+                assert everything == (serves or "Job/" in where), where
+                if serves:  # SQLite's job store on the pod's own disk, never the shared volume
+                    (state,) = [e["value"] for e in container["env"] if e["name"] == "NEURON_APP_STATE_DIR"]
+                    (mount,) = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == state]
+                    assert {"name": mount, "emptyDir": {}} in spec["volumes"], where
+    ray = find(rendered["rayservice"], "RayService")["spec"]["rayClusterConfig"]
+    policy = find(rendered["rayservice"], "NetworkPolicy")["spec"]
+    templates = [ray["headGroupSpec"]["template"], *(g["template"] for g in ray["workerGroupSpecs"])]
+    assert all(policy["podSelector"]["matchLabels"].items() <= t["metadata"]["labels"].items() for t in templates)
+    admitted, operator, open_ports = policy["ingress"]
+    assert admitted == {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "neuron-app"}}}]}
+    (who,) = operator["from"]  # KubeRay deploys the Serve config through the dashboard (listening on the pod)
+    assert who["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}
+    assert operator["ports"] == [{"port": 8265}]
+    assert open_ports == {"ports": [{"port": 8000}]}  # Serve's HTTP; no GCS, dashboard or client port for others
+    frontend = find(rendered["rayservice"], "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert frontend["app.kubernetes.io/name"] == "neuron-app"  # the page's pod reaches Ray
+
+
 # --- render and validate ---------------------------------------------------------------------------------------
 def test_every_overlay_renders_and_its_built_in_kinds_validate(rendered: dict[str, list[dict[str, Any]]]) -> None:
     assert set(OVERLAYS) == {"single", "rayservice", "precompile"}
@@ -192,7 +231,10 @@ def test_manifests_and_settings_agree(
         (container,) = spec["containers"]
         assert container["image"] == IMAGE, where
         assert {"configMapRef": {"name": "neuron-app-env"}} in container["envFrom"], where
-        assert {"secretRef": {"name": "neuron-app-secrets"}} in container["envFrom"], where  # the signing secret
+        if "RayService" in where:  # Ray's nodes: the signing secret only (test_every_pod_passes_the_security_list)
+            assert [e["name"] for e in container["env"]] == ["NEURON_APP_CACHE_REMOTE_SECRET"], where
+        else:
+            assert {"secretRef": {"name": "neuron-app-secrets"}} in container["envFrom"], where  # the signing secret
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         assert str(settings.cache_dir) in mounts, where
         assert spec["securityContext"]["runAsNonRoot"] is True, where

@@ -124,6 +124,9 @@ class Door:
         if body is None:
             await _answer(send, 413, f"an MCP request may be at most {MCP_BODY_LIMIT} bytes")
             return
+        if isinstance(body, bytes) and _too_deep(body):  # the MCP SDK's parser answered a deep one with a 500
+            await _answer(send, 400, "the request body is nested too deeply")
+            return
         if b'"data:' in body and not await self.charge(scope, len(body), send):
             return
         scope, receive = self.aliases.with_body(scope, receive, body)
@@ -269,6 +272,24 @@ async def read_capped(receive: Receive, headers: dict[str, str], cap: int) -> by
         chunks.append(chunk)
         more = message.get("more_body", False)
     return b"".join(chunks)
+
+
+#: Brackets beyond which a JSON body is parsed once here to see whether Python's parser can take its depth.
+DEEP_BRACKETS = 900
+
+
+def _too_deep(body: bytes) -> bool:
+    """A JSON body nested beyond what Python's parser takes (it raises RecursionError); counted first, so an
+    ordinary message is never parsed twice."""
+    if body.count(b"[") + body.count(b"{") < DEEP_BRACKETS:
+        return False
+    try:
+        json.loads(body)
+    except RecursionError:
+        return True
+    except ValueError:
+        return False  # not JSON at all: the MCP server says so itself
+    return False
 
 
 def _replay(messages: list[MutableMapping[str, Any]], then: Receive) -> Receive:

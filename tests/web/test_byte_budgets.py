@@ -185,3 +185,10 @@ def test_a_jobs_images_are_not_served_by_gradios_file_route(app: Any) -> None:
         for route in ("gradio_api/file=", "gradio_api/file/"):
             answer = httpx.get(app.url + route + path.lstrip("/" if route.endswith("/") else ""), timeout=30)
             assert answer.status_code in (403, 404), (route, path, answer.status_code)
+
+
+def test_a_deeply_nested_mcp_message_is_a_400_not_a_500(app: Any) -> None:
+    """Row 16: 200,000 nested brackets to the MCP endpoint were a 500 (the SDK's RecursionError); now a 400."""
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    answer = httpx.post(app.url + "gradio_api/mcp/", content=b"[" * 200_000, headers=headers, timeout=60)
+    assert answer.status_code == 400 and "nested too deeply" in answer.json()["detail"]

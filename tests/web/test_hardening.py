@@ -250,6 +250,19 @@ def test_the_page_limit_is_on_by_default_when_others_can_reach_the_app(make_sett
     assert page_limit(make_settings(page_images_per_minute=3)) == 3
 
 
+def test_behind_a_proxy_on_this_host_the_page_limit_and_the_safety_checker_are_on(
+    make_settings: Callable[..., Any],
+) -> None:
+    """Issue 45, row 42: a proxy on the same host forwards to 127.0.0.1, so the app binds to loopback although others
+    reach it; `behind_proxy` says so, and the defaults meant for a reachable app turn on."""
+    from neuron_app.web.access import REACHABLE_IMAGES_PER_MINUTE, page_limit
+
+    alone, proxied = make_settings(), make_settings(behind_proxy=True)
+    assert not alone.reachable_by_others and not alone.safety_on and page_limit(alone) == 0
+    assert proxied.server_name == "127.0.0.1" and proxied.reachable_by_others and proxied.safety_on
+    assert page_limit(proxied) == REACHABLE_IMAGES_PER_MINUTE
+
+
 def test_a_full_disk_is_a_507_in_openai_shape(app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `url` image is written where the kernel says ENOSPC (/dev/full, a real write that fails as on a full
     disk): the answer is a 507 `insufficient_storage` in OpenAI's shape, naming no path (it used to be a plain 500)."""

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from neuron_app.web.jobs.job_store import Caps, JobStore
-from tests.support import TINY_OVERRIDES, free_port, link_models, openai_client, wait_for
+from tests.support import TINY_OVERRIDES, AppProcess, free_port, link_models, openai_client, wait_for
 
 ALICE = f"sk-alice-{uuid.uuid4().hex}"
 BOB = f"sk-bob-{uuid.uuid4().hex}"
@@ -199,3 +199,19 @@ def _finished(app: Any, key: str, job_id: str) -> dict[str, Any] | None:
 def _stored(app: Any, key_name: str) -> int:
     with sqlite3.connect(app.settings.cache_dir / "jobs.sqlite3") as db:
         return db.execute("SELECT COUNT(*) FROM jobs WHERE key_name = ?", (key_name,)).fetchone()[0]
+
+
+def test_a_second_process_on_the_same_state_folder_is_refused_at_start_with_the_reason(
+    run_app_py: Callable[..., AppProcess],
+) -> None:
+    """Row 41: a second `python app.py` on a running one's cache folder would mark its running jobs failed (and
+    share SQLite's WAL across processes): it stops at start, exit 2, one line naming the setting that separates
+    them; the first one keeps serving."""
+    first = run_app_py()
+    first.wait_up()
+    second = run_app_py(cache_dir=str(first.cache_dir))
+    assert second.proc.wait(timeout=300) == 2, second.output()[-2000:]
+    out = second.output()
+    assert "is in use by process" in out and "NEURON_APP_STATE_DIR" in out and "Traceback" not in out
+    assert str(first.cache_dir) not in out
+    assert httpx.get(first.url + "healthz", timeout=30).status_code == 200

@@ -86,3 +86,10 @@ def test_the_size_rules_and_exact_refuses_them(make_settings: Callable[..., Any]
     assert exact.size_policy == "exact" and plan_for(exact, {"size": "1000x1000"}, SERVED, {}) is None  # -> 400
     with pytest.raises(RequestError, match="need size_policy = nearest"):
         plan_for(exact, {"aspect_ratio": "16:9"}, SERVED, {})
+
+
+@pytest.mark.parametrize("megapixels", [1e308, float("inf"), float("nan"), 1e9, -1])
+def test_an_absurd_output_megapixels_is_a_clear_refusal(megapixels: float) -> None:
+    """Issue 45, row 45: 1e308 overflowed `round` into a plain-text 500; now a RequestError (a 400) naming the range."""
+    with pytest.raises(RequestError, match="output_megapixels must be a number between 0 and"):
+        sizing.wanted_size(None, "1:1", megapixels, Resolution.parse("64x64"))

@@ -7,6 +7,7 @@ event or a polled state; deadlines are backstops only.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Callable
@@ -80,6 +81,18 @@ def test_requests_in_progress_are_capped_per_address_and_healthz_still_answers(a
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_forwarded_request_to_a_loopback_app_names_the_setting_once(
+    app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Row 42: requests that come through a proxy (X-Forwarded-For) while the app counts itself as private log one
+    warning naming NEURON_APP_BEHIND_PROXY (the page limit and the safety checker are off until it is set)."""
+    with caplog.at_level(logging.WARNING, logger="neuron_app.web.guard"):
+        for _ in range(3):
+            httpx.get(app.url + "v1/models", headers={"X-Forwarded-For": "198.51.100.7"}, timeout=30)
+    lines = [r for r in caplog.records if "NEURON_APP_BEHIND_PROXY" in r.getMessage()]
+    assert len(lines) == 1
 
 
 def test_cancels_of_a_compiling_job_hold_no_thread(app: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -145,3 +145,12 @@ def test_tracing_is_off_and_the_sdk_not_imported_without_an_endpoint() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NEURON_APP_"))}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["False", "None", "None", "False"], out.stdout + out.stderr
+
+
+def test_the_logged_trace_endpoint_has_no_credentials() -> None:
+    """Issue 45, row 48: `traces go to ...` printed `user:password@` from the endpoint (only a query was cut)."""
+    from neuron_app.tracing import shown_endpoint
+
+    shown = shown_endpoint("http://otel-user:s3cr3t-token@127.0.0.1:7925/v1/traces?key=abc")
+    assert shown == "http://***@127.0.0.1:7925/v1/traces"
+    assert shown_endpoint("https://collector:4318/v1/traces") == "https://collector:4318/v1/traces"

@@ -74,7 +74,11 @@ def wanted_size(
         ratio = default.width / default.height if aspect_ratio is None else _ratio(aspect_ratio, input_size)
         if megapixels is None:
             area = default.width * default.height
-        elif isinstance(megapixels, bool) or not isinstance(megapixels, int | float) or not megapixels > 0:
+        elif (
+            isinstance(megapixels, bool)
+            or not isinstance(megapixels, int | float)
+            or not 0 < megapixels <= MAX_MEGAPIXELS  # 1e308 overflowed round() into a 500 (issue 45, row 45)
+        ):
             raise RequestError(f"output_megapixels must be a number between 0 and {MAX_MEGAPIXELS:g}", param="size")
         else:
             area = megapixels * 1_000_000

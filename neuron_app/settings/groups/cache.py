@@ -40,6 +40,12 @@ class CacheSettings(BaseModel):
         "the tiny model and outputs. Never /tmp: it is wiped on reboot.",
     )
 
+    state_dir: Path | None = Field(
+        None,
+        description="Folder of this process's own state: the job store, the usage book, job images (SQLite, so "
+        "local disk, one process: a second one is refused at start); unset: cache_dir.",
+    )
+
     prompt_cache_size: int = Field(
         64, ge=0, description="Encoded prompts kept (LRU) so repeated prompts skip the text encoder; 0 = off."
     )
@@ -67,6 +73,11 @@ class CacheSettings(BaseModel):
     def _check_cache_dir(cls, value: Path) -> Path:
         return value.expanduser().resolve()
 
+    @field_validator("state_dir")
+    @classmethod
+    def _check_state_dir(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser().resolve()
+
     @field_validator("cache_remote")
     @classmethod
     def _check_cache_remote(cls, value: str | None) -> str | None:
@@ -87,6 +98,11 @@ class CacheSettings(BaseModel):
                 "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
             )
         return self
+
+    @property
+    def state_folder(self) -> Path:
+        """Where the job store, the usage book and job images live: `state_dir`, else `cache_dir`."""
+        return self.state_dir or self.cache_dir
 
     @property
     def outputs_dir(self) -> Path:

@@ -52,6 +52,7 @@ from neuron_app.web.jobs.live_job import (
     stepped,
     wants_async,
 )
+from neuron_app.web.jobs.sqlite_file import hold
 from neuron_app.web.jobs.usage_book import UsageBook
 from neuron_app.web.jobs.webhook_pool import QUEUE_FULL, Deliveries
 from neuron_app.web.jobs.webhooks import Allowlist
@@ -82,12 +83,14 @@ class Jobs:
             max_pending=settings.webhook_queue,
             deadline_s=settings.webhook_timeout_s,
         )
-        self.files = settings.cache_dir / "job-images"  # not under outputs_dir: Gradio serves that folder
+        state = settings.state_folder  # this process's own (web/jobs/sqlite_file.py `hold`)
+        self._held = hold(state)
+        self.files = state / "job-images"  # not under outputs_dir: Gradio serves that folder
         caps = Caps(
             settings.jobs_per_key, settings.jobs_stored_per_key, settings.job_images_max, settings.job_images_max_bytes
         )
-        self.store = JobStore(settings.cache_dir / "jobs.sqlite3", self.files, settings.job_ttl_s, caps)
-        self.usage = UsageBook(settings.cache_dir / "usage.sqlite3")
+        self.store = JobStore(state / "jobs.sqlite3", self.files, settings.job_ttl_s, caps)
+        self.usage = UsageBook(state / "usage.sqlite3")
         self.store.start_pruning()  # TTL and image caps, on its own thread: never on a submit or the event loop
         self._lock = threading.Lock()
         self._live: dict[str, Live] = {}
@@ -379,3 +382,4 @@ class Jobs:
         self.deliveries.close()
         self.store.close()
         self.usage.close()
+        self._held.close()

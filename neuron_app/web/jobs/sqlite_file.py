@@ -4,17 +4,25 @@ Stored state outlives the process that wrote it, so it is read as untrusted: a f
 (overwritten, truncated, a disk fault) or fails its quick check is kept aside as `<name>.corrupt-<time>` (with its
 WAL, never replayed into the new one), one ERROR line says so, and a fresh database is made: the server starts.
 A file that is locked, read-only or on a full disk may be sound, so it is left where it is and the error raised.
+
+SQLite's WAL needs one host's shared memory, and a restart marks every unfinished job of the store failed: so a
+state folder belongs to one process. `hold` takes `state.lock` (a POSIX lock: per process, and what NFS and EFS
+support) for the process's life, and a second process on the same folder is refused at start with the reason.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import socket
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
-from neuron_app.errors import one_line
+from neuron_app.errors import SettingsError, one_line
 
 log = logging.getLogger(__name__)
 Prepare = Callable[[sqlite3.Connection], object]
@@ -65,3 +73,26 @@ def _connect(path: Path, prepare: Prepare) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def hold(folder: Path) -> IO[str]:
+    """Take the state folder for this process (kept until the handle is closed), or SettingsError naming who
+    holds it. The same process may take it again (an in-process restart)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = (folder / "state.lock").open("a+")
+    try:
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise SettingsError(
+            f"the state folder (state_dir, else cache_dir) is in use by {holder}: its job store and usage book "
+            "belong to one process (SQLite's WAL is not safe across processes or hosts). Give each process its "
+            "own NEURON_APP_STATE_DIR on local disk (docs/kubernetes.md), or stop the other one"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    return handle

@@ -39,3 +39,27 @@ def test_train_tiny_two_minutes_the_losses_fall(tmp_path: Path) -> None:
     summary = json.loads((out / "tiny_recipe.json").read_text())
     assert summary["plan"]["minutes"] == 2.0 and summary["plan"]["mismatch_share"] == 0.2  # the flag reached the plan
     assert set(summary["eval_128x128_4_steps"]) >= {"colour", "shape"}
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--out", "FILE"), "--out must be a folder"),
+        (("--minutes", "nan"), "--minutes must be a positive number"),
+        (("--minutes", "-5"), "--minutes must be a positive number"),
+        (("--threads", "-3"), "--threads must be 0"),
+        (("--lr", "inf"), "--lr must be 0"),
+        (("--init", "/"), "--init must be a saved pipeline's folder"),
+    ],
+)
+def test_train_tiny_refuses_hostile_arguments_in_one_line(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    """Issue 45, row 50: `--out /etc/passwd` made `/etc/passwd.training/`, NaN or negative budgets gave tracebacks or
+    ran; each is now one line and exit 2, before torch loads, and nothing is written."""
+    target = tmp_path / "passwd"
+    target.write_text("root:x:0:0\n")
+    args = tuple(str(target) if a == "FILE" else a for a in args)
+    done = run_cli(tiny_env(tmp_path / "cache"), "train-tiny", *args, timeout=120)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-1000:]
+    assert (
+        sorted(p.name for p in tmp_path.iterdir()) == ["cache", "passwd"] or not (tmp_path / "passwd.training").exists()
+    )

@@ -170,3 +170,19 @@ def test_the_command_exits_3_for_claims_and_0_for_proof(server: Any, tmp_path: P
         get_settings.cache_clear()
     out = capsys.readouterr().out
     assert "verdict: carries an AI-generated claim (not proof of origin): watermark" in out
+
+
+def test_a_decompression_bomb_is_unreadable_not_a_traceback(tmp_path: Path, capsys: Any) -> None:
+    """Issue 45, row 51: a 274-byte PNG whose header says 20000x20000 is `unreadable` (exit 2), as a bad file is."""
+    from neuron_app.__main__ import main
+    from neuron_app.verify import EXIT_UNREADABLE
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 20000, 20000, 8, 0, 0, 0, 0)
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)))
+    bomb.write_bytes(bomb.read_bytes() + chunk(b"IEND", b""))
+    assert main(["verify", str(bomb)]) == EXIT_UNREADABLE
+    assert "DecompressionBombError" in capsys.readouterr().out

@@ -249,7 +249,7 @@ class ManagerStatus:
     neuron_rules: dict[str, Any] | None = None
     #: The safety checker: {"checker": on|off, "model", "passed", "flagged"} (engine/trust/safety.py).
     safety: dict[str, Any] = field(default_factory=dict)
-    #: The two stages of a request (engine/output/postprocess.py): {"device": {waiting, running, served, mean_s,
+    #: The two stages of a request (engine/output/postprocess.py): {"device": {waiting, running, served, median_s,
     #: idle_fraction}, "post": {workers, waiting, running, done, failed, seconds}}.
     stages: dict[str, Any] = field(default_factory=dict)
 

@@ -6,7 +6,7 @@ The page's figures are Gradio's: its rank in Gradio's queue, and an ETA from the
 An API request waits outside Gradio's queue, on the same device lane (engine/output/postprocess.py, first come
 first served), so its place is taken when it is admitted: the requests ahead of it are those the admission check
 counts (Gradio's waiting and running, the API's in flight, less those already past the device), and the place
-counts down by each request that lets the lane go after that. The ETA is the mean device time of the last requests
+counts down by each request that lets the lane go after that. The ETA is the median device time of the last requests
 (the lane's own log) for each request ahead, spread over the lanes, plus its own images, plus its shape's compile
 (or graph load) estimate when that shape is not ready: the status table's estimate (engine/cache/estimates.py).
 A manager that does not report its lane (replicas without these fields) gives a place that does not count down
@@ -53,11 +53,11 @@ class QueuePlace:
 
     def eta_s(self, status: ManagerStatus) -> float | None:
         """Seconds until the images should be done, or None before any request has timed the device."""
-        mean = _device(status).get("mean_s")
-        if not isinstance(mean, int | float):
+        typical = _device(status).get("median_s")
+        if not isinstance(typical, int | float):
             return None
         rounds = math.ceil(self.position(status) / self.lanes)  # the requests ahead, `lanes` at a time
-        seconds = (rounds + self.images) * mean
+        seconds = (rounds + self.images) * typical
         shape = status.shapes.get(self.resolution or "")
         if shape is not None and shape.state is not ShapeState.READY and shape.estimate_s is not None:
             seconds += shape.estimate_s  # its compile or graph load comes first

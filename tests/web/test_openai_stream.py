@@ -130,6 +130,14 @@ def test_bad_stream_requests_are_json_400s_before_any_stream(
     assert quick_app.manager.status().stages["device"]["served"] == before  # nothing ran
 
 
+def test_a_stream_is_not_a_job(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="do not go together") as caught:
+        client.images.generate(
+            prompt=PROMPT, size="128x128", extra_body={"stream": True}, extra_headers={"Prefer": "respond-async"}
+        )
+    assert caught.value.param == "stream"
+
+
 def test_partial_images_without_stream_is_refused(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="partial_images needs stream=true"):
         client.images.generate(prompt=PROMPT, size="128x128", partial_images=2)
@@ -258,13 +266,13 @@ def test_answers_and_jobs_say_their_queue_place(
 
 
 def test_a_queue_place_counts_down_as_requests_ahead_let_the_lane_go(quick_app: Any) -> None:
-    """Three ahead when admitted; two served since: one ahead, and the ETA is (1 round + its own image) x the mean."""
+    """Three ahead when admitted; two served since: one ahead, and the ETA is (1 round + its own image) x the median."""
     status = quick_app.manager.status()
     device = status.stages["device"]
 
-    def at(served: int, mean_s: float | None) -> Any:
+    def at(served: int, median_s: float | None) -> Any:
         return dataclasses.replace(
-            status, stages=status.stages | {"device": device | {"served": served, "mean_s": mean_s}}
+            status, stages=status.stages | {"device": device | {"served": served, "median_s": median_s}}
         )
 
     place = dataclasses.replace(QueuePlace.taken(at(10, 2.0), 3, 1), resolution="128x128")

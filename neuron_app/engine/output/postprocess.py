@@ -15,6 +15,7 @@ replica's manager has its own.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import threading
 import time
 from collections import deque
@@ -25,8 +26,8 @@ from neuron_app import tracing
 
 #: The device lane's last holds kept for the idle fraction (the bench, status).
 LANE_LOG = 256
-#: How many of the last holds the mean device time per request is taken over (`snapshot`'s `mean_s`).
-MEAN_OF = 32
+#: How many of the last holds the median device time per request is taken over (`snapshot`'s `median_s`).
+MEDIAN_OF = 32
 
 
 def post_workers(settings: Any) -> int:
@@ -157,8 +158,10 @@ class PostStage:
         idle = idle_fraction(list(lane.holds))
         device: dict[str, Any] = {"waiting": lane.waiting, "running": int(lane.locked()), "served": lane.served}
         device["idle_fraction"] = None if idle is None else round(idle, 4)
-        recent = list(lane.holds)[-MEAN_OF:]  # the device seconds of the last requests: a queue place's ETA
-        device["mean_s"] = round(sum(end - start for start, end in recent) / len(recent), 3) if recent else None
+        # The device seconds of the last requests, for a queue place's ETA: the median, as a hold that compiled is
+        # many times a warm one (its compile is in the hold; the ETA adds a cold shape's estimate on its own).
+        recent = sorted(end - start for start, end in list(lane.holds)[-MEDIAN_OF:])
+        device["median_s"] = round(statistics.median(recent), 3) if recent else None
         return {"device": device, "post": post}
 
 

@@ -160,6 +160,18 @@ def test_a_failure_after_the_stream_began_is_an_error_event(quick_app: Any, clie
         manager._execute = original
 
 
+def test_a_partial_image_that_cannot_be_marked_ends_the_stream_with_an_error(
+    client: OpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unmarkable(*_args: Any) -> bytes:
+        raise OSError("the signer is unreachable")
+
+    monkeypatch.setattr(ImageStream, "partial", unmarkable)
+    stream = client.images.generate(prompt=PROMPT, size="128x128", stream=True, partial_images=1)
+    with pytest.raises(openai.APIError, match="the signer is unreachable"):
+        list(stream)
+
+
 def test_a_client_that_goes_away_stops_the_run(quick_app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The client closes the stream during the first step: the run ends there (the second step never comes), and
     its queue place is given back."""

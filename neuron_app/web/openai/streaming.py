@@ -225,7 +225,11 @@ class ImageStream:
                 if kind == "started":
                     started = True
                 elif kind == "preview":
-                    data = await run_in_threadpool(self.partial, item, index)
+                    try:
+                        data = await run_in_threadpool(self.partial, item, index)
+                    except Exception as exc:  # a partial image that cannot be marked is never sent
+                        yield sse("error", {"type": "error", "error": failure(exc).body()})
+                        return
                     event = {"type": f"{self.prefix}.partial_image", "b64_json": _b64(data)}
                     event |= {"partial_image_index": index} | self._common(self._size(str(self.job.resolution)))
                     yield sse(event["type"], event)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -208,31 +207,12 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return selftest(args.rest)
 
 
-def _train_args_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with train-tiny's arguments, or None."""
-    import math
-
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        return f"--out must be a folder; {out.name!r} is a file"
-    if out.parent.exists() and not os.access(out.parent, os.W_OK):
-        return f"--out: cannot write in the folder above {out.name!r}"
-    if not (math.isfinite(args.minutes) and args.minutes > 0):
-        return f"--minutes must be a positive number, not {args.minutes}"
-    if not (math.isfinite(args.lr) and args.lr >= 0):
-        return f"--lr must be 0 (the plan's) or a positive number, not {args.lr}"
-    if args.threads is not None and args.threads < 0:
-        return f"--threads must be 0 (all) or more, not {args.threads}"
-    if args.init and not Path(args.init, "model_index.json").is_file():
-        return "--init must be a saved pipeline's folder (one with model_index.json)"
-    return None
-
-
 def cmd_train_tiny(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from neuron_app.training.arguments import problem_of
     from neuron_app.training.run import Plan, train
 
-    problem = _train_args_problem(args)
+    problem = problem_of(args)
     if problem:  # one line, before torch loads (issue 45, row 50: `--out /etc/passwd` made /etc/passwd.training/)
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_CONFIG

@@ -16,7 +16,8 @@
 - Bodies are capped per route while they arrive: a Gradio POST that is not an upload at `request_body_mb`
   (JSON: a prompt and file references), an MCP request at MCP_BODY_LIMIT (the MCP SDK's own 4 MiB); beyond it
   a 413, before the app reads the body (a declared length) or as soon as it passes the cap (a streamed one).
-- A full Gradio queue answers 503 from `/gradio_api/queue/join` with no `Retry-After`: the door adds one.
+- A full Gradio queue answers 503 from `/gradio_api/queue/join` and `/gradio_api/call/...` with no `Retry-After`: the
+  door adds one.
 - No server path in an answer: Gradio names every file by its absolute path (`path`, and its
   `/gradio_api/file=<path>` URL). The door answers with aliases instead, `/@outputs/...` for `outputs_dir` and
   `/@uploads/...` for Gradio's upload folder, `/@cache` for `cache_dir` (the page's status names it), and reads
@@ -51,6 +52,7 @@ HOUR_S = 3600.0
 MB = 1 << 20
 UPLOAD_PATHS = ("/gradio_api/upload", "/upload")
 QUEUE_JOIN = "/gradio_api/queue/join"
+GRADIO_CALL = "/gradio_api/call/"  # gradio_client's and curl's way in: a full queue is a 503 here too
 GRADIO_API = "/gradio_api/"
 FILE_ROUTE = "/gradio_api/file="
 #: The app's own routes (web/openai/routes.py, web/ops.py): their answers carry no server folder.
@@ -114,7 +116,7 @@ class Door:
                 await _answer(send, 413, f"the request body is larger than {self.body_limit} bytes")
                 return
             scope, receive = self.aliases.with_body(scope, receive, body)
-        if path.startswith(QUEUE_JOIN):
+        if path.startswith(QUEUE_JOIN) or path.startswith(GRADIO_CALL):
             send = _retry_after_on_503(send)
         await self.app(scope, receive, send)
 

@@ -163,6 +163,7 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
         "quiet": True,  # Gradio's own lines would say "set share=True in launch()": `announce` says the app's way
         "app_kwargs": door_kwargs(app),
         "mcp_server": mcp_enabled(settings),
+        "enable_monitoring": False,  # Gradio's /monitoring told anyone every function's counts and timings
         "run_history": settings.run_history_on,  # off where others can reach it, unless chosen (docs/sharing.md)
         "_frontend": False,  # Gradio's own check of its page gives up too soon on a busy host: `wait_for_page`
     }

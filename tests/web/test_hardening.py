@@ -232,6 +232,8 @@ def test_a_full_gradio_queue_says_when_to_retry(app: Any, monkeypatch: pytest.Mo
             release.wait(0.2)
         assert refused.status_code == 503, refused.text
         assert refused.headers["Retry-After"] == "5"
+        called = httpx.post(app.url + "gradio_api/call/generate", json={"data": body["data"]}, timeout=30)
+        assert called.status_code == 503 and called.headers["Retry-After"] == "5"  # the curl route (row 19)
     finally:
         release.set()
     for job in jobs:
@@ -239,6 +241,13 @@ def test_a_full_gradio_queue_says_when_to_retry(app: Any, monkeypatch: pytest.Mo
 
 
 # Connections (a header deadline, requests in progress per address): tests/web/test_slow_clients.py.
+
+
+def test_gradios_monitoring_pages_are_off(app: Any) -> None:
+    """Issue 45, row 21: `/monitoring/summary` told anyone every function's counts and timings, and each visit to
+    `/monitoring` wrote its secret URL into the server's log."""
+    for path in ("monitoring", "monitoring/summary"):
+        assert httpx.get(app.url + path, timeout=30).status_code in (403, 404)
 
 
 def test_the_page_limit_is_on_by_default_when_others_can_reach_the_app(make_settings: Callable[..., Any]) -> None:

@@ -147,10 +147,13 @@ def test_the_pool_is_bounded_and_a_retry_pause_holds_no_worker() -> None:
         "2002:a9fe:a9fe::",  # 6to4 of 169.254.169.254
         "::7f00:1",  # IPv4-compatible 127.0.0.1
         "::a9fe:a9fe",  # IPv4-compatible 169.254.169.254
+        "::ffff:0:a9fe:a9fe",  # SIIT's IPv4-translated 169.254.169.254 (issue 45, row 14)
     ],
 )
 def test_ipv6_forms_that_carry_an_ipv4_address_are_checked_as_that_address(address: str) -> None:
-    allow = Allowlist(["hooks.example.com", "64:ff9b::/32", "2002::/16", "::/96"], lambda h, p: [address])
+    allow = Allowlist(
+        ["hooks.example.com", "64:ff9b::/32", "2002::/16", "::/96", "::ffff:0:0:0/96"], lambda h, p: [address]
+    )
     with pytest.raises(RequestError) as caught:
         allow.check("https://hooks.example.com/x")  # a listed name that resolves there
     assert caught.value.param == "webhook_url" and ("non-public" in str(caught.value) or "link-local" in str(caught))

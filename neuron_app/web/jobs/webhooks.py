@@ -52,6 +52,8 @@ METADATA = (
 #: and the deprecated IPv4-compatible range (RFC 4291).
 NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 COMPATIBLE = ipaddress.ip_network("::/96")
+#: SIIT's IPv4-translated addresses (RFC 6052/7915, ::ffff:0:a.b.c.d): a translator connects to the IPv4 one.
+TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[str]]
@@ -161,8 +163,9 @@ class Allowlist:
 def _ip(text: str) -> Address | None:
     """An address (an IPv6 address that carries an IPv4 one as that IPv4, a zone id dropped), or None for a host
     name. Carriers: IPv4-mapped (::ffff:a.b.c.d), NAT64 (64:ff9b::/96 and the local-use 64:ff9b:1::/48, whose
-    gateway connects to the embedded address), 6to4 (2002::/16) and IPv4-compatible (::a.b.c.d): Python calls
-    them global, so unchecked they would reach loopback or the metadata service through a translator."""
+    gateway connects to the embedded address), 6to4 (2002::/16), SIIT's IPv4-translated (::ffff:0:a.b.c.d) and
+    IPv4-compatible (::a.b.c.d): Python calls them global, so unchecked they would reach loopback or the metadata
+    service through a translator."""
     try:
         ip = ipaddress.ip_address(text.split("%", 1)[0])
     except ValueError:
@@ -174,7 +177,8 @@ def _ip(text: str) -> Address | None:
         return ip.ipv4_mapped
     if ip.sixtofour is not None:
         return ip.sixtofour
-    if any(ip in net for net in NAT64) or (ip in COMPATIBLE and int(ip) > 1):  # not :: or ::1 themselves
+    carriers = (*NAT64, TRANSLATED)
+    if any(ip in net for net in carriers) or (ip in COMPATIBLE and int(ip) > 1):  # not :: or ::1 themselves
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return ip
 

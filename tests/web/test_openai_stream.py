@@ -294,3 +294,12 @@ def test_a_queue_place_counts_down_as_requests_ahead_let_the_lane_go(quick_app: 
     assert place.headers(at(12, None)) == {"X-Queue-Position": "1"}  # no timed request yet: no ETA
     two_lanes = QueuePlace.taken(at(10, 2.0), 3, 2)
     assert two_lanes.eta_s(at(10, 2.0)) == 6.0  # the three ahead take two rounds on two lanes
+
+
+def test_no_partial_image_leaves_while_the_safety_checker_is_on(launch_tiny: Callable[..., Any]) -> None:
+    """A preview is a picture of an image nobody has checked yet: with the checker on, the stream has only the
+    completed (checked) image."""
+    checked = openai_client(launch_tiny(safety_checker="on", safety_model="tiny"))
+    events = list(checked.images.generate(prompt=PROMPT, size="64x64", stream=True, partial_images=2))
+    assert [e.type for e in events] == ["image_generation.completed"]
+    assert events[0].model_extra["provenance"]["safety"] != "off"

@@ -16,6 +16,7 @@ from tests.support import ROOT
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3000)  # about ten processes, one at a time, each loading and compiling: minutes on 2 shared cores
 def test_the_selftest_runs_every_check_and_writes_its_report(tmp_path: Path) -> None:
     report = tmp_path / "selftest.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "TORCH_NEURONX_"))}

@@ -67,6 +67,8 @@ class DeviceBackend(ABC):
     name: ClassVar[str]
     default_dtype: ClassVar[str]
     default_compile_backend: ClassVar[str] = "inductor"
+    #: What `compile_mode = "auto"` means on this device.
+    default_compile_mode: ClassVar[str] = "full"
     #: torch.distributed backend for tensor-parallel ranks.
     dist_backend: ClassVar[str]
     #: True where eager ops (the VAE decoder, the text encoder) are compiled per input shape too, so a

@@ -175,6 +175,10 @@ class NeuronBackend(DeviceBackend):
     name = "neuron"
     default_dtype = "bfloat16"
     default_compile_backend = "neuron"
+    #: T8: one neuronx-cc job for the whole 4B transformer (5 + 20 blocks, up to 5120 joint tokens) has never been
+    #: measured to compile, and AWS's klein-9B port split projections to stay under the compiler's limits: one
+    #: graph per block class until a trn2 measures `full` (compile time, host RAM, seconds per image).
+    default_compile_mode = "regional"
     dist_backend = "neuron"
     compiles_eager_ops_per_shape = True  # every op compiles to a NEFF on first use at each shape
     tiles_vae_by_default = True  # a whole-image FLUX.2 decode is past neuronx-cc's instruction limit

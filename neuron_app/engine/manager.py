@@ -61,6 +61,8 @@ class PipelineManager(ShapeCompiler, Admitted):
         self.resolutions = settings.parsed_resolutions
         self.backend: DeviceBackend = resolve_backend(settings.device, settings.cache_dir)
         self.backend.configure(settings)
+        if settings.compile_mode == "auto":  # the device's default (regional on Neuron, T8), fixed for this manager
+            self.settings = settings = settings.model_copy(update={"compile_mode": self.backend.default_compile_mode})
         self.compile_backend = settings.compile_backend or self.backend.default_compile_backend
         self.dtype_name = self.backend.default_dtype if settings.dtype == "auto" else settings.dtype
         self.source: ModelSource = resolve_source(settings)

@@ -47,7 +47,7 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         model=settings.model,
         device=base.device if base else settings.device,
         dtype=base.dtype if base else settings.dtype,
-        compile_mode=settings.compile_mode,
+        compile_mode=base.compile_mode if base else settings.compile_mode,  # "auto" as a replica resolved it
         compile_backend=base.compile_backend if base else (settings.compile_backend or "default"),
         tp_degree=settings.tp_degree,
         cache_dir=str(settings.cache_dir),

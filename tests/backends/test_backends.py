@@ -131,3 +131,17 @@ def test_host_glue_is_known_with_or_without_its_overload() -> None:
 
     ops = ["aten::scatter_", "scatter_.src", "aten.scatter_.src", "aten::scatter_.value", "aten::index_put_"]
     assert degrading(ops) == ["aten::scatter_.value", "aten::index_put_"]
+
+
+def test_compile_mode_auto_is_regional_on_neuron_and_full_elsewhere(make_settings: Any) -> None:
+    """T8: nobody has compiled the whole 4B transformer as one neuronx-cc job, so Neuron (and the emulator, its
+    code path) compiles per block class by default; a set mode is kept; the status and fingerprint say which."""
+    from neuron_app.backends.neuron import NeuronBackend
+    from neuron_app.engine.manager import PipelineManager
+
+    assert make_settings().compile_mode == "auto" and NeuronBackend.default_compile_mode == "regional"
+    emulated = PipelineManager(make_settings(device="neuron-emulated"))
+    assert emulated.settings.compile_mode == "regional" == emulated.fingerprint_fields["compile_mode"]
+    assert emulated.status().compile_mode == "regional"
+    assert PipelineManager(make_settings()).settings.compile_mode == "full"  # cpu
+    assert PipelineManager(make_settings(device="neuron-emulated", compile_mode="full")).settings.compile_mode == "full"

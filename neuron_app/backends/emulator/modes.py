@@ -96,6 +96,8 @@ class _PlacementMode(TorchFunctionMode):
                 call_kwargs = {"dtype": dtype} if dtype is not None else {}
                 if "memory_format" in kwargs:
                     call_kwargs["memory_format"] = kwargs["memory_format"]
+                if device is not None and not _is_neuron(device) and torch.device(device).type != "cpu":
+                    call_kwargs["device"] = device  # `meta` (accelerate's offload): torch's own move
         with _disable_current_modes():  # a transfer or a cast, not an op the device compiles
             out = src.to(**call_kwargs) if call_kwargs else src
             if out is src and target_device != em.is_device(src):

@@ -5,10 +5,12 @@ VAE, warm-up and synchronize, seeding, NEFF-style cache evidence) runs on CPU te
 plays the device (the device slot and `torch.neuron` in `device.py`, the two Python modes in
 `modes.py`, the cache in `cache.py`):
 
-- Device-ness is tracked per tensor (a weak identity map, no tensor subclass): the pipeline's parameters
-  are "on the device", factories called with `device="neuron"` and `.to("neuron")` put tensors there,
-  outputs of ops on device tensors stay there, and `.cpu()` gives an unmarked host copy. Device tensors
-  report `device == neuron:0` (torch's PrivateUse1 slot, renamed "neuron", as TorchNeuron does).
+- Device-ness is device memory, tracked by storage (`placement.py`; no tensor subclass, no weak reference on
+  a tensor): the pipeline's parameters are "on the device", factories called with `device="neuron"` and
+  `.to("neuron")` put tensors there, outputs of ops on device tensors stay there, and everything else (a
+  `.cpu()` copy, a tensor made without `device=`) is host memory. Device tensors report `device == neuron:0`
+  (torch's PrivateUse1 slot, renamed "neuron", as TorchNeuron does). Device memory is counted against one
+  logical core's HBM, weights and live activations alike.
 - Every eager aten op on device tensors (outside compiled graphs) is checked against the rules below, and
   its signature (op, input shapes, dtypes) is one eager compile at first use, as in TorchNeuron's eager
   mode, looked up in memory, then in the NEFF-style folder, with TorchNeuron's persistent hit/miss counters.
@@ -18,7 +20,7 @@ The rules, each a failure of the request with a message starting `neuron rule:` 
 docs/neuron-emulator.md): an in-place or `out=` write into a non-contiguous device tensor (`copy_` excepted:
 TorchNeuron's Python `copy_` does it as a full-buffer copy); random tensors made on the device; dynamic shapes
 or float64 in a compiled graph; an op mixing device and host tensors; `.numpy()` of a device tensor; a host
-tensor handed to a compiled device graph; device tensors past the HBM budget of one logical core; a failure
+tensor handed to a compiled device graph; device memory past the HBM of one logical core; a failure
 latched by the device (`latch`), raised at the next `synchronize()` or device op. Recorded, not failed: ops
 with no Neuron kernel (a CPU fallback with a host round trip, listed by `fallback_ops` like
 `torch_neuronx.get_fallback_ops()`), float64 eager ops (a CPU fallback too), int64 device ops (converted:

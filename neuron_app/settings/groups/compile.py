@@ -10,10 +10,11 @@ from pydantic import BaseModel, Field
 class CompileSettings(BaseModel):
     """torch.compile's mode and backend, the VAE's tiles, warm-up at start."""
 
-    compile_mode: Literal["eager", "full", "regional"] = Field(
-        "full",
+    compile_mode: Literal["auto", "eager", "full", "regional"] = Field(
+        "auto",
         description="eager: no torch.compile; full: the whole transformer, fullgraph, static shapes; "
-        "regional: compile_repeated_blocks (one graph per block class, shorter compile).",
+        "regional: compile_repeated_blocks (one graph per block class, shorter compile); auto: regional on "
+        "neuron (no one has compiled the whole 4B transformer as one neuronx-cc job yet), full elsewhere.",
     )
 
     compile_backend: str | None = Field(

@@ -63,6 +63,8 @@ def test_placement_follows_the_storage_not_the_python_object(emulator: Any) -> N
         assert weakref.getweakrefcount(weight) == 0  # no weak reference on a tensor: swap_tensors works
         other = torch.nn.Linear(4, 4)
         torch.utils.swap_tensors(weight, other.weight)
+        dev = torch.ones(2, device="neuron")
+        assert dev.to("meta").device.type == "meta"  # accelerate's sequential offload: torch's own move
 
 
 def test_every_thread_is_under_the_rules_and_its_memory_counts(emulator: Any) -> None:

@@ -1,8 +1,9 @@
 # The diffusers guide "AWS Trainium", tensor parallelism, as written there: its set-up lines (process group, mesh,
-# device, TensorParallelConfig), the parallel_config passed to the transformer's from_pretrained() and `device` used
-# for the other components, with a CPU generator so every rank draws the same latents (diffusers' tensor-parallel
-# guide does the same). Only the model path and the size are read from the environment (GUIDE_MODEL: a local folder
-# for the Hub id; GUIDE_SIZE). On a trn instance: torchrun --nproc_per_node=8 examples/guide_tp.py; anywhere else:
+# device, TensorParallelConfig), the parallel_config passed to the transformer's from_pretrained() and
+# `pipe.to(device)` after loading (as a user writes it: the sharded transformer's DTensor parameters included), with
+# a CPU generator so every rank draws the same latents (diffusers' tensor-parallel guide does the same). Only the
+# model path and the size are read from the environment (GUIDE_MODEL: a local folder for the Hub id; GUIDE_SIZE).
+# On a trn instance: torchrun --nproc_per_node=8 examples/guide_tp.py; anywhere else:
 # torchrun --nproc_per_node=2 -m neuron_app emulate examples/guide_tp.py
 import os
 
@@ -23,8 +24,7 @@ transformer = Flux2Transformer2DModel.from_pretrained(
     MODEL, subfolder="transformer", dtype=torch.bfloat16, parallel_config=parallel_config
 )
 pipe = Flux2KleinPipeline.from_pretrained(MODEL, transformer=transformer, dtype=torch.bfloat16)
-pipe.text_encoder.to(device)
-pipe.vae.to(device)
+pipe.to(device)
 
 image = pipe(
     prompt="a golden retriever surfing a wave, photorealistic",

@@ -117,7 +117,8 @@ def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transforme
 ) -> None:
     """`torchrun --nproc_per_node=2 -m neuron_app emulate examples/guide_tp.py`: `init_process_group("neuron")`
     (gloo underneath), `DeviceMesh("neuron", ...)` and diffusers' TensorParallelConfig really shard the
-    transformer (DTensor parameters, each rank half of every sharded weight), and rank 0's image is one process's."""
+    transformer (DTensor parameters, each rank half of every sharded weight), `pipe.to(device)` moves it with the
+    rest (no weak reference on a tensor to stop `swap_tensors`: review T5), and rank 0's image is one process's."""
     import numpy as np
     from PIL import Image
 

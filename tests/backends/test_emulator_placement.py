@@ -118,6 +118,15 @@ def test_hbm_counts_weights_and_live_activations_by_storage_with_a_peak(tmp_path
     assert em.hbm_bytes_in_use() == 16384
 
 
+def test_hbm_per_core_follows_the_instance_and_its_lnc() -> None:
+    from neuron_app.backends.emulator.rules import hbm_per_core_gib
+
+    assert hbm_per_core_gib({}) == 24.0  # trn2.3xlarge at LNC=2: 96 GiB over 4 logical cores
+    assert hbm_per_core_gib({"NEURON_LOGICAL_NC_CONFIG": "1"}) == 12.0  # 8 cores: too small for klein-4B's weights
+    assert hbm_per_core_gib({"NEURON_EMULATOR_INSTANCE": "trn1.32xlarge"}) == 16.0
+    assert hbm_per_core_gib({"NEURON_EMULATOR_HBM_GIB": "2", "NEURON_LOGICAL_NC_CONFIG": "1"}) == 2.0
+
+
 def emulate(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(code)

@@ -61,8 +61,8 @@ log = logging.getLogger(__name__)
 #: `scatter_.src` from a third-party Trn2 measurement (diffusers' latent unpack uses it); extend with
 #: NEURON_EMULATOR_UNIMPLEMENTED (comma-separated `name.overload`).
 UNIMPLEMENTED_OPS = frozenset({"scatter_.src"})
-#: HBM per logical core: a Trainium2 has 96 GiB for 4 logical cores at LNC=2 (NEURON_EMULATOR_HBM_GIB changes it).
-HBM_PER_CORE_GIB = 24.0
+#: HBM per chip, by instance family (AWS's Trn1 and Trn2 instance pages).
+HBM_PER_CHIP_GIB = {"trn1": 32.0, "trn2": 96.0}
 #: How torch names the device in its "Expected all tensors to be on the same device" error.
 _DEVICE_NAME = "neuron:0"
 #: Ops that write a strided view as a full-buffer copy on TorchNeuron instead of failing.
@@ -97,6 +97,20 @@ def _dtypes_as_on_neuron() -> Iterator[None]:
             table.update(saved)
 
 
+def hbm_per_core_gib(env: dict[str, str] | None = None) -> float:
+    """HBM per logical core of the emulated instance at its LNC (`NEURON_EMULATOR_HBM_GIB` overrides): a chip's
+    HBM over its logical cores (AWS: Trainium2 96 GiB for 8 NeuronCore-v3, 24 GiB per core at LNC=2, 12 at LNC=1;
+    Trainium 32 GiB for 2 NeuronCore-v2)."""
+    from neuron_app.backends.emulator import cores
+
+    env = dict(os.environ) if env is None else env
+    if env.get("NEURON_EMULATOR_HBM_GIB", "").strip():
+        return float(env["NEURON_EMULATOR_HBM_GIB"])
+    found = cores.instance(env)
+    chips = cores.INSTANCES[found.name][0]
+    return HBM_PER_CHIP_GIB[found.name.split(".")[0]] / (found.cores // chips)
+
+
 def _unimplemented() -> frozenset[str]:
     extra = {x.strip() for x in os.environ.get("NEURON_EMULATOR_UNIMPLEMENTED", "").split(",") if x.strip()}
     return UNIMPLEMENTED_OPS | extra
@@ -120,8 +134,7 @@ class NeuronEmulator:
         self.strided_copies = 0  # copy_ into a strided device view: a full-buffer copy on TorchNeuron
         self.graph_attention: list[dict[str, Any]] = []  # per compiled graph: its SDPA calls and the NKI gate
         self.graph_notes: list[str] = []
-        env_gib = os.environ.get("NEURON_EMULATOR_HBM_GIB")
-        self.hbm_bytes = int((hbm_gib if hbm_gib is not None else float(env_gib or HBM_PER_CORE_GIB)) * 2**30)
+        self.hbm_bytes = int((hbm_gib if hbm_gib is not None else hbm_per_core_gib()) * 2**30)
         self.memory = DeviceMemory(self.hbm_bytes)  # placement by storage, and the HBM it takes
         self.tensor_parallel: dict[str, Any] | None = None  # the adopted DTensor parameters (`shard_report`)
         self.unimplemented = _unimplemented()

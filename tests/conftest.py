@@ -53,6 +53,7 @@ RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_serve_app"})
 #: default orders them by test count), so under `-n` these start first and the short ones fill in around them.
 HEAVY_GROUPS = {
     "test_bench": 285,
+    "test_diffusers_klein": 240,  # diffusers' klein tests twice (plain CPU, emulate), when fetched
     "ray": 200,
     "test_remote_cache": 200,
     "test_precompile": 190,

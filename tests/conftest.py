@@ -58,6 +58,7 @@ HEAVY_GROUPS = {
     "test_remote_cache": 200,
     "test_precompile": 190,
     "test_train": 180,  # a real 2-minute train-tiny
+    "test_real_size": 180,  # klein-4B at its real size: 15 GiB written, 14 GiB resident, one image
     "test_tiny_shapes": 150,  # two tiny-shapes managers (cpu, neuron-emulated), ~60 judged images
     "test_neuron_emulated": 90,
     "test_browser": 70,

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_app.engine.model.real.random_weights import RANDOM_MODELS, ensure_random
+from neuron_app.engine.model.real.random_weights import VERSION as RANDOM_VERSION
+from neuron_app.engine.model.real.random_weights import folder_name as random_folder
 from neuron_app.engine.model.text_encoder import truncate_pipeline_encoder
 from neuron_app.engine.model.tiny import RECIPE_VERSION, VARIANTS, ensure_tiny
 from neuron_app.engine.modes.previews import read_factors
@@ -28,10 +31,11 @@ class ModelSource:
     revision: str | None
     identity: str  # Hub id@revision, or a hash of a local folder's configs
     tiny: str | None = None  # the tiny variant to build into `location` on first load
+    random: str | None = None  # the real-size random model (klein-4b-random...) to build there on first load
 
     @property
     def is_local(self) -> bool:
-        return self.tiny is not None or Path(self.location).is_dir()
+        return self.tiny is not None or self.random is not None or Path(self.location).is_dir()
 
 
 def _config_hash(folder: Path) -> str:
@@ -47,6 +51,10 @@ def resolve_source(settings: Settings) -> ModelSource:
     if settings.model in VARIANTS:
         folder = settings.cache_dir / "models" / VARIANTS[settings.model].folder_name
         return ModelSource(str(folder), None, f"{settings.model}:v{RECIPE_VERSION}", tiny=settings.model)
+    if settings.model in RANDOM_MODELS:  # the real architecture at its real size, random weights (real/)
+        folder = settings.cache_dir / "models" / random_folder(settings.model)
+        identity = f"{settings.model}:v{RANDOM_VERSION}"
+        return ModelSource(str(folder), None, identity, random=settings.model)
     if settings.model in MODEL_DEFAULTS:
         folder = shipped_model(settings.model)
         if not (folder / "model_index.json").is_file():
@@ -92,6 +100,8 @@ def load_pipeline(
 
     if source.tiny:
         ensure_tiny(settings.cache_dir / "models", source.tiny)
+    if source.random:
+        ensure_random(settings.cache_dir / "models", source.random)
     token = settings.hf_token.get_secret_value() if settings.hf_token else None
     kwargs: dict[str, Any] = {"dtype": dtype, "revision": source.revision, "token": token}
     try:

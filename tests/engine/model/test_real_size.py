@@ -1,0 +1,73 @@
+"""klein-4B at its real size (3.9 B transformer, the cut Qwen3-4B, the VAE; random bfloat16 weights) served on
+`neuron-emulated` through the manager: the folder is built once (engine/model/real/random_weights.py), loaded by
+the real model's `from_pretrained`, compiled and run for one image at 64x64 with a short text. The emulator counts
+its HBM per core by storage, which the plan predicts before any compile. About 2 minutes and 14 GiB; its own xdist
+group (tests/conftest.py), and the 15 GiB folder is deleted at the end."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SHAPE = "64x64"
+
+
+@pytest.fixture(scope="module")
+def real_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    folder = tmp_path_factory.mktemp("real-size")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)  # 15 GiB: not left for pytest's kept temporary folders
+
+
+@pytest.fixture(scope="module")
+def real_manager(real_cache: Path) -> Iterator[Any]:
+    from neuron_app.environment import prepare_process
+    from neuron_app.settings import load_settings
+
+    settings = load_settings(
+        model="klein-4b-random",
+        device="neuron-emulated",
+        dtype="bfloat16",
+        cache_dir=real_cache,
+        resolutions=[SHAPE],
+        default_resolution=SHAPE,
+        max_sequence_length=16,
+        compile_backend="aot_eager",
+    )
+    prepare_process(settings)
+    from neuron_app.engine.manager import PipelineManager
+
+    manager = PipelineManager(settings)
+    yield manager
+    manager.close()
+
+
+def test_klein_4b_random_serves_an_image_on_neuron_emulated_within_the_planned_hbm(real_manager: Any) -> None:
+    from neuron_app.engine.model.real.catalog import instance
+    from neuron_app.engine.model.real.plan import plan_one
+    from neuron_app.shapes import Resolution
+
+    record = real_manager.generate("a red circle", SHAPE, 2, 7)
+    assert record.resolution == SHAPE and record.cache == "miss"
+    status = real_manager.status()
+    assert status.shapes[SHAPE].state == "ready" and status.compiles >= 1
+    pipe = real_manager.pipe
+    transformer = sum(p.numel() for p in pipe.transformer.parameters())
+    assert transformer == 3_875_544_576  # klein-4B's transformer, counted on the loaded weights
+    assert len(pipe.text_encoder.model.layers) == 27  # Qwen3-4B's 36 layers cut where klein reads
+    assert {p.dtype for p in pipe.transformer.parameters()} == {__import__("torch").bfloat16}
+
+    snapshot = real_manager.backend.emulator.snapshot()
+    planned = plan_one("klein-4b", "klein-4b-random", Resolution.parse(SHAPE), 1, instance("trn2"))
+    weights = sum(c["weights_gib_per_core"] for c in planned["components"].values())
+    assert snapshot["hbm_gib"] == planned["hbm_gib_per_core"] == 24.0
+    # What the emulator holds on the core is what the plan said before any compile (the weights; a 64x64 image's
+    # activations are megabytes), and it fits.
+    assert abs(snapshot["hbm_in_use_gib"] - weights) / weights < 0.03, (snapshot, weights)
+    assert snapshot["hbm_peak_gib"] < snapshot["hbm_gib"]

@@ -349,7 +349,23 @@ def run_checks(stack_only: bool = False) -> list[Check]:
         checks.append(check_device(neuronx is not None))
         who = "your TORCH_NEURONX_NEFF_CACHE_DIR" if origin(NEFF_CACHE_VAR) == "user" else "set by the app"
         checks.append(check_cache(neff_cache_dir(settings.cache_dir), "NEFF cache", who))
+        checks.append(check_plan(settings))
     return checks
+
+
+def check_plan(settings: Any) -> Check:
+    """Will the served model fit at the configured shapes and TP, and how fast can it be: `plan`'s figures for this
+    instance (trn2 when it is not one), measured on fake tensors before anything compiles."""
+    from neuron_app.engine.model.real.plan import served
+
+    family = (read_instance_type() or "").split(".")[0].lower()
+    family = family if family.startswith(SUPPORTED_INSTANCES) else "trn2"
+    found = served(settings.model, list(settings.resolutions), settings.tp_degree, family[:4])
+    if found is None:
+        return Check("plan", "info", f"{settings.model}: not a model the plan knows (python -m neuron_app plan)")
+    fits, words = found
+    fix = "raise tp_degree, or serve fewer or smaller shapes (python -m neuron_app plan --tp N)"
+    return Check("plan", "ok", words) if fits else Check("plan", "problem", words, fix)
 
 
 def render(checks: list[Check]) -> str:

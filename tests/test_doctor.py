@@ -212,3 +212,17 @@ def test_precompile_cores_reserves_them_before_torch_loads_and_bad_ranges_are_re
         timeout=120,
     )
     assert bad.returncode == 2 and "visible_cores" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_doctor_says_before_any_compile_whether_the_served_model_fits_and_its_floor() -> None:
+    """`plan`'s figures for the served model and shapes (issue 43): klein-4B at 1024x1024 on a trn2 core fits in
+    14.7 of 24 GiB with a floor under a second per image; a model the plan does not know is said to be so."""
+    from neuron_app.doctor import check_plan
+    from neuron_app.settings import load_settings
+
+    real = load_settings(model="black-forest-labs/FLUX.2-klein-4B", resolutions=["1024x1024"])
+    check = check_plan(real)
+    assert check.verdict == "ok" and "on trn2 at TP 1" in check.found, check
+    assert "1024x1024: fits, 14.7 of 24 GiB per core" in check.found and "floor 0.9" in check.found
+    tiny = check_plan(load_settings(model="tiny", device="cpu"))
+    assert tiny.verdict == "info" and "not a model the plan knows" in tiny.found

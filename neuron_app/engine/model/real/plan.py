@@ -203,3 +203,24 @@ def main_args(args: argparse.Namespace, render: Any) -> int:
     if not all(r["fits"] for r in rows):
         print("NO: not even the text encoder and the VAE on cores of their own fit; plan a higher --tp")
     return 0
+
+
+def served(model: str, resolutions: list[str], tp: int, family: str) -> tuple[bool, str] | None:
+    """What the served model needs per core at each configured shape on this instance family, before any compile
+    (`doctor`): (every shape fits, "1024x1024: fits, 14.7 of 24 GiB per core, floor 0.92 s per image; ...").
+    None when the model is not one the plan knows (a tiny model, a folder)."""
+    from neuron_app.engine.model.real.catalog import ALIASES, instance
+    from neuron_app.shapes import Resolution
+
+    spec = next((v for k, v in ALIASES.items() if k.lower() == model.strip().lower()), None)
+    if spec is None:
+        return None
+    inst = instance(family)
+    rows = [plan_one(spec, model, Resolution.parse(shape), tp, inst) for shape in resolutions]
+    words = [
+        f"{r['shape']}: {'fits' if r['fits'] else 'does NOT fit'}, {r['total_gib_per_core']:.1f} of "
+        f"{r['hbm_gib_per_core']:g} GiB per core ({r['placement']['name']}), floor {r['floor_s_per_image']:.2f} s "
+        "per image"
+        for r in rows
+    ]
+    return all(r["fits"] for r in rows), f"{model} on {family} at TP {tp}: " + "; ".join(words)

@@ -179,6 +179,22 @@ def test_tiny_shapes_serves_its_own_shapes_unless_told_otherwise() -> None:
     assert load_settings().resolutions[0] == "1024x1024"  # the 4B keeps its own
 
 
+def test_tiny_shapes_examples_and_placeholder_show_the_word_order_it_reads() -> None:
+    """The first hour's item 4: with the position before the background tiny-shapes gets the background wrong (4 of
+    4), so every example ends with the background or the position after it, and the empty box shows that order."""
+    from neuron_app.settings import load_settings
+
+    stock = load_settings(model="tiny-shapes")
+    positions = ("on the left", "on the right", "at the top", "at the bottom")
+    for prompt in stock.example_prompts:
+        tail = prompt.split(" background", 1)
+        assert len(tail) == 2 and tail[1].strip() in ("", *positions), prompt
+        assert not any(p in tail[0] for p in positions), prompt
+    placeholder = stock.prompt_placeholder
+    assert placeholder.index("background") < placeholder.index("on the left")
+    assert load_settings().prompt_placeholder == "Describe the image, press Enter"  # the 4B's box
+
+
 # --- the first hour: a missing file, lists in the environment, a misspelled key in a file ---------------------
 
 

@@ -29,6 +29,9 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
             "a large green triangle on a white background",
             "a small yellow circle on a black background at the top",
         ],
+        # The order it was trained on: with the position before the background, the background comes out wrong.
+        "prompt_placeholder": "a [small|large] {colour} {shape} on a {colour} background [on the left|right, at the "
+        "top|bottom], Enter",
     }
 }
 

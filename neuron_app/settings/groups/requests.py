@@ -35,6 +35,11 @@ class RequestSettings(BaseModel):
         description="Prompts the page offers as examples (tiny-shapes offers prompts of its grammar).",
     )
 
+    prompt_placeholder: str = Field(
+        "Describe the image, press Enter",
+        description="What the empty prompt box says (tiny-shapes: its grammar, in the word order it reads).",
+    )
+
     @field_validator("resolutions")
     @classmethod
     def _check_resolutions(cls, value: list[str]) -> list[str]:

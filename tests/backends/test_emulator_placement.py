@@ -127,6 +127,16 @@ def test_hbm_per_core_follows_the_instance_and_its_lnc() -> None:
     assert hbm_per_core_gib({"NEURON_EMULATOR_HBM_GIB": "2", "NEURON_LOGICAL_NC_CONFIG": "1"}) == 2.0
 
 
+def test_the_emulated_sdk_never_shadows_a_real_torch_neuronx(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from neuron_app.backends.emulator import sdk
+
+    real = types.ModuleType("torch_neuronx")  # stands for an installed SDK (a trn instance)
+    monkeypatch.setitem(sys.modules, "torch_neuronx", real)
+    assert sdk.install(object()) is None and sys.modules["torch_neuronx"] is real
+
+
 def emulate(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(code)

@@ -61,12 +61,13 @@ def _module(name: str, doc: str, package: bool) -> types.ModuleType:
     return module
 
 
-def install(em: Any) -> types.ModuleType:
-    """Put the emulated `torch_neuronx` (and `torch_neuronx.neuron_dynamo_backend`) in `sys.modules`."""
+def install(em: Any) -> types.ModuleType | None:
+    """Put the emulated `torch_neuronx` (and `torch_neuronx.neuron_dynamo_backend`) in `sys.modules`; None where
+    the real one is installed (a trn instance): it is never shadowed."""
     if getattr(sys.modules.get(NAME), "emulated", False):
         return sys.modules[NAME]
     if NAME in sys.modules or importlib.util.find_spec(NAME) is not None:
-        raise RuntimeError("torch_neuronx is installed: run on the device, not under the emulator")
+        return None
     package = _module(NAME, "EMULATED torch_neuronx (neuron_app's emulator on CPU, not the AWS Neuron SDK).", True)
     package.__version__ = VERSION  # type: ignore[attr-defined]
     package.get_fallback_ops = em.fallback_invocations  # type: ignore[attr-defined]

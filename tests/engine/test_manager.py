@@ -134,7 +134,7 @@ def test_hub_model_without_network_names_the_offline_choice(
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     manager = PipelineManager(make_settings(model="black-forest-labs/FLUX.2-klein-4B"))
-    with pytest.raises(ModelLoadError, match="NEURON_APP_SETTINGS=quickstart.toml"):
+    with pytest.raises(ModelLoadError, match=r"NEURON_APP_SETTINGS=quickstart\.toml"):
         manager.generate("a cat", "64x64", 4, 0)
     status = manager.status()
     assert not status.loaded and "tiny-shapes" in (status.load_error or "")

@@ -141,8 +141,11 @@ class Harness:
     def app(
         self, name: str, cache_dir: Path, stop: dict[str, Any] | None = None, **settings: Any
     ) -> Iterator[tuple[subprocess.Popen[str], str]]:
-        """`python app.py` in the serving mode on a free port, with these settings; the process and its URL."""
+        """`python app.py` in the serving mode on a free port, with these settings; the process and its URL. Each
+        app keeps its jobs and usage in a state folder of its own: apps sharing a cache folder (the startup
+        section's two, side by side) would otherwise refuse each other at start, as two servers must."""
         served, url = self.served()
+        settings.setdefault("state_dir", str(self.cfg.out / "state" / name))
         env = self.env() | settings_env(self.settings(self.cfg.serving_mode, cache_dir, **served, **settings))
         with self.process([sys.executable, "app.py"], name, env, stop, stdout=subprocess.DEVNULL) as (proc, _log):
             yield proc, url

@@ -21,6 +21,15 @@ from neuron_app.backends.neuron import Counters, NeuronBackend, NeuronCacheProbe
 ARTIFACTS = "neff-emulated"
 
 
+_memories: dict[int, Any] = {}  # HBM capacity -> this process's core memory (placement by storage)
+
+
+def _core_memory(capacity: int) -> Any:
+    from neuron_app.backends.emulator.placement import DeviceMemory
+
+    return _memories.setdefault(capacity, DeviceMemory(capacity))
+
+
 class NeuronEmulatedBackend(NeuronBackend):
     name = "neuron-emulated"
     default_dtype = "bfloat16"  # as on Trainium; dtype = "float32" where a test needs exact CPU numerics
@@ -87,7 +96,11 @@ class NeuronEmulatedBackend(NeuronBackend):
 
             if self._folder is None:
                 raise RuntimeError("prepare_cache must run before the emulator starts")
-            self._emulator = NeuronEmulator(self._folder, self.rules)
+            emulator = NeuronEmulator(self._folder, self.rules)
+            # One process, one device: every manager here shares its core's HBM, as two pipelines on one
+            # NeuronCore do (the fourth review's T2: a second klein-4B on the selftest's core).
+            emulator.memory = _core_memory(emulator.hbm_bytes)
+            self._emulator = emulator
         return self._emulator
 
     # --- the device ------------------------------------------------------------------------------

@@ -71,3 +71,24 @@ def test_klein_4b_random_serves_an_image_on_neuron_emulated_within_the_planned_h
     # activations are megabytes), and it fits.
     assert abs(snapshot["hbm_in_use_gib"] - weights) / weights < 0.03, (snapshot, weights)
     assert snapshot["hbm_peak_gib"] < snapshot["hbm_gib"]
+
+
+def test_a_second_klein_4b_on_the_same_core_runs_out_of_device_memory(real_manager: Any) -> None:
+    """The fourth review's T2: the old selftest's tile check built a second klein-4B manager in the process holding
+    the core (13.2 + 13.2 GiB against 24). On the emulator that is now the device's out-of-memory at load, with the
+    figures, and the first manager keeps serving (the selftest now runs each check in a process of its own)."""
+    import gc
+
+    from neuron_app.engine.manager import PipelineManager
+
+    real_manager.ensure_loaded()
+    emulator = real_manager.backend.emulator
+    before = emulator.hbm_bytes_in_use()
+    second = PipelineManager(real_manager.settings)
+    with pytest.raises(Exception, match="Failed to allocate") as refused:
+        second.ensure_loaded()
+    assert "GiB of HBM per logical core" in str(refused.value)
+    del second, refused
+    gc.collect()
+    assert emulator.hbm_bytes_in_use() == before  # what the second load placed died with it
+    assert real_manager.generate("a blue square", SHAPE, 1, 3).resolution == SHAPE

@@ -53,7 +53,10 @@ SdkKind = Literal["torchneuron", "xla", "absent"]
 
 
 def installed_version() -> str | None:
-    return dist_version(SDK_DIST)
+    """The installed TorchNeuron's version; None for none, and for the emulator's stand-in (`+emulated`, offered to
+    diffusers under `python -m neuron_app emulate`): it is no SDK for the neuron backend to serve with."""
+    found = dist_version(SDK_DIST)
+    return None if found is not None and found.endswith("+emulated") else found
 
 
 def release_family(found: str) -> tuple[int, int] | None:

@@ -187,3 +187,16 @@ print("sdk:", torch_neuronx.__version__, is_torch_neuronx_available())
     assert lines["back"] == "cpu cpu 0"
     assert lines["sdk"] == "2.13.3.1+emulated True"
     assert "device memory" in done.stderr and "peak" in done.stderr
+
+
+def test_the_neuron_backend_does_not_take_the_emulators_stand_in_for_an_sdk(tmp_path: Path) -> None:
+    """Under `emulate`, diffusers finds an emulated `torch_neuronx` (version `+emulated`); the app's neuron backend
+    must not read it as an installed TorchNeuron."""
+    done = emulate(
+        tmp_path,
+        "import importlib.metadata as m\n"
+        "from neuron_app.backends.neuron import installed_version\n"
+        "print('SEEN', m.version('torch-neuronx'), 'BACKEND', installed_version())\n",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "SEEN 2.13.3.1+emulated BACKEND None" in done.stdout, done.stdout

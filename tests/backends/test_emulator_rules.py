@@ -183,6 +183,7 @@ def test_each_shape_says_whether_its_attention_takes_the_nki_kernel(make_setting
         for shape in shapes:
             assert status.to_dict()["shapes"][shape]["nki_attention"] is nki, (text, shape)
         assert ("yes: " if nki else "no (decomposed, slower): ") + ", ".join(shapes) in neuron_markdown(status)
+        assert "**NKI attention (predicted by TorchNeuron's gate" in neuron_markdown(status)  # T10: not measured
 
 
 def test_fallbacks_are_per_shape_once_each_and_the_unpack_is_host_glue(

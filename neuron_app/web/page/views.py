@@ -167,7 +167,9 @@ def neuron_markdown(status: ManagerStatus) -> str:
     if judged:
         yes = [name for name, nki in judged.items() if nki]
         no = [name for name, nki in judged.items() if not nki]
-        text += f"\n\n**NKI attention** yes: {', '.join(yes) or '-'} · no (decomposed, slower): {', '.join(no) or '-'}"
+        how = " (predicted by TorchNeuron's gate: no kernel runs on the emulator)" if rules else ""
+        text += f"\n\n**NKI attention{how}** yes: {', '.join(yes) or '-'}"
+        text += f" · no (decomposed, slower): {', '.join(no) or '-'}"
     if rules:
         text += (
             f" · **neuron rules** ({rules['mode']}): {rules['violation_count']} violation(s), "

@@ -26,28 +26,34 @@ runpy.run_path(%(app)r, run_name="__main__")
 """
 
 
+def start_guarded(guard: str, tmp_path: Path, port: int, **env: str) -> list[str]:
+    """`python app.py` (tiny, 64x64) on `port` under `guard`: it must exit 2 before any heavy import, with what it
+    said on stderr, a line each."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "OTEL_"))}
+    base |= {"NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    base |= {"NEURON_APP_SERVER_PORT": str(port), "NEURON_APP_RESOLUTIONS": "64x64"}
+    base |= {"NEURON_APP_DEFAULT_RESOLUTION": "64x64"} | env
+    done = subprocess.run(
+        [sys.executable, "-c", guard % {"app": str(ROOT / "app.py")}],
+        cwd=tmp_path,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "HEAVY" not in done.stdout
+    return done.stderr.strip().splitlines()
+
+
 def test_a_port_in_use_is_one_line_naming_the_variable_before_heavy_imports(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
-        env |= {"NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
-        env |= {"NEURON_APP_SERVER_PORT": str(port), "NEURON_APP_RESOLUTIONS": "64x64"}
-        env |= {"NEURON_APP_DEFAULT_RESOLUTION": "64x64", "NEURON_APP_SETTINGS": "quickstart.toml"}
         (tmp_path / "quickstart.toml").write_text((ROOT / "quickstart.toml").read_text())
-        done = subprocess.run(
-            [sys.executable, "-c", GUARD % {"app": str(ROOT / "app.py")}],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "HEAVY" not in done.stdout
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
+        lines = start_guarded(GUARD, tmp_path, port, NEURON_APP_SETTINGS="quickstart.toml")
+    assert len(lines) == 1, lines
     assert lines[0].startswith(f"error: port {port} on 127.0.0.1 is in use") and "NEURON_APP_SERVER_PORT" in lines[0]
     # The hint is this start with another port: the variables it was started with are kept (the quick start's
     # NEURON_APP_SETTINGS dropped would start the 4B model), the port is not the taken one.
@@ -72,22 +78,8 @@ NO_OTEL = GUARD.replace(
 def test_a_trace_endpoint_without_opentelemetry_is_one_line_before_heavy_imports(tmp_path: Path) -> None:
     """The first hour's item 12: setting OTEL_EXPORTER_OTLP_ENDPOINT without requirements-tracing.txt ended in a
     ModuleNotFoundError traceback; now one line naming what to install, exit 2, before torch or gradio."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "OTEL_"))}
-    env |= {"NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     with socket.socket() as probe:  # a free port: the check comes after the port's
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env |= {"NEURON_APP_SERVER_PORT": str(port), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
-    env |= {"NEURON_APP_RESOLUTIONS": "64x64", "NEURON_APP_DEFAULT_RESOLUTION": "64x64"}
-    done = subprocess.run(
-        [sys.executable, "-c", NO_OTEL % {"app": str(ROOT / "app.py")}],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "HEAVY" not in done.stdout
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "requirements-tracing.txt" in lines[0], done.stderr
+    lines = start_guarded(NO_OTEL, tmp_path, port, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
+    assert len(lines) == 1 and "requirements-tracing.txt" in lines[0], lines

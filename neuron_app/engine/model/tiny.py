@@ -11,6 +11,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -181,14 +182,13 @@ def build_pipeline(recipe: TinyRecipe) -> Any:
     )
 
 
-def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
-    """Build and save the pipeline into `folder` (written to a temp folder, then renamed)."""
-    pipe = build_pipeline(recipe)
+def write_staged(folder: Path, write: Callable[[Path], None]) -> None:
+    """`write(staging)` into a temporary folder beside `folder`, then renamed to it: a crash leaves no half model,
+    and of two processes building at once one wins the rename and the other keeps its result."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=folder.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        pipe.save_pretrained(staging)
-        (staging / "tiny_recipe.json").write_text(json.dumps(asdict(recipe) | {"version": RECIPE_VERSION}))
+        write(staging)
         staging.rename(folder)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
@@ -197,6 +197,17 @@ def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def build_tiny(folder: Path, recipe: TinyRecipe) -> None:
+    """Build and save the pipeline into `folder` (written to a temp folder, then renamed)."""
+    pipe = build_pipeline(recipe)
+
+    def write(staging: Path) -> None:
+        pipe.save_pretrained(staging)
+        (staging / "tiny_recipe.json").write_text(json.dumps(asdict(recipe) | {"version": RECIPE_VERSION}))
+
+    write_staged(folder, write)
 
 
 def ensure_tiny(models_dir: Path, variant: str = "tiny") -> Path:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -36,22 +34,12 @@ def folder_name(model: str) -> str:
 
 
 def ensure_random(models_dir: Path, model: str) -> Path:
-    """The folder of `model`, built on first use (in a staging folder, then renamed: a crash leaves no half folder)."""
+    """The folder of `model`, built on first use (staged, then renamed: a crash leaves no half folder)."""
+    from neuron_app.engine.model.tiny import write_staged
+
     folder = models_dir / folder_name(model)
-    if (folder / "model_index.json").is_file():
-        return folder
-    models_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{model}-", dir=models_dir))
-    try:
-        build(staging, RANDOM_MODELS[model])
-        staging.rename(folder)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (folder / "model_index.json").is_file():  # another process did not win the race either
-            raise
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    if not (folder / "model_index.json").is_file():
+        write_staged(folder, lambda staging: build(staging, RANDOM_MODELS[model]))
     return folder
 
 

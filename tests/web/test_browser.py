@@ -296,7 +296,8 @@ def test_dropdown_and_table_agree_before_and_after_a_restart(browser: Any, tmp_p
         import httpx
 
         served = {c.get("props", {}).get("elem_id"): c["props"] for c in httpx.get(url + "config").json()["components"]}
-        assert "loaded in" in served["status"]["value"] and "(0 B)" not in served["status"]["value"]
+        assert "loaded in" in served["status"]["value"] and "(0 B;" not in served["status"]["value"]
+        assert "`/@cache` (" in served["status"]["value"] and "NEURON_APP_CACHE_DIR" in served["status"]["value"]
         assert any(label.startswith("64x64 - precompiled") for label, _value in served["resolution"]["choices"])
         page = open_page(browser, url)
         status = page.locator("#status")

@@ -150,10 +150,15 @@ def status_markdown(status: ManagerStatus) -> str:
         f" / {status.compile_backend} · **TP** {status.tp_degree} · **fallback** {status.fallback or '-'}\n\n"
         f"**Model** `{status.model}` ({model_state}) · **graphs compiled** {status.compiles}"
         f"{compile_less_markdown(status)}{warm_line}\n\n"
-        f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}) · fingerprint `{status.fingerprint}`"
+        f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}; {CACHE_NOTE})"
+        f" · fingerprint `{status.fingerprint}`"
         f"{remote_markdown(status)}"
         f"{lora_markdown(status)}{safety_markdown(status)}{neuron_markdown(status)}"
     )
+
+
+#: Answers show the cache folder as `/@cache` (the door rewrites server paths on the way out): say what it is.
+CACHE_NOTE = "the cache folder, NEURON_APP_CACHE_DIR: ~/.cache/neuron-app unless set"
 
 
 def neuron_markdown(status: ManagerStatus) -> str:

@@ -166,6 +166,7 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
         "enable_monitoring": False,  # Gradio's /monitoring told anyone every function's counts and timings
         "run_history": settings.run_history_on,  # off where others can reach it, unless chosen (docs/sharing.md)
         "_frontend": False,  # Gradio's own check of its page gives up too soon on a busy host: `wait_for_page`
+        "css": getattr(app.demo, "page_css", None),  # the page's own layout fixes (web/page/ui.py)
     }
     kwargs.update(overrides)
     result = app.demo.launch(**kwargs)

@@ -424,3 +424,20 @@ def test_stop_ends_the_generation_at_the_next_step_and_the_next_one_needs_no_com
         assert "compile_s 0.0" in info.inner_text() and app.manager.status().compiles == compiles
     finally:
         page.close()
+
+
+def test_one_image_in_the_history_is_a_thumbnail_not_a_band(browser: Any, launch_tiny: Any) -> None:
+    """The first hour's item 11: Gradio's gallery gave a lone image the whole row (a square as wide as the page,
+    cropped to a band); the history keeps its six columns from the first image on."""
+    app = launch_tiny()
+    page = open_page(browser, app.url)
+    try:
+        page.locator("#prompt textarea").fill("a red kite over dunes")
+        page.locator("#generate").click()
+        page.locator("#history .thumbnail-item").first.wait_for()
+        image = page.locator("#history .thumbnail-item").first.bounding_box()
+        gallery = page.locator("#history").bounding_box()
+        assert image and gallery and image["width"] < gallery["width"] / 4, (image, gallery)
+        assert image["height"] <= gallery["height"], (image, gallery)  # whole, not cropped by the panel
+    finally:
+        page.close()

@@ -11,6 +11,9 @@ from typing import Any
 import gradio as gr
 
 #: The most images the history keeps (the oldest drop out).
+#: Gradio's gallery lays out as many columns as it has images: one image alone spanned the row, a square as wide as
+#: the page cropped to a band. The history keeps its six columns from the first image on (given to launch()).
+CSS = "#history .grid-container { grid-template-columns: repeat(6, minmax(100px, 1fr)) !important; }"
 KEEP = 50
 
 

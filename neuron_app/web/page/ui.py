@@ -323,4 +323,5 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         }
 
     demo.first_render = first_render  # type: ignore[attr-defined]
+    demo.page_css = history.CSS  # type: ignore[attr-defined]
     return demo

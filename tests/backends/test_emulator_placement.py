@@ -123,7 +123,7 @@ def test_hbm_per_core_follows_the_instance_and_its_lnc() -> None:
 
     assert hbm_per_core_gib({}) == 24.0  # trn2.3xlarge at LNC=2: 96 GiB over 4 logical cores
     assert hbm_per_core_gib({"NEURON_LOGICAL_NC_CONFIG": "1"}) == 12.0  # 8 cores: too small for klein-4B's weights
-    assert hbm_per_core_gib({"NEURON_EMULATOR_INSTANCE": "trn1.32xlarge"}) == 16.0
+    assert hbm_per_core_gib({"NEURON_EMULATOR_INSTANCE": "trn2.48xlarge"}) == 24.0  # 16 chips, the same per core
     assert hbm_per_core_gib({"NEURON_EMULATOR_HBM_GIB": "2", "NEURON_LOGICAL_NC_CONFIG": "1"}) == 2.0
 
 

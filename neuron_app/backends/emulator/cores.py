@@ -32,11 +32,10 @@ INSTANCE_VAR = "NEURON_EMULATOR_INSTANCE"
 CORES_DIR_VAR = "NEURON_EMULATOR_CORES_DIR"
 LNC_VAR = "NEURON_LOGICAL_NC_CONFIG"
 DEFAULT_INSTANCE = "trn2.3xlarge"
-#: Instance -> (chips, physical NeuronCores per chip, whether LNC groups them): AWS's Trn1 and Trn2 architecture
-#: pages (Trainium: 2 NeuronCore-v2; Trainium2: 8 NeuronCore-v3, grouped by LNC, default 2).
+#: Instance -> (chips, physical NeuronCores per chip, whether LNC groups them): AWS's Trn2 architecture page
+#: (Trainium2: 8 NeuronCore-v3, grouped by LNC, default 2). Trn2 only: TorchNeuron, what the app serves with,
+#: runs on Trn2 and Trn3, and no Trn1 instance is offered anywhere (tests/test_deploy.py).
 INSTANCES: dict[str, tuple[int, int, bool]] = {
-    "trn1.2xlarge": (1, 2, False),
-    "trn1.32xlarge": (16, 2, False),
     "trn2.3xlarge": (1, 8, True),
     "trn2.48xlarge": (16, 8, True),
 }

@@ -252,6 +252,9 @@ class ManagerStatus:
     #: The two stages of a request (engine/output/postprocess.py): {"device": {waiting, running, served, median_s,
     #: idle_fraction}, "post": {workers, waiting, running, done, failed, seconds}}.
     stages: dict[str, Any] = field(default_factory=dict)
+    #: `python -m neuron_app plan` for this model at its shapes and TP on trn2, measured before any compile
+    #: ("1024x1024: fits, 14.7 of 24 GiB per core (together), floor 0.92 s per image; ..."); None when not planned.
+    plan: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -88,4 +88,18 @@ def build_status(manager: Any) -> ManagerStatus:
             neuron_rules=manager.backend.rules_status(),
             safety=manager.safety.snapshot(),
             stages=manager.post.snapshot(manager._device_lock),
+            plan=_plan_line(manager).text(),
         )
+
+
+def _plan_line(manager: Any) -> Any:
+    """The manager's `PlanLine`, made on its first status read (the real model's figures, from fake tensors)."""
+    line = manager.__dict__.get("_plan_line")
+    if line is None:
+        from neuron_app.engine.model.real.plan import PlanLine
+
+        settings = manager.settings
+        line = manager.__dict__.setdefault(
+            "_plan_line", PlanLine(settings.model, list(settings.resolutions), settings.tp_degree)
+        )
+    return line

@@ -71,6 +71,7 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         stages=_merged_stages([s.stages for s in statuses if s.stages]),
         eager_compiles=sum(s.eager_compiles for s in statuses),
         neuron_rules=_merged_rules([s.neuron_rules for s in statuses if s.neuron_rules]),
+        plan=next((s.plan for s in statuses if s.plan), None),  # one model, one plan: any replica's line
     )
 
 

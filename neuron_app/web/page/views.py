@@ -153,8 +153,14 @@ def status_markdown(status: ManagerStatus) -> str:
         f"**Cache** `{status.cache_dir}` ({_human_bytes(status.cache_size_bytes)}; {CACHE_NOTE})"
         f" · fingerprint `{status.fingerprint}`"
         f"{remote_markdown(status)}"
+        f"{plan_markdown(status)}"
         f"{lora_markdown(status)}{safety_markdown(status)}{neuron_markdown(status)}"
     )
+
+
+def plan_markdown(status: ManagerStatus) -> str:
+    """What the real model needs per core and how fast it can be, from `plan`, before any compile."""
+    return f"\n\n**Plan** (trn2, TP {status.tp_degree}) {status.plan}" if status.plan else ""
 
 
 #: Answers show the cache folder as `/@cache` (the door rewrites server paths on the way out): say what it is.

@@ -130,3 +130,24 @@ def test_bad_input_is_refused_in_one_line(args: list[str], says: str) -> None:
     )
     assert done.returncode == 2 and not done.stdout
     assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_status_shows_the_plan_of_the_served_model_before_any_compile(make_settings: Any) -> None:
+    """Issue 43: the page's status says what the served model needs per core and its floor, from `plan`, measured
+    on its own thread (a status read never waits for it); a tiny model has no plan line."""
+    from neuron_app.engine.manager import PipelineManager
+    from neuron_app.web.page.views import status_markdown
+
+    manager = PipelineManager(
+        make_settings(
+            model="black-forest-labs/FLUX.2-klein-4B", resolutions=["1024x1024"], default_resolution="1024x1024"
+        )
+    )
+    manager.status()  # the first read starts the measurement
+    assert manager._plan_line.done.wait(300)
+    status = manager.status()
+    assert status.plan.startswith("1024x1024: fits, 14.7 of 24 GiB per core"), status.plan
+    assert "floor 0.92 s per image" in status.plan and "**Plan** (trn2, TP 1) 1024x1024" in status_markdown(status)
+    assert not status.loaded and status.compiles == 0  # before any load or compile
+    tiny = PipelineManager(make_settings())
+    assert tiny.status().plan is None and "**Plan**" not in status_markdown(tiny.status())

@@ -224,3 +224,39 @@ def served(model: str, resolutions: list[str], tp: int, family: str) -> tuple[bo
         for r in rows
     ]
     return all(r["fits"] for r in rows), f"{model} on {family} at TP {tp}: " + "; ".join(words)
+
+
+class PlanLine:
+    """The page's status line of `plan` for the served model (trn2, the configured shapes and TP): measured once,
+    on a thread of its own (seconds of CPU on fake tensors), never on a status read; None until then, and for a
+    model the plan does not know."""
+
+    def __init__(self, model: str, resolutions: list[str], tp: int) -> None:
+        import threading
+
+        from neuron_app.engine.model.real.catalog import ALIASES
+
+        self._text: str | None = None
+        self._args = (model, resolutions, tp)
+        self._started = threading.Event()
+        self.done = threading.Event()  # measured (or given up): the status carries the line from now on
+        self.planned = any(k.lower() == model.strip().lower() for k in ALIASES)
+
+    def text(self) -> str | None:
+        if self.planned and not self._started.is_set():
+            import threading
+
+            self._started.set()
+            threading.Thread(target=self._measure, name="plan-line", daemon=True).start()
+        return self._text
+
+    def _measure(self) -> None:
+        model, resolutions, tp = self._args
+        try:
+            found = served(model, resolutions, tp, "trn2")
+            if found is not None:
+                self._text = found[1].split(": ", 1)[1] if ": " in found[1] else found[1]
+        except Exception as exc:  # a status line, never a failure of the server
+            self._text = f"not measured ({type(exc).__name__})"
+        finally:
+            self.done.set()

@@ -27,7 +27,9 @@ _memories: dict[int, Any] = {}  # HBM capacity -> this process's core memory (pl
 def _core_memory(capacity: int) -> Any:
     from neuron_app.backends.emulator.placement import DeviceMemory
 
-    return _memories.setdefault(capacity, DeviceMemory(capacity))
+    if capacity not in _memories:
+        _memories[capacity] = DeviceMemory(capacity)
+    return _memories[capacity]
 
 
 class NeuronEmulatedBackend(NeuronBackend):

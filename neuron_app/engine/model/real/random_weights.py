@@ -73,10 +73,10 @@ def _draw(name: str, shape: tuple[int, ...]) -> Any:
         generator = torch.Generator().manual_seed(0)
         _pool.append((torch.randn(POOL_VALUES, generator=generator) * STD).to(torch.bfloat16))
     pool, count = _pool[0], _numel(shape)
-    start = zlib.crc32(name.encode()) % POOL_VALUES
-    rolled = torch.cat([pool[start:], pool[:start]])
-    repeats = -(-count // POOL_VALUES)
-    return (rolled.repeat(repeats) if repeats > 1 else rolled)[:count].reshape(shape).clone()
+    if count > POOL_VALUES:  # the few tensors past the pool (embeddings, the widest projections): the pool repeated
+        return pool.repeat(-(-count // POOL_VALUES))[:count].reshape(shape)
+    start = zlib.crc32(name.encode()) % (POOL_VALUES - count + 1)  # each tensor its own window of the pool
+    return pool[start : start + count].reshape(shape).clone()
 
 
 def _write_weights(module: Any, folder: Path, stem: str, index_name: str) -> int:

@@ -49,6 +49,12 @@ MAX_STOP_NOTES = 1000
 TEMP_FILE_MAX_AGE_S = 3600
 
 
+def keep_newest(per_session: dict[Any, Any]) -> None:
+    """At most MAX_STOP_NOTES sessions' entries: the oldest go (sessions that left never come back for theirs)."""
+    while len(per_session) > MAX_STOP_NOTES:
+        per_session.pop(next(iter(per_session)))
+
+
 def build_ui(manager: Manager, images: ImageStore, access: Access | None = None) -> gr.Blocks:
     settings = manager.settings
     access = access or Access(settings)  # the per-address page limit and the content-refusal counts
@@ -120,6 +126,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
     def seen_by(session: str | None, forward: ProgressCallback) -> ProgressCallback:
         def on_event(event: ProgressEvent) -> None:
             steps_seen[session] = event
+            keep_newest(steps_seen)  # a request whose page left without Stop leaves its last event here
             forward(event)
 
         return on_event
@@ -130,8 +137,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         session = request.session_hash if request is not None else None
         event = steps_seen.pop(session, None)
         note = stop_notes[session] = stopped_markdown(event)
-        while len(stop_notes) > MAX_STOP_NOTES:  # sessions that left: the oldest note goes
-            stop_notes.pop(next(iter(stop_notes)))
+        keep_newest(stop_notes)  # sessions that left: the oldest note goes
         return (gr.update() if event is None else []), note  # no preview left as if it were kept
 
     def choices_for(status: ManagerStatus, buckets: list[str] | None) -> list[tuple[str, str]]:

@@ -18,6 +18,7 @@ running its forward at 1024x1024 costs a second and no memory. What is read off 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,18 +47,24 @@ def _mode() -> Any:
     return FakeTensorMode()
 
 
+#: One measurement at a time in a process: the fake mode is made once, and the default dtype is process-wide (two
+#: threads measuring at once made two modes, and "Mixing fake modes" failed the second).
+_MEASURING = threading.RLock()
+
+
 @contextmanager
 def _fake(dtype_name: str = "bfloat16"):
     """Inside the fake mode, with `dtype_name` as the default dtype (what the weights are built in), restored after."""
     import torch
 
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, dtype_name))
-    try:
-        with _mode(), torch.no_grad():
-            yield
-    finally:
-        torch.set_default_dtype(before)
+    with _MEASURING:
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(getattr(torch, dtype_name))
+        try:
+            with _mode(), torch.no_grad():
+                yield
+        finally:
+            torch.set_default_dtype(before)
 
 
 def _storage_key(tensor: Any) -> tuple[Any, int]:

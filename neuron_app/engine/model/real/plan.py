@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from neuron_app.engine.model.real.catalog import GIB, Instance, check_tp, instance, load_spec, spec_name
@@ -217,13 +218,16 @@ def served(model: str, resolutions: list[str], tp: int, family: str) -> tuple[bo
         return None
     inst = instance(family)
     rows = [plan_one(spec, model, Resolution.parse(shape), tp, inst) for shape in resolutions]
-    words = [
+    return all(r["fits"] for r in rows), f"{model} on {family} at TP {tp}: " + "; ".join(_words(r) for r in rows)
+
+
+def _words(r: dict[str, Any]) -> str:
+    """One planned shape in words: "1024x1024: fits, 14.7 of 24 GiB per core (together), floor 0.92 s per image"."""
+    return (
         f"{r['shape']}: {'fits' if r['fits'] else 'does NOT fit'}, {r['total_gib_per_core']:.1f} of "
         f"{r['hbm_gib_per_core']:g} GiB per core ({r['placement']['name']}), floor {r['floor_s_per_image']:.2f} s "
         "per image"
-        for r in rows
-    ]
-    return all(r["fits"] for r in rows), f"{model} on {family} at TP {tp}: " + "; ".join(words)
+    )
 
 
 class PlanLine:
@@ -251,12 +255,20 @@ class PlanLine:
         return self._text
 
     def _measure(self) -> None:
+        """`python -m neuron_app plan --json` in a process of its own: the measurement sets torch's process-wide
+        default dtype and holds the CPU for seconds, neither of which the serving process should share."""
+        import subprocess
+        import sys
+
         model, resolutions, tp = self._args
+        command = [sys.executable, "-m", "neuron_app", "plan", "--model", model, "--tp", str(tp), "--instance", "trn2"]
+        command += [word for shape in resolutions for word in ("--shape", shape)] + ["--json"]
         try:
-            found = served(model, resolutions, tp, "trn2")
-            if found is not None:
-                self._text = found[1].split(": ", 1)[1] if ": " in found[1] else found[1]
-        except Exception as exc:  # a status line, never a failure of the server
+            root = Path(__file__).resolve().parents[4]  # where `neuron_app` imports from, whatever the cwd
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True, cwd=root)
+            rows = json.loads(done.stdout)
+            self._text = "; ".join(_words(r) for r in rows)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:  # a status line, never a server failure
             self._text = f"not measured ({type(exc).__name__})"
         finally:
             self.done.set()

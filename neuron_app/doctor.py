@@ -1,11 +1,10 @@
 """`python -m neuron_app doctor`: the first command to run on a new trn instance.
 
-One verdict per check (ok / problem with its fix, or info), exit 0 only when serving on the
-neuron device would work. `--stack` checks the installed software only (no device, no instance,
-no cache volume): what an image build can check, including that `torch_neuronx` really imports (in a
-subprocess, so an unloadable wheel fails the build). Nothing here reaches the network, and torch is
-imported only when a TorchNeuron package is installed (after the environment is exported, as the
-app does it); any failure becomes a problem line, never a traceback.
+One verdict per check (ok / problem with its fix, or info), exit 0 only when serving on the neuron device would
+work. `--stack` checks the installed software only (no device, no instance, no cache volume): what an image build
+can check, including that `torch_neuronx` really imports (in a subprocess, so an unloadable wheel fails the build).
+Nothing here reaches the network, and torch is imported only when a TorchNeuron package is installed (after the
+environment is exported, as the app does it); any failure becomes a problem line, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from neuron_app.environment import dist_version
+from neuron_app.errors import RequestError
 
 Verdict = Literal["ok", "problem", "info"]
 
@@ -354,18 +354,22 @@ def run_checks(stack_only: bool = False) -> list[Check]:
 
 
 def check_plan(settings: Any) -> Check:
-    """Will the served model fit at the configured shapes and TP, and how fast can it be: `plan`'s figures for this
-    instance (trn2 when it is not one), measured on fake tensors before anything compiles."""
-    from neuron_app.engine.model.real.plan import served
+    """`plan` for the served model, shapes, TP and placement on this instance (trn2 when not one) at its LNC, before
+    any compile; when it does not fit, the fix names the placement setting that would (the fifth review's U1)."""
+    from neuron_app.engine.model.real.served import served
 
     family = (read_instance_type() or "").split(".")[0].lower()
-    family = family if family.startswith(SUPPORTED_INSTANCES) else "trn2"
-    found = served(settings.model, list(settings.resolutions), settings.tp_degree, family[:4])
+    family = family[:4] if family.startswith(SUPPORTED_INSTANCES) else "trn2"
+    try:  # RequestError: a NEURON_LOGICAL_NC_CONFIG the chip does not take
+        found = served(settings.model, list(settings.resolutions), settings.tp_degree, family, settings.placement)
+    except RequestError as exc:
+        return Check("plan", "problem", str(exc), "set NEURON_LOGICAL_NC_CONFIG to 1 or 2 (2 is the default)")
     if found is None:
         return Check("plan", "info", f"{settings.model}: not a model the plan knows (python -m neuron_app plan)")
-    fits, words = found
+    words, would = f"{found['words']} (placement={settings.placement})", found["would"]
     fix = "raise tp_degree, or serve fewer or smaller shapes (python -m neuron_app plan --tp N)"
-    return Check("plan", "ok", words) if fits else Check("plan", "problem", words, fix)
+    fix = fix if would is None else f"set NEURON_APP_PLACEMENT={would} (or auto)"
+    return Check("plan", "ok", words) if found["fits"] else Check("plan", "problem", words, fix)
 
 
 def render(checks: list[Check]) -> str:

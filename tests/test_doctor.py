@@ -223,6 +223,21 @@ def test_the_doctor_says_before_any_compile_whether_the_served_model_fits_and_it
     real = load_settings(model="black-forest-labs/FLUX.2-klein-4B", resolutions=["1024x1024"])
     check = check_plan(real)
     assert check.verdict == "ok" and "on trn2 at TP 1" in check.found, check
-    assert "1024x1024: fits, 14.7 of 24 GiB per core" in check.found and "floor 0.9" in check.found
+    assert "1024x1024: fits, 14.9 of 24 GiB per core (together)" in check.found and "floor 0.9" in check.found
     tiny = check_plan(load_settings(model="tiny", device="cpu"))
     assert tiny.verdict == "info" and "not a model the plan knows" in tiny.found
+
+
+def test_the_doctor_says_problem_for_a_placement_that_does_not_fit_and_names_the_one_that_would() -> None:
+    """The fifth review's U1: klein-9B with everything on one trn2 core is 27.9 GiB of weights. `doctor` said ok
+    (the plan placed the text encoder apart, which the app could not do); now the configured placement is what is
+    planned, a problem when it does not fit, with the setting that would; `auto` serves that one and is ok."""
+    from neuron_app.doctor import check_plan
+    from neuron_app.settings import load_settings
+
+    nine = {"model": "black-forest-labs/FLUX.2-klein-9B", "resolutions": ["1024x1024"]}
+    together = check_plan(load_settings(**nine, placement="together"))
+    assert together.verdict == "problem" and "does NOT fit" in together.found, together
+    assert together.fix == "set NEURON_APP_PLACEMENT=text-encoder-apart (or auto)"
+    auto = check_plan(load_settings(**nine))
+    assert auto.verdict == "ok" and "(text-encoder-apart)" in auto.found and "placement=auto" in auto.found

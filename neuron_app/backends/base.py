@@ -108,7 +108,7 @@ class DeviceBackend(ABC):
     def configure(self, settings: Any) -> None:  # noqa: B027 (optional hook)
         """Take the settings that concern this backend (the emulator's rule mode)."""
 
-    def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:
+    def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = (), placement: Any = None) -> None:
         """After loading: the pipeline is on the device (the emulator marks its weights and graphs). A sharded
         transformer's share is logged: what tells each rank's slice from a replicated copy."""
         from neuron_app.backends.emulator.device import shard_report
@@ -185,6 +185,23 @@ class DeviceBackend(ABC):
 
     def torch_device(self) -> str:
         return self.name
+
+    def core_ids(self) -> list[int] | None:
+        """The cores (GPUs) this process holds, in device-index order, for the `placement` setting; None where the
+        device has no indices (CPU: placement does not apply)."""
+        return None
+
+    def torch_device_at(self, index: int) -> str:
+        """The torch device of index `index` of the cores this process holds (`neuron:1`, `cuda:1`)."""
+        return self.torch_device()
+
+    def memory_gib_per_core(self) -> float | None:
+        """What one core holds, for `placement = "auto"`; None: the instance's published figure (the plan's)."""
+        return None
+
+    def plan_family(self) -> str:
+        """The Trainium family the plan measures `auto` against (trn2 where the instance is not one)."""
+        return "trn2"
 
     def prepare_cache(self, cache_dir: Path) -> None:
         """Point the compiler's persistent cache into `cache_dir`; runs before torch is imported."""

@@ -29,3 +29,16 @@ class CudaBackend(DeviceBackend):
         import torch
 
         torch.cuda.synchronize()
+
+    def core_ids(self) -> list[int] | None:
+        import torch
+
+        return list(range(torch.cuda.device_count()))
+
+    def torch_device_at(self, index: int) -> str:
+        return f"cuda:{index}"
+
+    def memory_gib_per_core(self) -> float | None:
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory / 2**30

@@ -237,6 +237,28 @@ class NeuronBackend(DeviceBackend):
                 "processes? run python -m neuron_app doctor"
             )
 
+    def core_ids(self) -> list[int] | None:
+        """The runtime's NeuronCores behind `neuron:0`, `neuron:1`, ...: NEURON_RT_VISIBLE_CORES' range, else the
+        first `device_count()` (TorchNeuron counts the visible logical cores)."""
+        from neuron_app.environment import VISIBLE_CORES_VAR, parse_cores
+
+        visible = os.environ.get(VISIBLE_CORES_VAR, "").strip()
+        if visible:
+            first, last = parse_cores(visible)
+            return list(range(first, last + 1))
+        return list(range(neuron_device_count()))
+
+    def torch_device_at(self, index: int) -> str:
+        return f"neuron:{index}"
+
+    def plan_family(self) -> str:
+        try:  # the EC2 instance type, as doctor reads it (no network call)
+            found = Path("/sys/devices/virtual/dmi/id/product_name").read_text(errors="replace")
+        except OSError:
+            found = ""
+        family = found.strip().split(".")[0].lower()
+        return family[:4] if family.startswith(("trn2", "trn3")) else "trn2"
+
     def prepare_cache(self, cache_dir: Path) -> None:
         super().prepare_cache(cache_dir)
         from neuron_app.environment import NEFF_CACHE_VAR, neff_cache_dir, set_unless_user

@@ -68,6 +68,17 @@ class NeuronEmulatedBackend(NeuronBackend):
     def torch_device(self) -> str:
         return "cpu"  # the emulator marks what is "on the device" (adopt)
 
+    def core_ids(self) -> list[int] | None:
+        """The emulated NeuronCores this process holds: `neuron:0` is the first (`emulator/numbering.py`)."""
+        return list(self.cores) or [0]
+
+    def torch_device_at(self, index: int) -> str:
+        return "cpu"  # `adopt` puts each component's storages on its core's account
+
+    def memory_gib_per_core(self) -> float | None:
+        """The emulated bank (NEURON_EMULATOR_HBM_GIB lowers it: real-size placements rehearsed on a small host)."""
+        return self.emulator.hbm_bytes / 2**30
+
     def synchronize(self) -> None:
         """Wait for the emulated compile queue (its counters land, `emulator/cache.py`); what the emulator latched
         (an asynchronous device failure) surfaces here."""
@@ -106,22 +117,25 @@ class NeuronEmulatedBackend(NeuronBackend):
         return self._emulator
 
     # --- the device ------------------------------------------------------------------------------
-    def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = ()) -> None:
-        """`pipe.to("neuron")`: every component's weights on the device, compiled callables as device graphs."""
+    def adopt(self, pipe: Any, host_modules: tuple[Any, ...] = (), placement: Any = None) -> None:
+        """`pipe.to("neuron")`, or each component to its own `neuron:N` (`placement`): weights on their core,
+        compiled callables as device graphs."""
         super().adopt(pipe, host_modules)
         em = self.emulator
-        for component in pipe.components.values():
+        for name, component in pipe.components.items():
             if hasattr(component, "parameters"):
-                self.adopt_module(component)
+                index = placement.index_of(name) if placement is not None and placement.name else 0
+                self.adopt_module(component, index)
         for module in host_modules:
             em.place(list(module.parameters()) + list(module.buffers()), False)
         decoder = getattr(getattr(pipe.vae, "decode", None), "__self__", None)
         if getattr(decoder, "compiled", False):
             decoder._tile_fn = self.wrap_graph(decoder._tile_fn, "vae_tile")
 
-    def adopt_module(self, module: Any) -> None:
-        """`module.to("neuron")`: its weights on the device, its compiled callables (`module.compile`) device graphs."""
-        self.emulator.adopt(module)
+    def adopt_module(self, module: Any, index: int = 0) -> None:
+        """`module.to("neuron:N")`: its weights on that core, its compiled callables (`module.compile`) device
+        graphs."""
+        self.emulator.adopt(module, index) if index else self.emulator.adopt(module)
         for sub in module.modules():
             impl = getattr(sub, "_compiled_call_impl", None)
             if impl is not None:

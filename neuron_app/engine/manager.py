@@ -25,6 +25,8 @@ from neuron_app.engine.cache.prompt_cache import PromptCache
 from neuron_app.engine.compile.compiler import CountingBackend, apply_compile, recompile_room
 from neuron_app.engine.compile.shape_compiler import ShapeCompiler
 from neuron_app.engine.compile.warmup import Warmup
+from neuron_app.engine.identity import BATCH_SIZE, fingerprint_fields
+from neuron_app.engine.model import placement
 from neuron_app.engine.model.loader import ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.model.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.model.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
@@ -44,14 +46,13 @@ from neuron_app.engine.requests import Request
 from neuron_app.engine.status_view import build_status
 from neuron_app.engine.steps import StepEvents
 from neuron_app.engine.trust.safety import SafetyChecker
-from neuron_app.environment import dist_version
 from neuron_app.errors import Cancelled, GenerationFailed, ModelLoadError, RequestError, one_line, rule_of
 from neuron_app.settings import Settings, get_settings
 from neuron_app.shapes import GraphKey, Resolution
 
 log = logging.getLogger(__name__)
 
-BATCH_SIZE = 1
+__all__ = ["BATCH_SIZE", "PipelineManager", "get_manager"]
 
 
 class PipelineManager(ShapeCompiler, Admitted):
@@ -66,6 +67,10 @@ class PipelineManager(ShapeCompiler, Admitted):
         self.compile_backend = settings.compile_backend or self.backend.default_compile_backend
         self.dtype_name = self.backend.default_dtype if settings.dtype == "auto" else settings.dtype
         self.source: ModelSource = resolve_source(settings)
+        tp = settings.tp_degree
+        self.core_ids = None if tp > 1 else self.backend.core_ids()  # under torchrun: one core per rank
+        held = None if self.core_ids is None else len(self.core_ids)
+        self.placement = placement.resolve(settings.placement, held, self.core_ids, tp)  # refused here if short
         self.vae_on_host = settings.vae_device == "cpu"  # decode on the host: no VAE graph, no tiles
         tiles_by_default = self.backend.tiles_vae_by_default
         self.vae_compiled = not self.vae_on_host and vae_compiled(settings.vae_compile, tiles_by_default)
@@ -101,26 +106,7 @@ class PipelineManager(ShapeCompiler, Admitted):
 
     # --- identity --------------------------------------------------------------------------
     def _fingerprint_fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {
-            "model": self.source.identity,
-            "dtype": self.dtype_name,
-            "device": self.backend.name,
-            "compile_mode": self.settings.compile_mode,
-            "compile_backend": self.compile_backend,
-            "max_sequence_length": self.settings.max_sequence_length,
-            "batch_size": BATCH_SIZE,
-            "tp_degree": self.settings.tp_degree,
-            "torch": dist_version("torch") or "absent",
-            "diffusers": dist_version("diffusers") or "absent",
-        }
-        if self.vae_compiled:
-            fields["vae_tile"] = f"{self.settings.vae_tile}/{self.settings.vae_tile_overlap}"
-        if self.vae_on_host:
-            fields["vae_device"] = "cpu"
-        if lora := self.adapters.fingerprint():
-            fields["lora"] = lora
-        fields.update(self.backend.fingerprint_fields())  # neuron: SDK versions, NEURON_CC_FLAGS, logical cores
-        return fields
+        return fingerprint_fields(self)
 
     def graph_key(self, res: Resolution, references: Sequence[Resolution] = ()) -> GraphKey:
         # Where eager ops compile per shape (Neuron), the glue between the transformer and the decoder (latent
@@ -188,6 +174,7 @@ class PipelineManager(ShapeCompiler, Admitted):
             try:
                 import torch
 
+                self._choose_placement()
                 pipe = load_pipeline(
                     self.settings,
                     self.source,
@@ -195,6 +182,8 @@ class PipelineManager(ShapeCompiler, Admitted):
                     getattr(torch, self.dtype_name),
                     tp_mesh=getattr(self.lockstep, "mesh", None),
                     sharded_load=self.backend.sharded_load,
+                    placement=self.placement,
+                    device_at=self.backend.torch_device_at,
                 )
                 self.adapters.prepare(pipe)  # the LoRA slot goes in before compiling
                 apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)
@@ -204,7 +193,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                     install_tiled_decode(pipe, spec, self.vae_counter)
                 elif self.vae_on_host:
                     host = install_host_decode(pipe).modules
-                self.backend.adopt(pipe, host)  # the emulator: weights and compiled graphs are on the device
+                self.backend.adopt(pipe, host, self.placement)  # the emulator: weights and graphs on their cores
                 self.adapters.synchronize = self.backend.synchronize
                 with self.backend.device_work():
                     self.adapters.warm()
@@ -230,6 +219,13 @@ class PipelineManager(ShapeCompiler, Admitted):
                 self._load_s,
             )
             return pipe
+
+    def _choose_placement(self) -> None:
+        """`placement = "auto"`: the plan's first fitting placement, decided once, at the first load."""
+        if self.placement.name is None and self.core_ids is not None:
+            chosen = placement.choose(self.settings, self.core_ids, self.backend)
+            with self._state_lock:
+                self.placement = chosen
 
     # --- device work -------------------------------------------------------------------------------
     def _execute(self, call: PipelineCall, on_step: Callable[[int, int], None] | None = None) -> Any:

@@ -143,6 +143,8 @@ class GenerationRecord:
     device_s: float = 0.0  # holding the device: this request's compile (or graph load) and its generation
     #: size_policy nearest: the size the image was resized and cropped to from `resolution` (engine/modes/sizing.py).
     resized_to: str | None = None
+    #: Which cores held which component for this image: {"name", "cores": {"transformer": [..], ...}} (placement).
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def info(self) -> dict[str, Any]:
         """The JSON-able record the API returns next to the image, with its `usage`."""
@@ -255,6 +257,9 @@ class ManagerStatus:
     #: `python -m neuron_app plan` for this model at its shapes and TP on trn2, measured before any compile
     #: ("1024x1024: fits, 14.7 of 24 GiB per core (together), floor 0.92 s per image; ..."); None when not planned.
     plan: str | None = None
+    #: The `placement` setting at work: {"name", "setting", "cores": {"transformer": [..], "text_encoder": [..],
+    #: "vae": [..]}, "why"}; name None while `auto` has not chosen (it chooses at load).
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -89,6 +89,7 @@ def build_status(manager: Any) -> ManagerStatus:
             safety=manager.safety.snapshot(),
             stages=manager.post.snapshot(manager._device_lock),
             plan=_plan_line(manager).text(),
+            placement=manager.placement.view(),
         )
 
 
@@ -96,10 +97,10 @@ def _plan_line(manager: Any) -> Any:
     """The manager's `PlanLine`, made on its first status read (the real model's figures, from fake tensors)."""
     line = manager.__dict__.get("_plan_line")
     if line is None:
-        from neuron_app.engine.model.real.plan import PlanLine
+        from neuron_app.engine.model.real.served import PlanLine
 
         settings = manager.settings
         line = manager.__dict__.setdefault(
-            "_plan_line", PlanLine(settings.model, list(settings.resolutions), settings.tp_degree)
+            "_plan_line", PlanLine(settings.model, list(settings.resolutions), settings.tp_degree, settings.placement)
         )
     return line

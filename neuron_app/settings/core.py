@@ -82,6 +82,11 @@ class Settings(
                 f"replicas={self.replicas} with tp_degree={self.tp_degree} is not supported: replicas are data "
                 "parallel with one model copy each; use torchrun for tensor parallelism, or set replicas=1"
             )
+        if self.tp_degree > 1 and self.placement not in ("auto", "together"):
+            raise ValueError(
+                f"placement={self.placement} with tp_degree={self.tp_degree} is not served: under torchrun each rank "
+                "holds one NeuronCore (its shard, a text encoder and a VAE), so TP serves placement=together only"
+            )
         if self.webhook_hosts:
             _check_webhook_secret(self.webhook_secret)
         return self

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_app.engine.model.placement import Placement, move
 from neuron_app.engine.model.real.random_weights import RANDOM_MODELS, ensure_random
 from neuron_app.engine.model.real.random_weights import VERSION as RANDOM_VERSION
 from neuron_app.engine.model.real.random_weights import folder_name as random_folder
@@ -90,8 +91,10 @@ def load_pipeline(
     dtype: Any,
     tp_mesh: Any = None,
     sharded_load: Callable[[Any], AbstractContextManager[None]] = lambda mesh: nullcontext(),
+    placement: Placement | None = None,
+    device_at: Callable[[int], str] | None = None,
 ) -> Any:
-    """Load `Flux2KleinPipeline` and move it to `device`.
+    """Load `Flux2KleinPipeline` and move it to `device`, or each component to its own (`placement`, `device_at`).
 
     With `tp_mesh` (tensor parallelism), the transformer is loaded sharded with `TensorParallelConfig(mesh=...)`
     inside the backend's `sharded_load`, and the other components are moved to this rank's device.
@@ -115,7 +118,9 @@ def load_pipeline(
     # A model trained here brings its own latent-to-RGB map for the live previews (engine/modes/previews.py).
     pipe.preview_rgb = read_factors(Path(source.location)) if source.is_local else None
     truncate_pipeline_encoder(pipe)  # before the move: the cut layers never reach the device
-    if tp_mesh is None:
+    if tp_mesh is None and placement is not None and placement.name not in (None, "together") and device_at:
+        move(pipe, placement, device_at)  # each component straight to its core: never all on one first
+    elif tp_mesh is None:
         pipe.to(device)
     else:
         for name in ("text_encoder", "vae"):

@@ -200,6 +200,7 @@ def finish(manager: Any, req: Any, image: Any, outcome: Any, safety: str | None 
         safety=safety,
         queue_s=round(timings["queue_s"], 4),
         device_s=round(timings["device_s"], 4),
+        placement={"name": manager.placement.name, "cores": dict(manager.placement.cores)},
     )
     output = getattr(req, "output", None) or ("png", None)  # OpenAI's output_format and output_compression
     encoded(record, Marker.for_settings(settings), *output)

@@ -28,6 +28,14 @@ class DeviceSettings(BaseModel):
         "float32 (no VAE graph to compile; what a public klein-4B Trainium port does).",
     )
 
+    placement: Literal["auto", "together", "text-encoder-apart", "text-encoder-and-vae-apart"] = Field(
+        "auto",
+        description="Which NeuronCore holds which component: together (one core), text-encoder-apart (the text "
+        "encoder on a second core), text-encoder-and-vae-apart (a third for the VAE); auto: the first that `plan` "
+        "finds fitting the served model in this device's memory, else together. Each component on its own device "
+        "index (neuron:0, neuron:1, ...; cuda:N); CPU ignores it. With TP > 1 only together is served.",
+    )
+
     tp_degree: int = Field(
         1, ge=1, description="Tensor-parallel degree (NeuronCores per model); set by torchrun's WORLD_SIZE."
     )

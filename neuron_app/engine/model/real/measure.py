@@ -162,13 +162,14 @@ def _transformer(spec: str, tp: int) -> tuple[Any, int]:
 
 
 @cache
-def transformer(spec: str, width: int, height: int, tp: int, text_tokens: int) -> Measured:
-    """One denoising step (one transformer forward) on one rank of TP `tp`."""
+def transformer(spec: str, width: int, height: int, tp: int, text_tokens: int, references: int = 0) -> Measured:
+    """One denoising step (one transformer forward) on one rank of TP `tp`. An edit's `references` (each of the
+    image's area) join the image tokens: klein attends over the image, the references and the prompt together."""
     import torch
 
     model, params = _transformer(spec, tp)
     config = model.config
-    tokens = (width // 16) * (height // 16)
+    tokens = (width // 16) * (height // 16) * (1 + references)
     with _fake():
         inputs = [
             torch.empty(1, tokens, config.in_channels),
@@ -237,4 +238,16 @@ def vae(spec: str, width: int, height: int) -> Measured:
     with _fake():
         inputs = [torch.empty(1, model.config.latent_channels, height // 8, width // 8)]
         flops, peak = _run(model, lambda: model.decode(inputs[0], return_dict=False), inputs)
+    return Measured(_params(model), _bytes(model), flops, peak)
+
+
+@cache
+def vae_encode(spec: str, width: int, height: int) -> Measured:
+    """One reference image encoded (an edit encodes each of its references once)."""
+    import torch
+
+    model = _vae(spec)
+    with _fake():
+        inputs = [torch.empty(1, 3, height, width)]
+        flops, peak = _run(model, lambda: model.encode(inputs[0], return_dict=False), inputs)
     return Measured(_params(model), _bytes(model), flops, peak)

@@ -4,7 +4,10 @@ For each model x shape x TP x instance, from the fake-tensor measurements (measu
 figures (specs/instances.json, cited in docs/real-size.md):
 - memory per core: weights of the components a core holds plus the largest activation peak among them (they run
   one after another); the transformer at its TP shard;
-- a placement: everything on each TP core if it fits, else the text encoder on a core of its own, else the VAE too;
+- a placement, among those the app serves (layout.py, the `placement` setting): everything on each TP core if it
+  fits, else the text encoder on a core of its own, else the VAE too; checked per HBM bank with the runtime's reserve;
+- edits (`--references N`): the references join the transformer's tokens, and each is encoded once;
+- an instance view: how many copies of that placement an EC2 size holds, and its floor in images per second;
 - a roofline floor per image: each call takes at least max(FLOPs / peak bfloat16 rate, weight bytes / HBM
   bandwidth) of one core (weights read once per call; collectives and activation traffic left out: a lower bound).
 """
@@ -13,22 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
-from neuron_app.engine.model.real.catalog import GIB, Instance, check_tp, instance, load_spec, spec_name
+from neuron_app.engine.model.real import layout
+from neuron_app.engine.model.real.catalog import (
+    GIB,
+    Instance,
+    check_tp,
+    instance,
+    instance_type,
+    load_spec,
+    spec_name,
+)
+from neuron_app.errors import RequestError
 from neuron_app.shapes import Resolution
-
-COMPONENTS = ("transformer", "text_encoder", "vae")
-
-#: Tried in order: the first whose every core fits is the plan. Each entry: what the TP cores hold, and the
-#: components given a core of their own.
-PLACEMENTS: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
-    ("together", ("transformer", "text_encoder", "vae"), ()),
-    ("text encoder on its own core", ("transformer", "vae"), ("text_encoder",)),
-    ("text encoder and VAE on their own cores", ("transformer",), ("text_encoder", "vae")),
-]
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class Request:
     shapes: list[Resolution]
     tps: list[int]
     instances: list[Instance]
+    references: list[int]
+    instance_types: dict[str, str]  # family -> the EC2 size its instance view counts
+    hbm_gib: float | None = None
+    placement: str = "auto"
 
 
 def parse(args: argparse.Namespace) -> Request:
@@ -49,8 +55,34 @@ def parse(args: argparse.Namespace) -> Request:
     loaded = load_spec(spec)
     shapes = [Resolution.parse(s) for s in args.shape] if args.shape else _settings().parsed_resolutions
     tps = [check_tp(loaded, tp) for tp in (args.tp or ["1"])]
-    found = [instance(name) for name in (args.instance or ["trn2"])]
-    return Request(model, spec, _unique(shapes), _unique(tps), _unique(found))
+    types: dict[str, str] = {}
+    for name in getattr(args, "instance_type", None) or []:
+        types[instance_type(name)[0]] = name.strip().lower()
+    families = args.instance or list(types) or ["trn2"]
+    found = [instance(name) for name in families]
+    for inst in found:
+        types.setdefault(inst.name, inst.default_instance_type)
+    references = [_references(n) for n in (getattr(args, "references", None) or ["0"])]
+    hbm = getattr(args, "hbm_gib", None)
+    if hbm is not None and not 0 < hbm <= 1024:
+        raise RequestError(f"--hbm-gib {hbm:g} is not a size in GiB (0 to 1024)", param="hbm_gib")
+    setting = getattr(args, "placement", None) or "auto"
+    if setting != "auto" and setting not in layout.SETTINGS:
+        known = ", ".join(("auto", *layout.SETTINGS))
+        raise RequestError(f"--placement {setting!r} is not a placement; one of: {known}", param="placement")
+    uniq = _unique
+    return Request(model, spec, uniq(shapes), uniq(tps), uniq(found), uniq(references), types, hbm, setting)
+
+
+def _references(value: str) -> int:
+    """An edit's reference count: 0 (text-to-image) to the app's most (max_references' bound)."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if not 0 <= count <= 8:
+        raise RequestError(f"--references {value!r} is not a count of reference images (0 to 8)", param="references")
+    return count
 
 
 def _settings() -> Any:
@@ -67,59 +99,59 @@ def _gib(nbytes: float) -> float:
     return round(nbytes / GIB, 3)
 
 
-def _core(held: tuple[str, ...], measured: dict[str, Any]) -> dict[str, Any]:
-    weights = sum(measured[c].weight_bytes for c in held)
-    activations = max(measured[c].activation_bytes for c in held)
-    return {"holds": list(held), "weights": weights, "activations": activations, "total": weights + activations}
-
-
-def place(measured: dict[str, Any], tp: int, hbm_gib: float) -> dict[str, Any]:
-    """The first placement whose fullest core fits `hbm_gib`; else the last one (the least per core), not fitting."""
-    for name, shared, own in PLACEMENTS:
-        cores = [_core(shared, measured)] + [_core((c,), measured) for c in own]
-        fullest = max(cores, key=lambda core: core["total"])
-        if fullest["total"] <= hbm_gib * GIB or name == PLACEMENTS[-1][0]:
-            break
-    per_core = [
-        {"cores": tp if i == 0 else 1, "holds": core["holds"], "gib": _gib(core["total"])}
-        for i, core in enumerate(cores)
-    ]
-    return {"name": name, "cores_used": tp + len(own), "cores": per_core, "fullest": fullest}
-
-
 def _seconds(measured: Any, inst: Instance) -> float:
     compute = measured.flops / (inst.bf16_tflops_per_core * 1e12)
     memory = measured.weight_bytes / inst.hbm_bytes_per_s_per_core
     return max(compute, memory)
 
 
-def plan_one(spec: str, model: str, shape: Resolution, tp: int, inst: Instance) -> dict[str, Any]:
-    """One model x shape x TP x instance, as the JSON object the command prints."""
+def plan_one(
+    spec: str,
+    model: str,
+    shape: Resolution,
+    tp: int,
+    inst: Instance,
+    references: int = 0,
+    type_name: str | None = None,
+    hbm_gib: float | None = None,
+    setting: str = "auto",
+) -> dict[str, Any]:
+    """One model x shape x TP x instance (x references), as the JSON object the command prints."""
     from neuron_app.engine.model.real import measure
 
     pipeline = load_spec(spec)["pipeline"]
     steps, tokens = pipeline["default_steps"], pipeline["max_sequence_length"]
+    w, h = shape.width, shape.height
     measured = {
-        "transformer": measure.transformer(spec, shape.width, shape.height, tp, tokens),
+        "transformer": measure.transformer(spec, w, h, tp, tokens, references),
         "text_encoder": measure.text_encoder(spec, tokens),
-        "vae": measure.vae(spec, shape.width, shape.height),
+        "vae": measure.vae(spec, w, h),
     }
-    whole_step = measure.transformer(spec, shape.width, shape.height, 1, tokens).flops
-    placement = place(measured, tp, inst.hbm_gib_per_core)
-    fullest = placement.pop("fullest")
+    encode = measure.vae_encode(spec, w, h) if references else None
+    if encode is not None and encode.activation_bytes > measured["vae"].activation_bytes:
+        measured["vae"] = replace(measured["vae"], activation_bytes=encode.activation_bytes)
+    whole_step = measure.transformer(spec, w, h, 1, tokens, references).flops
+    placed = layout.place(measured, tp, inst, hbm_gib, setting)
+    inst = placed["inst"]
+    fullest = placed["fullest"]
     step_s = _seconds(measured["transformer"], inst)
-    floor = steps * step_s + _seconds(measured["text_encoder"], inst) + _seconds(measured["vae"], inst)
-    total = _gib(fullest["total"])
-    image_flops = steps * whole_step + measured["text_encoder"].flops + measured["vae"].flops
+    encodes_s = references * _seconds(encode, inst) if encode else 0.0
+    floor = steps * step_s + _seconds(measured["text_encoder"], inst) + _seconds(measured["vae"], inst) + encodes_s
+    total = round((fullest["weights"] + fullest["activations"]) / GIB + inst.reserve_gib_per_core, 3)
+    encode_flops = references * encode.flops if encode else 0
+    image_flops = steps * whole_step + measured["text_encoder"].flops + measured["vae"].flops + encode_flops
     return {
         "model": model,
         "spec": spec,
         "shape": str(shape),
+        "references": references,
         "tp": tp,
         "instance": inst.name,
+        "lnc": inst.lnc,
         "dtype": "bfloat16",
         "steps": steps,
         "text_tokens": tokens,
+        "joint_tokens": (w // 16) * (h // 16) * (1 + references) + tokens,
         "components": {
             name: {
                 "params": m.params,
@@ -130,10 +162,13 @@ def plan_one(spec: str, model: str, shape: Resolution, tp: int, inst: Instance) 
             for name, m in measured.items()
         },
         "activations_gib_per_core": _gib(fullest["activations"]),
+        "runtime_reserve_gib_per_core": round(inst.reserve_gib_per_core, 3),
         "total_gib_per_core": total,
         "hbm_gib_per_core": inst.hbm_gib_per_core,
-        "fits": total <= inst.hbm_gib_per_core,
-        "placement": placement,
+        "cores_per_bank": inst.cores_per_bank,
+        "fits": placed["fits"],
+        "placement": placed["placement"],
+        "instance_view": layout.instance_view(placed["loads_gib"], inst, floor, type_name),
         "tflop_per_step": round(whole_step / 1e12, 3),
         "tflop_per_image": round(image_flops / 1e12, 3),
         "floor_s_per_step": round(step_s, 4),
@@ -145,8 +180,19 @@ def plan_one(spec: str, model: str, shape: Resolution, tp: int, inst: Instance) 
 
 def plan(request: Request) -> list[dict[str, Any]]:
     return [
-        plan_one(request.spec, request.model, shape, tp, inst)
+        plan_one(
+            request.spec,
+            request.model,
+            shape,
+            tp,
+            inst,
+            refs,
+            request.instance_types.get(inst.name),
+            request.hbm_gib,
+            request.placement,
+        )
         for shape in request.shapes
+        for refs in request.references
         for tp in request.tps
         for inst in request.instances
     ]
@@ -157,15 +203,16 @@ def table(rows: list[dict[str, Any]]) -> list[list[Any]]:
     return [
         [
             r["spec"],
-            r["shape"],
+            r["shape"] + (f" +{r['references']} ref" if r["references"] else ""),
             r["tp"],
-            r["instance"],
+            f"{r['instance']} LNC={r['lnc']}",
             "yes" if r["fits"] else "NO",
             f"{r['total_gib_per_core']:.1f} of {r['hbm_gib_per_core']:g}",
-            f"{r['placement']['name']} ({_cores(r['placement']['cores_used'])})",
+            f"{r['placement']['setting']} ({_cores(r['placement']['cores_used'])})",
             f"{r['tflop_per_step']:.1f}",
             f"{r['tflop_per_image']:.1f}",
             f"{r['floor_s_per_image']:.2f}",
+            _view(r["instance_view"]),
         ]
         for r in rows
     ]
@@ -186,7 +233,14 @@ HEADERS = [
     "TFLOP/step",
     "TFLOP/image",
     "floor s/image",
+    "instance: replicas, images/s floor",
 ]
+
+
+def _view(view: dict[str, Any]) -> str:
+    if view["instance_type"] is None:
+        return "no EC2 size known"
+    return f"{view['instance_type']}: {view['replicas']}, {view['images_per_s_floor']:g}/s"
 
 
 def main_args(args: argparse.Namespace, render: Any) -> int:
@@ -202,73 +256,5 @@ def main_args(args: argparse.Namespace, render: Any) -> int:
         "(docs/real-size.md). floor: roofline at the instance's peak rate and HBM bandwidth per core"
     )
     if not all(r["fits"] for r in rows):
-        print("NO: not even the text encoder and the VAE on cores of their own fit; plan a higher --tp")
+        print("NO: no placement the app serves fits (at TP > 1 only together is served); plan a higher --tp")
     return 0
-
-
-def served(model: str, resolutions: list[str], tp: int, family: str) -> tuple[bool, str] | None:
-    """What the served model needs per core at each configured shape on this instance family, before any compile
-    (`doctor`): (every shape fits, "1024x1024: fits, 14.7 of 24 GiB per core, floor 0.92 s per image; ...").
-    None when the model is not one the plan knows (a tiny model, a folder)."""
-    from neuron_app.engine.model.real.catalog import ALIASES, instance
-    from neuron_app.shapes import Resolution
-
-    spec = next((v for k, v in ALIASES.items() if k.lower() == model.strip().lower()), None)
-    if spec is None:
-        return None
-    inst = instance(family)
-    rows = [plan_one(spec, model, Resolution.parse(shape), tp, inst) for shape in resolutions]
-    return all(r["fits"] for r in rows), f"{model} on {family} at TP {tp}: " + "; ".join(_words(r) for r in rows)
-
-
-def _words(r: dict[str, Any]) -> str:
-    """One planned shape in words: "1024x1024: fits, 14.7 of 24 GiB per core (together), floor 0.92 s per image"."""
-    return (
-        f"{r['shape']}: {'fits' if r['fits'] else 'does NOT fit'}, {r['total_gib_per_core']:.1f} of "
-        f"{r['hbm_gib_per_core']:g} GiB per core ({r['placement']['name']}), floor {r['floor_s_per_image']:.2f} s "
-        "per image"
-    )
-
-
-class PlanLine:
-    """The page's status line of `plan` for the served model (trn2, the configured shapes and TP): measured once,
-    on a thread of its own (seconds of CPU on fake tensors), never on a status read; None until then, and for a
-    model the plan does not know."""
-
-    def __init__(self, model: str, resolutions: list[str], tp: int) -> None:
-        import threading
-
-        from neuron_app.engine.model.real.catalog import ALIASES
-
-        self._text: str | None = None
-        self._args = (model, resolutions, tp)
-        self._started = threading.Event()
-        self.done = threading.Event()  # measured (or given up): the status carries the line from now on
-        self.planned = any(k.lower() == model.strip().lower() for k in ALIASES)
-
-    def text(self) -> str | None:
-        if self.planned and not self._started.is_set():
-            import threading
-
-            self._started.set()
-            threading.Thread(target=self._measure, name="plan-line", daemon=True).start()
-        return self._text
-
-    def _measure(self) -> None:
-        """`python -m neuron_app plan --json` in a process of its own: the measurement sets torch's process-wide
-        default dtype and holds the CPU for seconds, neither of which the serving process should share."""
-        import subprocess
-        import sys
-
-        model, resolutions, tp = self._args
-        command = [sys.executable, "-m", "neuron_app", "plan", "--model", model, "--tp", str(tp), "--instance", "trn2"]
-        command += [word for shape in resolutions for word in ("--shape", shape)] + ["--json"]
-        try:
-            root = Path(__file__).resolve().parents[4]  # where `neuron_app` imports from, whatever the cwd
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True, cwd=root)
-            rows = json.loads(done.stdout)
-            self._text = "; ".join(_words(r) for r in rows)
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:  # a status line, never a server failure
-            self._text = f"not measured ({type(exc).__name__})"
-        finally:
-            self.done.set()

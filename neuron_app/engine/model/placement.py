@@ -1,0 +1,118 @@
+"""Which device index holds which component: the `placement` setting, as the plan (real/layout.py) names it.
+
+Neuron numbers the cores a process holds `neuron:0`, `neuron:1`, ... (TorchNeuron's device indices); CUDA its GPUs.
+Each component is moved straight to its own index (never the whole pipeline to one core first: klein-9B's 27.9 GiB
+would not fit there on the way), and the pipeline's execution device is the transformer's, so the latents live where
+the transformer runs and diffusers moves the prompt embedding and the VAE's inputs across (its `encode_prompt` and
+decode move to the component's own device).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_app.engine.model.real.layout import COMPONENTS, layout
+from neuron_app.errors import DeviceUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Placement:
+    """What the status shows: the placement in use, the setting that asked for it, and the cores of each component
+    (the runtime's NeuronCore numbers where the backend knows them, else device indices)."""
+
+    name: str | None  # None while `auto` has not chosen (it chooses at load)
+    setting: str
+    cores: dict[str, list[int]] = field(default_factory=dict)
+    why: str = ""  # how it was chosen, in words
+
+    def view(self) -> dict[str, Any]:
+        return {"name": self.name, "setting": self.setting, "cores": dict(self.cores), "why": self.why}
+
+    def index_of(self, component: str) -> int:
+        return layout(self.name or "together").core_of(component)
+
+
+def needed(setting: str) -> int:
+    """Cores one copy holds under a named placement (auto: 1, it never asks for more than the process holds)."""
+    return 1 if setting == "auto" else layout(setting).cores
+
+
+def check_cores(setting: str, held: int | None, tp: int) -> None:
+    """Refuse at start, in one line naming both numbers, a placement that needs more cores than the process holds."""
+    if held is None or setting == "auto" or tp > 1:
+        return
+    want = needed(setting)
+    if want > held:
+        raise DeviceUnavailable(
+            f"placement={setting} needs {want} NeuronCores but this process holds {held}: give it {want} cores "
+            "(NEURON_RT_VISIBLE_CORES=0-%d, or NEURON_APP_VISIBLE_CORES) or set placement=together" % (want - 1)
+        )
+
+
+def resolve(setting: str, held: int | None, core_ids: list[int] | None, tp: int) -> Placement:
+    """The placement known at start: a named one (checked against the cores held), `together` where placement does
+    not apply (CPU, TP > 1); `auto` stays undecided until the load (`choose`)."""
+    if held is None:
+        return _placed("together", setting, None, "this device has no core indices: placement does not apply")
+    if tp > 1:
+        return _placed("together", setting, core_ids, f"TP {tp}: each rank holds its shard, text encoder and VAE")
+    check_cores(setting, held, tp)
+    if setting == "auto":
+        return Placement(None, setting, why="auto: chosen at load from the plan")
+    return _placed(setting, setting, core_ids, "as set")
+
+
+def choose(settings: Any, core_ids: list[int], backend: Any) -> Placement:
+    """`auto` at load: the first placement the plan finds fitting the served model in one of this device's cores
+    (the emulator's HBM, else the instance's published figure), needing at most the cores the process holds;
+    `together` for a model the plan does not know."""
+    from neuron_app.engine.model.real.served import choose as plan_choice
+    from neuron_app.engine.model.real.served import planned
+
+    if planned(settings.model) is None:
+        return _placed("together", "auto", core_ids, "auto: not a model the plan knows")
+    hbm_gib, family = backend.memory_gib_per_core(), backend.plan_family()
+    name = plan_choice(settings.model, list(settings.resolutions), family, hbm_gib, len(core_ids))
+    size = f"{hbm_gib:g} GiB" if hbm_gib is not None else f"{family}'s HBM"
+    chosen = _placed(name, "auto", core_ids, f"auto: the first placement the plan finds fitting {size} per core")
+    log.info("placement %s (%s): %s", chosen.name, chosen.why, chosen.cores)
+    return chosen
+
+
+def _placed(name: str, setting: str, core_ids: list[int] | None, why: str) -> Placement:
+    item = layout(name)
+    cores = {}
+    for component in COMPONENTS:
+        index = item.core_of(component)
+        cores[component] = [core_ids[index] if core_ids and index < len(core_ids) else index]
+    if core_ids is None:
+        cores = {component: [] for component in COMPONENTS}
+    return Placement(name, setting, cores, why)
+
+
+def move(pipe: Any, placement: Placement, device_at: Any) -> None:
+    """Each component straight to its device (`device_at(index)`), and the execution device the transformer's."""
+    for component in COMPONENTS:
+        getattr(pipe, component).to(device_at(placement.index_of(component)))
+    if placement.index_of("vae") != placement.index_of("transformer"):
+        follow_transformer(pipe)
+
+
+def follow_transformer(pipe: Any) -> None:
+    """diffusers takes the execution device from the first component in its signature (the VAE): with the VAE on a
+    core of its own the latents would be made there. This pipeline's class answers the transformer's device."""
+    cls = type(pipe)
+    if getattr(cls, "follows_transformer", False):
+        return
+    placed = type(cls.__name__, (cls,), {"follows_transformer": True, "_execution_device": _transformer_device})
+    placed.__module__ = cls.__module__
+    pipe.__class__ = placed
+
+
+@property  # type: ignore[misc]
+def _transformer_device(self: Any) -> Any:
+    return self.transformer.device

@@ -186,6 +186,18 @@ class DeviceBackend(ABC):
     def torch_device(self) -> str:
         return self.name
 
+    def device_count(self) -> int:
+        """How many devices this process can place components on (NeuronCores it holds, GPUs it sees); 1 here."""
+        return 1
+
+    def device_for(self, index: int = 0) -> str:
+        """The torch device string of this process's `index`-th device (`neuron:1`, `cuda:1`); one device here."""
+        return self.torch_device()
+
+    def place_module(self, module: Any, index: int = 0) -> None:
+        """Put one component on this process's `index`-th device (after `adopt` or before: either order)."""
+        module.to(self.device_for(index))
+
     def prepare_cache(self, cache_dir: Path) -> None:
         """Point the compiler's persistent cache into `cache_dir`; runs before torch is imported."""
         folder = cache_dir / "inductor"

@@ -25,6 +25,14 @@ class CudaBackend(DeviceBackend):
 
         return torch.cuda.is_available()
 
+    def device_count(self) -> int:
+        import torch
+
+        return torch.cuda.device_count()
+
+    def device_for(self, index: int = 0) -> str:
+        return f"cuda:{index}"
+
     def synchronize(self) -> None:
         import torch
 

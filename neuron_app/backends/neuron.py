@@ -237,6 +237,14 @@ class NeuronBackend(DeviceBackend):
                 "processes? run python -m neuron_app doctor"
             )
 
+    def device_count(self) -> int:
+        """TorchNeuron's count: the logical cores the runtime gave this process (one per torchrun rank)."""
+        return neuron_device_count()
+
+    def device_for(self, index: int = 0) -> str:
+        """`neuron:N`: the N-th logical core this process holds, as TorchNeuron numbers them."""
+        return f"neuron:{index}"
+
     def prepare_cache(self, cache_dir: Path) -> None:
         super().prepare_cache(cache_dir)
         from neuron_app.environment import NEFF_CACHE_VAR, neff_cache_dir, set_unless_user

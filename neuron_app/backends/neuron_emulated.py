@@ -63,7 +63,26 @@ class NeuronEmulatedBackend(NeuronBackend):
         line naming the core and the process holding it (`emulator/cores.py`)."""
         from neuron_app.backends.emulator import cores
 
-        self.cores = cores.acquire()
+        self.cores = cores.acquire()  # and they are neuron:0, neuron:1, ... from now on (emulator/numbering.py)
+
+    def device_count(self) -> int:
+        """The NeuronCores this process holds (`check_device`): `neuron:0` .. `neuron:<count - 1>`."""
+        return len(self.cores) or 1
+
+    def device_for(self, index: int = 0) -> str:
+        """`neuron:N`, the N-th core this process holds: what `.to(...)` takes inside `device_work()` (a tensor
+        moved between components' cores); refused past the cores held, as on TorchNeuron."""
+        from neuron_app.backends.emulator.numbering import STATE
+
+        return f"neuron:{STATE.check(index)}"
+
+    def place_module(self, module: Any, index: int = 0) -> None:
+        """The component's weights on the `index`-th core (its own HBM account; moved there when `adopt` put it
+        elsewhere), its compiled callables device graphs."""
+        from neuron_app.backends.emulator.numbering import STATE
+
+        self.emulator.adopt(module, STATE.check(index))
+        self._wrap_compiled(module)
 
     def torch_device(self) -> str:
         return "cpu"  # the emulator marks what is "on the device" (adopt)
@@ -122,6 +141,9 @@ class NeuronEmulatedBackend(NeuronBackend):
     def adopt_module(self, module: Any) -> None:
         """`module.to("neuron")`: its weights on the device, its compiled callables (`module.compile`) device graphs."""
         self.emulator.adopt(module)
+        self._wrap_compiled(module)
+
+    def _wrap_compiled(self, module: Any) -> None:
         for sub in module.modules():
             impl = getattr(sub, "_compiled_call_impl", None)
             if impl is not None:

@@ -63,7 +63,7 @@ class NeuronEmulatedBackend(NeuronBackend):
         line naming the core and the process holding it (`emulator/cores.py`)."""
         from neuron_app.backends.emulator import cores
 
-        self.cores = cores.acquire()
+        self.cores = cores.acquire()  # and they are neuron:0, neuron:1, ... from now on (emulator/numbering.py)
 
     def torch_device(self) -> str:
         return "cpu"  # the emulator marks what is "on the device" (adopt)
@@ -133,9 +133,12 @@ class NeuronEmulatedBackend(NeuronBackend):
             decoder._tile_fn = self.wrap_graph(decoder._tile_fn, "vae_tile")
 
     def adopt_module(self, module: Any, index: int = 0) -> None:
-        """`module.to("neuron:N")`: its weights on that core, its compiled callables (`module.compile`) device
-        graphs."""
-        self.emulator.adopt(module, index) if index else self.emulator.adopt(module)
+        """`module.to("neuron:N")`: its weights on that core (moved there from another), its compiled callables
+        (`module.compile`) device graphs."""
+        self.emulator.adopt(module, index)
+        self._wrap_compiled(module)
+
+    def _wrap_compiled(self, module: Any) -> None:
         for sub in module.modules():
             impl = getattr(sub, "_compiled_call_impl", None)
             if impl is not None:

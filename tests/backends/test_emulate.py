@@ -112,13 +112,17 @@ def shard_lines(stderr: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("script", ["guide_tp.py", "guide_tp_compiled.py"])
 def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transformer_and_makes_the_same_image(
-    tmp_path: Path,
+    tmp_path: Path, script: str
 ) -> None:
     """`torchrun --nproc_per_node=2 -m neuron_app emulate examples/guide_tp.py`: `init_process_group("neuron")`
     (gloo underneath), `DeviceMesh("neuron", ...)` and diffusers' TensorParallelConfig really shard the
     transformer (DTensor parameters, each rank half of every sharded weight), `pipe.to(device)` moves it with the
-    rest (no weak reference on a tensor to stop `swap_tensors`: review T5), and rank 0's image is one process's."""
+    rest (no weak reference on a tensor to stop `swap_tensors`: review T5), and rank 0's image is one process's.
+    `guide_tp_compiled.py` adds the guide's `pipe.transformer.compile(backend="neuron", fullgraph=True,
+    dynamic=False)` on the sharded transformer (the review's U2: "Tensor device mismatch" on every rank before):
+    one graph per rank, each rank on its own device index (`neuron:<local rank>`, as TorchNeuron numbers it)."""
     import numpy as np
     from PIL import Image
 
@@ -126,7 +130,7 @@ def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transforme
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "TORCH_NEURONX_"))}
     env |= {"PYTHONPATH": str(ROOT), "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"), "GLOO_SOCKET_IFNAME": "lo"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
-    command += [f"--master_port={free_port()}", "-m", "neuron_app", "emulate", str(ROOT / "examples" / "guide_tp.py")]
+    command += [f"--master_port={free_port()}", "-m", "neuron_app", "emulate", str(ROOT / "examples" / script)]
     done = subprocess.run(
         command, cwd=tmp_path, env=env | guide | {"GUIDE_OUTPUT": "tp.png"}, capture_output=True, text=True, timeout=900
     )
@@ -137,6 +141,10 @@ def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transforme
         assert line.startswith("tensor parallel: mesh neuron x2, 28 sharded parameters"), line
         assert "this rank holds 638976 of their 1277952 elements, 0.50)" in line, line
     assert done.stderr.count("violations 0") == 2, done.stderr[-3000:]
+    if script == "guide_tp_compiled.py":
+        assert done.stderr.count("graphs compiled 1;") == 2, done.stderr[-3000:]  # each rank its shard's graph
+        for rank in (0, 1):
+            assert f"rank {rank}: compiled sharded transformer on neuron:{rank}, image made" in done.stdout
 
     (tmp_path / "reference.py").write_text(REFERENCE)
     single = emulate(["reference.py"], tmp_path, **guide, GUIDE_OUTPUT="one.png")
@@ -150,3 +158,130 @@ def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transforme
         difference.mean(),
         (difference > 8).mean(),
     )
+
+
+#: Issue 50's acceptance, as a user writes it: two cores held, two devices, each with its own memory account.
+TWO_CORES = """import torch
+from diffusers.utils.torch_utils import TorchDeviceBackend, backend_max_memory_allocated
+
+assert torch.neuron.device_count() == 2 and torch.neuron.current_device() == 0
+x = torch.ones(1024, device="neuron:1")
+assert x.device == torch.device("neuron", 1) and x.device.index == 1 and x.get_device() == 1
+assert torch.neuron.memory_allocated(1) == 4096 and torch.neuron.memory_allocated(0) == 0  # core 1's only
+assert torch.neuron.memory_allocated("neuron:1") == 4096 == torch.accelerator.memory_allocated(1)
+y = torch.ones(1024, device="neuron")  # the current device
+assert y.device.index == 0 and torch.neuron.memory_allocated(0) == 4096
+try:
+    torch.ones(2, device="neuron:2")
+    raise SystemExit("neuron:2 was made")
+except RuntimeError as exc:
+    print("neuron:2:", exc)
+try:
+    x + y
+    raise SystemExit("an op on two cores ran")
+except RuntimeError as exc:
+    print("mixed:", str(exc).splitlines()[0])
+z = y.to("neuron:1")
+assert z.device.index == 1 and (x + z).device.index == 1 and torch.neuron.memory_allocated(1) == 8192
+layer = torch.nn.Linear(4, 4).to("neuron:1")
+assert layer.weight.device.index == 1 and layer(torch.ones(1, 4).to("neuron:1")).device.index == 1
+del z
+print("numbers:", torch.neuron.max_memory_allocated(1), torch.neuron.memory_reserved(0),
+      torch.accelerator.memory_allocated(), torch.accelerator.max_memory_allocated(1),
+      TorchDeviceBackend("neuron").max_memory_allocated(), backend_max_memory_allocated("neuron"))
+torch.neuron.reset_peak_memory_stats(1)
+torch.accelerator.reset_peak_memory_stats()
+torch.neuron.empty_cache()
+torch.neuron.set_device(1)
+assert torch.neuron.current_device() == 1 == torch.accelerator.current_device_index()
+assert torch.ones(1, device="neuron").device.index == 1
+torch.neuron.synchronize()
+print("total", torch.neuron.get_device_properties(1).total_memory)
+"""
+
+
+def test_two_held_cores_are_two_devices_each_with_its_own_memory_and_a_third_index_fails(tmp_path: Path) -> None:
+    """Issue 50's acceptance under `python -m neuron_app emulate` with NEURON_RT_VISIBLE_CORES=0-1: device_count()
+    is 2, a tensor on neuron:1 has index 1 and is counted on core 1 only, neuron:2 is refused with TorchNeuron's
+    message (`c10_neuron::set_device`), an op on two cores with torch's, and the memory functions (torch.neuron's,
+    torch.accelerator's, diffusers' backend ones) return numbers."""
+    (tmp_path / "two_cores.py").write_text(TWO_CORES)
+    done = emulate(["two_cores.py"], tmp_path, NEURON_RT_VISIBLE_CORES="0-1")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stderr.startswith("neuron-emulated: this process holds NeuronCore(s) 0-1 of the emulated trn2.3xlarge")
+    assert "neuron:2: Device index 2 is out of range. Valid range is 0 to 1 for this process" in done.stdout
+    assert (
+        "mixed: neuron rule: Expected all tensors to be on the same device, but found at least two devices, "
+        "neuron:0 and neuron:1!" in done.stdout
+    )
+    numbers = done.stdout.split("numbers: ")[1].splitlines()[0].split()
+    assert all(n.isdigit() for n in numbers) and int(numbers[0]) >= 8192, done.stdout
+    assert "total 25769803776" in done.stdout  # a 24 GiB bank
+    assert "per device: neuron:0 (core 0)" in done.stderr and "neuron:1 (core 1)" in done.stderr
+
+
+LNC_SCRIPT = """import torch
+big = torch.empty(700 * 2**20, dtype=torch.uint8, device="neuron:0")  # past half the bank: AWS's 20-of-24 GB case
+try:
+    torch.empty(400 * 2**20, dtype=torch.uint8, device="neuron:1")
+    print("neighbour placed")
+except RuntimeError as exc:
+    print("neighbour refused:", exc)
+"""
+
+
+@pytest.mark.parametrize(("lnc", "cores"), [("1", "0-1"), ("2", "0-1")])
+def test_at_lnc_1_two_neighbouring_cores_share_one_bank(tmp_path: Path, lnc: str, cores: str) -> None:
+    """U6: at NEURON_LOGICAL_NC_CONFIG=1 cores 0 and 1 share one HBM bank (NEURON_EMULATOR_HBM_GIB=1 here): one
+    core may take most of it, the two together not more; at LNC=2 each core has its own."""
+    (tmp_path / "lnc.py").write_text(LNC_SCRIPT)
+    done = emulate(
+        ["lnc.py"], tmp_path, NEURON_LOGICAL_NC_CONFIG=lnc, NEURON_RT_VISIBLE_CORES=cores, NEURON_EMULATOR_HBM_GIB="1"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    if lnc == "1":
+        assert "neighbour refused: neuron rule: out of device memory: Failed to allocate 419430400 bytes" in done.stdout
+        assert "on NC 1 (neuron:1); LNC size is 1. Neuron Cores using this HBM: NC 0 and NC 1" in done.stdout
+    else:
+        assert "neighbour placed" in done.stdout, done.stdout
+
+
+HOLD = "import sys\nprint('holding', flush=True)\nsys.stdin.readline()\n"
+
+
+def test_emulate_takes_the_cores_a_process_asks_for_and_is_refused_beside_a_holder_of_every_core(
+    tmp_path: Path,
+) -> None:
+    """Issue 51 item 2 (U7b): `emulate` takes every core by default, says so in one line, and a second script
+    started beside it gets the runtime's refusal (`Logical Neuron Core(s) not available - Requested:... Available:...`,
+    as the review cites it), in one line, before the script runs."""
+    (tmp_path / "hold.py").write_text(HOLD)
+    (tmp_path / "other.py").write_text("print('ran')\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "TORCH_NEURONX_"))}
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "neuron_app", "emulate", "hold.py"],
+        cwd=tmp_path,
+        env=base | {"PYTHONPATH": str(ROOT), "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        refused = emulate(["other.py"], tmp_path, NEURON_RT_NUM_CORES="1")
+        assert refused.returncode == 1 and "ran" not in refused.stdout, refused.stderr[-2000:]
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            "error: Logical Neuron Core(s) not available - Requested:1 Available:0 (the Neuron runtime's refusal; "
+            "neuron-emulated: NeuronCore 0 of the emulated trn2.3xlarge is held by process "
+        ), lines
+        assert f"held by process {holder.pid} " in lines[0]
+    finally:
+        holder.communicate("\n", timeout=120)
+    assert holder.returncode == 0
+    assert holder.stderr is not None
+    first = emulate(["other.py"], tmp_path)  # the holder exited: its cores are free again
+    assert first.returncode == 0 and first.stderr.startswith(
+        "neuron-emulated: this process holds NeuronCore(s) 0-3 of the emulated trn2.3xlarge"
+    ), first.stderr[-2000:]

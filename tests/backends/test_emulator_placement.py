@@ -121,8 +121,8 @@ def test_hbm_counts_weights_and_live_activations_by_storage_with_a_peak(tmp_path
 def test_hbm_per_core_follows_the_instance_and_its_lnc() -> None:
     from neuron_app.backends.emulator.rules import hbm_per_core_gib
 
-    assert hbm_per_core_gib({}) == 24.0  # trn2.3xlarge at LNC=2: 96 GiB over 4 logical cores
-    assert hbm_per_core_gib({"NEURON_LOGICAL_NC_CONFIG": "1"}) == 12.0  # 8 cores: too small for klein-4B's weights
+    assert hbm_per_core_gib({}) == 24.0  # trn2.3xlarge at LNC=2: 96 GiB over 4 logical cores, a bank each
+    assert hbm_per_core_gib({"NEURON_LOGICAL_NC_CONFIG": "1"}) == 24.0  # 8 cores, two to a 24 GiB bank (U6)
     assert hbm_per_core_gib({"NEURON_EMULATOR_INSTANCE": "trn2.48xlarge"}) == 24.0  # 16 chips, the same per core
     assert hbm_per_core_gib({"NEURON_EMULATOR_HBM_GIB": "2", "NEURON_LOGICAL_NC_CONFIG": "1"}) == 2.0
 
@@ -200,3 +200,25 @@ def test_the_neuron_backend_does_not_take_the_emulators_stand_in_for_an_sdk(tmp_
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "SEEN 2.13.3.1+emulated BACKEND None" in done.stdout, done.stdout
+
+
+def test_at_lnc_1_two_neighbouring_cores_share_one_bank_and_at_lnc_2_each_has_its_own() -> None:
+    """U6: AWS's Logical NeuronCore page: at LNC=1 "both physical NeuronCores have access to the entire 24GB HBM
+    bank" (one core may hold 20 GB, as AWS's device-memory example has it); the two together share it."""
+    import torch
+
+    from neuron_app.backends.emulator.numbering import DeviceState
+    from neuron_app.backends.emulator.placement import DeviceMemory
+
+    lnc1, lnc2 = DeviceState(), DeviceState()
+    lnc1.hold([4, 5, 6], lnc=1)  # cores 4 and 5 share bank 2; core 6 is on bank 3
+    lnc2.hold([1, 2], lnc=2)
+    assert [lnc1.bank(i) for i in range(3)] == [2, 2, 3] and lnc1.bank_cores(1) == [4, 5]
+    shared = DeviceMemory(1000, bank_of=lnc1.bank)
+    big, other = torch.empty(700, dtype=torch.uint8), torch.empty(400, dtype=torch.uint8)
+    assert shared.claim(big, index=0) is None  # 700 of one core's 1000: past half the bank, as AWS allows
+    assert shared.claim(other, index=1) == (400, 700)  # its neighbour: the bank holds 700, 400 more do not fit
+    assert shared.claim(other, index=2) is None  # core 6, another bank
+    assert (shared.in_use_of(0), shared.in_use_of(1), shared.in_use_of(2)) == (700, 0, 400)
+    own = DeviceMemory(1000, bank_of=lnc2.bank)
+    assert own.claim(big, index=0) is None and own.claim(torch.empty(400, dtype=torch.uint8), index=1) is None

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_app.backends.emulator.numbering import STATE
 from neuron_app.environment import VISIBLE_CORES_VAR, parse_cores
 from neuron_app.errors import DeviceUnavailable
 
@@ -60,13 +61,16 @@ def instance(env: Mapping[str, str] | None = None) -> Instance:
         known = ", ".join(INSTANCES)
         raise DeviceUnavailable(f"{INSTANCE_VAR}={name!r} is not an emulated instance: use one of {known}")
     chips, physical, grouped = INSTANCES[name]
-    lnc = 1
-    if grouped:
-        text = env.get(LNC_VAR, "2").strip() or "2"
-        if text not in ("1", "2"):
-            raise DeviceUnavailable(f"{LNC_VAR}={text!r}: a Trainium2 takes 1 or 2")
-        lnc = int(text)
-    return Instance(name, chips * physical // lnc)
+    return Instance(name, chips * physical // lnc(env) if grouped else chips * physical)
+
+
+def lnc(env: Mapping[str, str] | None = None) -> int:
+    """`NEURON_LOGICAL_NC_CONFIG` as the runtime reads it: physical cores per logical core (2 by default)."""
+    env = os.environ if env is None else env
+    text = env.get(LNC_VAR, "2").strip() or "2"
+    if text not in ("1", "2"):
+        raise DeviceUnavailable(f"{LNC_VAR}={text!r}: a Trainium2 takes 1 or 2")
+    return int(text)
 
 
 def folder(env: Mapping[str, str] | None = None) -> Path:
@@ -157,7 +161,7 @@ def acquire(env: Mapping[str, str] | None = None) -> list[int]:
         if exact is not None:
             busy = _take(files(exact))
             if busy is None:
-                return exact
+                return _numbered(exact, env)
             asked = env.get(VISIBLE_CORES_VAR) or (f"LOCAL_RANK={env['LOCAL_RANK']}" if "LOCAL_RANK" in env else "")
             how = f"{VISIBLE_CORES_VAR}={asked}" if env.get(VISIBLE_CORES_VAR) else asked or "every core (the default)"
         else:
@@ -166,7 +170,7 @@ def acquire(env: Mapping[str, str] | None = None) -> list[int]:
                 cores = list(range(start, start + count))
                 busy = _take(files(cores))
                 if busy is None:
-                    return cores
+                    return _numbered(cores, env)
                 first_busy = first_busy or busy
             busy, how = first_busy, f"{NUM_CORES_VAR}={count}, no {count} free in a row"
     core = busy.name.removeprefix("core-") if busy is not None else "?"
@@ -175,6 +179,27 @@ def acquire(env: Mapping[str, str] | None = None) -> list[int]:
         f"NeuronCore {core} of the emulated {inst.name} is held by process {holder} ({how}): the Neuron runtime "
         f"gives a core to one process until it exits; stop that process or set {VISIBLE_CORES_VAR} to free cores"
     )
+
+
+def _numbered(cores: list[int], env: Mapping[str, str]) -> list[int]:
+    """The cores held are this process's devices from now on: `neuron:N` is the N-th (`numbering.py`)."""
+    STATE.hold(cores, lnc(env))
+    return cores
+
+
+def free_count(env: Mapping[str, str] | None = None) -> int:
+    """How many cores of the emulated instance no live process holds (this one's own count as taken)."""
+    env = os.environ if env is None else env
+    where, free = folder(env), 0
+    for n in range(instance(env).cores):
+        path = where / f"core-{n}"
+        if path in _HELD:
+            continue
+        fd = _try(path)
+        if fd is not None:
+            free += 1
+            os.close(fd)  # not ours before: closing drops only this probe's lock
+    return free
 
 
 def held() -> list[int]:

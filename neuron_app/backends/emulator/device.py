@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from neuron_app.backends.emulator.numbering import STATE
 from neuron_app.errors import NeuronRuleViolation
 
 DEVICE_TYPE = "neuron"
@@ -59,15 +60,17 @@ _NO_KERNEL = {"detach", "alias", "view", "_unsafe_view", "t", "expand", "permute
 
 
 class _DeviceModule:
-    """`torch.neuron` as far as torch itself asks (torch.accelerator, dynamo's stream state): no real device, so
+    """`torch.neuron` as TorchNeuron's module has it (`torch_neuronx/__init__.py`), as far as scripts and torch ask:
+    the devices (`numbering.py`: one per held NeuronCore), the memory functions, synchronize. No real device, so
     nothing of torch's accelerator machinery (streams, events) is used; the emulator is the device.
 
     In the app it says "not available" (the app never asks it); `python -m neuron_app emulate` turns it on, so
-    that a user's script that checks for Neuron runs: one core per process, the torchrun rank's."""
+    that a user's script that checks for Neuron runs."""
 
     emulated = True  # not TorchNeuron's module: backends/neuron.py must not take it for an installed SDK
     available = False
     synchronize_hook: Any = None  # the emulator's synchronize (latched errors), under `emulate`
+    memory: Any = None  # the emulator's DeviceMemory, under `emulate`
 
     @classmethod
     def is_available(cls) -> bool:
@@ -75,15 +78,15 @@ class _DeviceModule:
 
     @classmethod
     def device_count(cls) -> int:
-        return 1 if cls.available else 0
+        return STATE.count() if cls.available else 0
 
     @staticmethod
     def current_device() -> int:
-        return 0  # one visible core per process: under torchrun, the rank's (TorchNeuron maps LOCAL_RANK)
+        return STATE.current()
 
     @staticmethod
     def set_device(device: Any) -> None:
-        return None
+        STATE.set_current(STATE.resolve(device))
 
     @classmethod
     def is_initialized(cls) -> bool:
@@ -93,6 +96,53 @@ class _DeviceModule:
     def synchronize(cls, device: Any = None) -> None:
         if cls.synchronize_hook is not None:
             cls.synchronize_hook()
+
+    # --- memory (TorchNeuron exports these; torch.accelerator's ask them too: `memory_api.py`) -----------------
+    @classmethod
+    def _index(cls, device: Any) -> int:
+        return STATE.current() if device is None else STATE.resolve(device)
+
+    @classmethod
+    def memory_allocated(cls, device: Any = None) -> int:
+        """Bytes of the device's memory held by live tensors of this process (the emulator's account)."""
+        return cls.memory.in_use_of(cls._index(device)) if cls.memory is not None else 0
+
+    @classmethod
+    def max_memory_allocated(cls, device: Any = None) -> int:
+        return cls.memory.peak_of(cls._index(device)) if cls.memory is not None else 0
+
+    @classmethod
+    def reset_peak_memory_stats(cls, device: Any = None) -> None:
+        if cls.memory is not None:
+            cls.memory.reset_peak(cls._index(device))
+
+    # No caching allocator is emulated: what is reserved is what is allocated.
+    memory_reserved = memory_allocated
+    max_memory_reserved = max_memory_allocated
+    reset_accumulated_memory_stats = reset_peak_memory_stats
+
+    @classmethod
+    def memory_stats(cls, device: Any = None) -> dict[str, int]:
+        now, peak = cls.memory_allocated(device), cls.max_memory_allocated(device)
+        return {
+            "allocated_bytes.all.current": now,
+            "allocated_bytes.all.peak": peak,
+            "reserved_bytes.all.current": now,
+            "reserved_bytes.all.peak": peak,
+        }
+
+    @staticmethod
+    def empty_cache() -> None:
+        """Nothing cached to free: every storage is freed when it dies."""
+
+    @classmethod
+    def get_device_properties(cls, device: Any = None) -> Any:
+        """`name` and `total_memory` (the bank's HBM), as TorchNeuron's properties object has them."""
+        from types import SimpleNamespace
+
+        index = cls._index(device)
+        total = cls.memory.capacity if cls.memory is not None else 0
+        return SimpleNamespace(name=f"NeuronCore {STATE.core(index)} (emulated)", total_memory=total, index=index)
 
 
 _DEVICE_MODULE = _DeviceModule()
@@ -130,9 +180,13 @@ def register_dist_backend() -> None:
     `DeviceMesh("neuron", ...)` work on CPU."""
     import torch.distributed as dist
 
+    from neuron_app.backends.emulator.numbering import on_process_group, track_meshes
+
+    track_meshes()
     if "neuron" not in dist.Backend.backend_list:
 
         def gloo_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
+            on_process_group()  # TorchNeuron's numbering from here: the rank's core is neuron:<local rank>
             return dist.ProcessGroupGloo(store, rank, size, timeout)
 
         dist.Backend.register_backend("neuron", gloo_group, devices=["neuron", "cpu"])

@@ -28,8 +28,41 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from neuron_app.errors import DeviceUnavailable
+
 #: TorchNeuron's default NEFF cache folder (the guide); the emulator's artifacts go into its `emulated/`.
 DEFAULT_NEFF_CACHE = "/tmp/neff_cache"
+
+
+def take_cores() -> list[int]:
+    """The NeuronCores this process asks the runtime for (`NEURON_RT_VISIBLE_CORES`, a torchrun rank's
+    `LOCAL_RANK`, `NEURON_RT_NUM_CORES`, else every core), held until it exits, said in one line on stderr;
+    `neuron:N` is the N-th of them (`numbering.py`). Held by another process: the runtime's refusal."""
+    from neuron_app.backends.emulator import cores
+
+    inst = cores.instance()
+    try:
+        held = cores.acquire()
+    except DeviceUnavailable as exc:
+        asked = cores.requested()[1]
+        raise DeviceUnavailable(
+            f"Logical Neuron Core(s) not available - Requested:{asked} Available:{cores.free_count()} "
+            f"(the Neuron runtime's refusal; neuron-emulated: {exc})"
+        ) from exc
+    span = f"{held[0]}-{held[-1]}" if len(held) > 1 else str(held[0])
+    rank = os.environ.get("LOCAL_RANK")
+    devices = (
+        f"neuron:{rank} after init_process_group(backend='neuron'), as TorchNeuron numbers a rank's core"
+        if rank is not None and len(held) == 1
+        else f"torch.neuron.device_count() {len(held)}, neuron:0 is core {held[0]}"
+    )
+    print(
+        f"neuron-emulated: this process holds NeuronCore(s) {span} of the emulated {inst.name} (pid {os.getpid()}): "
+        f"{devices}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return held
 
 
 def install(mode: str = "enforce") -> Any:
@@ -37,11 +70,15 @@ def install(mode: str = "enforce") -> Any:
     import torch
 
     from neuron_app.backends.emulator import device as emulator_device
+    from neuron_app.backends.emulator import memory_api
     from neuron_app.backends.emulator.rules import NeuronEmulator
 
+    take_cores()
     folder = Path(os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or DEFAULT_NEFF_CACHE) / "emulated"
     em = NeuronEmulator(folder, mode)
     emulator_device._DeviceModule.available = True
+    emulator_device._DeviceModule.memory = em.memory
+    memory_api.install(emulator_device._DEVICE_MODULE)
     emulator_device._DeviceModule.synchronize_hook = lambda: (em.store.flush(), em.synchronize())  # counters land
     emulator_device.register_accelerator()
     sys.modules.setdefault("torch.neuron", emulator_device._DEVICE_MODULE)  # torch imports it as a module too
@@ -92,6 +129,7 @@ def _patch_module_to(em: Any) -> None:
     import torch
 
     from neuron_app.backends.emulator.device import _is_device_arg, _is_neuron
+    from neuron_app.backends.emulator.numbering import STATE
 
     original = torch.nn.Module.to
 
@@ -101,9 +139,10 @@ def _patch_module_to(em: Any) -> None:
             return original(self, *args, **kwargs)
         rest = [a for a in args if not _is_device_arg(a)]
         options = {k: v for k, v in kwargs.items() if k != "device"}
+        index = STATE.resolve(device)  # `neuron:N` past the process's cores fails as on TorchNeuron
         if rest or options:  # a dtype too: convert on the host, then adopt
             original(self, *rest, **options)
-        em.adopt(self)
+        em.adopt(self, index)
         return self
 
     torch.nn.Module.to = to  # type: ignore[method-assign]
@@ -181,8 +220,16 @@ def summary(em: Any) -> str:
         f"  violations {snap['violation_count']}" + (f": last {snap['violations'][-1]}" if snap["violations"] else ""),
         f"  fallbacks to the CPU: {fallbacks} (host round trips {snap['host_round_trips']})",
         f"  device memory {snap['hbm_in_use_gib']} GiB in use (weights {snap['weight_gib']} GiB), peak "
-        f"{snap['hbm_peak_gib']} GiB, of {snap['hbm_gib']} GiB HBM per core; int64 ops {snap['int64_ops']}",
+        f"{snap['hbm_peak_gib']} GiB, of {snap['hbm_gib']} GiB HBM per bank; int64 ops {snap['int64_ops']}",
     ]
+    if len(snap["devices"]) > 1:
+        lines.append(
+            "  per device: "
+            + "; ".join(
+                f"neuron:{d['index']} (core {d['core']}) {d['in_use_gib']} GiB, peak {d['peak_gib']}"
+                for d in snap["devices"]
+            )
+        )
     shards = snap["tensor_parallel"] or _live_shards()
     if shards:
         lines.append(
@@ -224,7 +271,11 @@ def parse(argv: list[str]) -> tuple[str, str | None, str | None, list[str]]:
 
 def main(argv: list[str]) -> int:
     rules, module, script, rest = parse(argv)
-    em = install(rules)
+    try:
+        em = install(rules)
+    except DeviceUnavailable as exc:  # the cores are another process's: one line, as the runtime's start fails
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
     kept: list[Any] = []  # the script's globals: held by `report` until the summary has read its model
 
     def report() -> None:

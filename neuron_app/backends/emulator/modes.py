@@ -5,6 +5,9 @@ Split from `emulator.py`; they hold no state of their own, only the emulator the
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -14,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from neuron_app.backends.emulator import device as dev
 from neuron_app.backends.emulator.device import _RANDOM_FUNCTIONS, _is_neuron, _spec
+from neuron_app.backends.emulator.numbering import STATE
 
 
 def _returns_view(func: Any) -> bool:
@@ -32,12 +36,12 @@ class _RulesMode(TorchDispatchMode):
         kwargs = kwargs or {}
         em = self.emulator
         tensors = [t for t in pytree.arg_tree_leaves(*args, **kwargs) if isinstance(t, torch.Tensor)]
-        on_device = any(em.is_device(t) for t in tensors)
-        if on_device:
+        index = next((i for i in map(em.index_of, tensors) if i is not None), None)
+        if index is not None:
             em.check_op(func, args, kwargs, tensors)
         out = func(*args, **kwargs)
-        if on_device:
-            em.place(out, True)  # new storages are device memory (an activation: HBM until it dies)
+        if index is not None:
+            em.place(out, True, index=index)  # new storages are device memory on the inputs' core (HBM until they die)
         return out
 
 
@@ -55,7 +59,8 @@ class _PlacementMode(TorchFunctionMode):
         # The `.device` / `.is_cpu` properties: a host tensor answers for itself (a `meta` one is not on the CPU:
         # transformers materializes the buffers that say meta, such as the text encoder's RoPE frequencies).
         if owner is torch.Tensor.device:
-            return dev.DEVICE if em.is_device(args[0]) else func(*args, **kwargs)
+            index = em.index_of(args[0])
+            return torch.device(dev.DEVICE_TYPE, index) if index is not None else func(*args, **kwargs)
         if owner is torch.Tensor.is_cpu:
             return not em.is_device(args[0]) and func(*args, **kwargs)
         name = getattr(func, "__name__", "")
@@ -64,13 +69,14 @@ class _PlacementMode(TorchFunctionMode):
         if name == "numpy" and args and em.is_device(args[0]):
             em.violate(f"Tensor.numpy() of a device tensor {_spec(args[0])}: move it to the CPU first")
         if name == "get_device" and args and em.is_device(args[0]):
-            return 0
+            return em.index_of(args[0])
         device = kwargs.get("device")
         if _is_neuron(device):
+            index = STATE.resolve(device)  # `neuron:N` past the process's cores fails as TorchNeuron's guard does
             if name in _RANDOM_FUNCTIONS:
                 em.violate(f"torch.{name}(device='neuron') makes random numbers on the device; use a CPU generator")
             out = func(*args, **{**kwargs, "device": "cpu"})
-            return em.place(out, True)
+            return em.place(out, True, index=index)
         if name in _RANDOM_FUNCTIONS and any(em.is_device(a) for a in pytree.tree_leaves(args)):
             em.violate(f"torch.{name} of a device tensor makes random numbers on the device; use a CPU generator")
         return func(*args, **kwargs)  # a new storage is host memory; an op on device tensors places its own
@@ -78,12 +84,13 @@ class _PlacementMode(TorchFunctionMode):
     def _move(self, func: Any, name: str, args: tuple, kwargs: dict) -> Any:
         em = self.emulator
         src = args[0]
+        target_index = em.index_of(src)  # `.to(dtype)` keeps the core
         if name == "cpu":
             target_device, call_kwargs = False, {}
         else:
             rest = args[1:]
             if rest and isinstance(rest[0], torch.Tensor):
-                target_device = em.is_device(rest[0])
+                target_device, target_index = em.is_device(rest[0]), em.index_of(rest[0])
                 call_kwargs = {"dtype": rest[0].dtype}
             else:
                 device = kwargs.get("device")
@@ -93,6 +100,8 @@ class _PlacementMode(TorchFunctionMode):
                 if dtype is None:
                     dtype = next((a for a in rest if isinstance(a, torch.dtype)), None)
                 target_device = em.is_device(src) if device is None else _is_neuron(device)
+                if device is not None and target_device:
+                    target_index = STATE.resolve(device)
                 call_kwargs = {"dtype": dtype} if dtype is not None else {}
                 if "memory_format" in kwargs:
                     call_kwargs["memory_format"] = kwargs["memory_format"]
@@ -100,10 +109,39 @@ class _PlacementMode(TorchFunctionMode):
                     call_kwargs["device"] = device  # `meta` (accelerate's offload): torch's own move
         with _disable_current_modes():  # a transfer or a cast, not an op the device compiles
             out = src.to(**call_kwargs) if call_kwargs else src
-            if out is src and target_device != em.is_device(src):
-                out = src.clone()  # a transfer makes a new storage on the other side
-        return em.place(out, True) if target_device else out  # a new host storage is host memory already
+            moves_core = target_device and em.is_device(src) and em.index_of(src) != target_index
+            if out is src and (target_device != em.is_device(src) or moves_core):
+                out = src.clone()  # a transfer makes a new storage on the other side (or the other core)
+        return em.place(out, True, index=target_index) if target_device else out  # a host storage is host memory
 
 
 def _is_method(func: Any, name: str) -> bool:
     return func is getattr(torch.Tensor, name, None) or getattr(func, "__qualname__", "").endswith(f"Tensor.{name}")
+
+
+_DTYPE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _dtypes_as_on_neuron() -> Iterator[None]:
+    """Inside a device graph, diffusers' device-type dtype choice (`maybe_adjust_dtype_for_device`: float64 ->
+    float32, int64 -> int32 on neuron) is made as on the device: the graph is traced on CPU tensors, whose
+    device type would otherwise pick float64 (the RoPE frequencies), which the float64 rule then refuses."""
+    try:
+        from diffusers.utils import torch_utils
+    except ImportError:
+        yield
+        return
+    table = getattr(torch_utils, "_DTYPE_UNSUPPORTED_DEVICES", None)
+    if not isinstance(table, dict):
+        yield
+        return
+    with _DTYPE_LOCK:
+        saved = dict(table)
+        for dtype, devices in saved.items():
+            table[dtype] = frozenset(devices) | {"cpu"}
+        try:
+            yield
+        finally:
+            table.clear()
+            table.update(saved)

@@ -6,7 +6,9 @@ storage, not the Python object (the fourth review's T5: an identity map missed `
 swaps `param.data`, and put weak references on tensors, which `torch.utils.swap_tensors` refuses). A
 storage not on the device is host memory (T4: a tensor made on the host without `device=` is on the host).
 
-The storages on the device are HBM in use: weights and live activations alike, counted when they are
+Each storage is on one device index (`neuron:N`, the N-th core this process holds: `numbering.py`), counted
+on that core's account; the capacity is per HBM bank (one core's own at LNC=2, two neighbouring cores' shared
+one at LNC=1). The storages on the device are HBM in use: weights and live activations alike, counted when they are
 placed and freed when their storage dies (a finalizer on the storage; torch keeps a storage's Python object
 as long as the storage lives), whichever thread made them. A placement past the capacity fails as the
 Neuron runtime's allocator does ("Failed to allocate N bytes on DEVICE"), with the bytes asked, in use and
@@ -17,18 +19,21 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from neuron_app.backends.emulator.device import local_part
+from neuron_app.backends.emulator.numbering import STATE
 
 
 @dataclass
 class _Entry:
     nbytes: int
     weight: bool
+    index: int = 0
     live: bool = True
 
 
@@ -47,13 +52,17 @@ def storage_of(value: Any) -> Any:
 
 
 class DeviceMemory:
-    """The storages on the device, the bytes they hold now and at most, and the capacity of one logical core."""
+    """The storages on the device, by device index: the bytes each index holds now and at most, and the capacity
+    of one HBM bank (`bank_of`: which indices share one; default the process's `numbering.STATE`)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, bank_of: Callable[[int], int] | None = None) -> None:
         self.capacity = capacity
+        self.bank_of = bank_of or STATE.bank
         self._entries: dict[int, _Entry] = {}  # the storage's StorageImpl address -> its entry, while it lives
         self._lock = threading.RLock()  # a finalizer may run inside (a collection during an update)
-        self.in_use = 0
+        self._in_use: dict[int, int] = {}
+        self._peak: dict[int, int] = {}
+        self.in_use = 0  # every index together (one core's figure in a one-core process)
         self.peak = 0
         self.weights = 0
 
@@ -61,15 +70,32 @@ class DeviceMemory:
         storage = storage_of(value)
         return storage is not None and storage._cdata in self._entries
 
+    def index_of(self, value: Any) -> int | None:
+        """The device index a tensor's storage is on; None on the host."""
+        storage = storage_of(value)
+        entry = self._entries.get(storage._cdata) if storage is not None else None
+        return entry.index if entry is not None else None
+
     def is_host(self, value: Any) -> bool:
         """Host memory: a tensor with a host storage that is not on the device."""
         storage = storage_of(value)
         return storage is not None and storage._cdata not in self._entries
 
-    def claim(self, value: Any, weight: bool = False, force: bool = False) -> tuple[int, int] | None:
-        """Put a tensor's storage on the device. Returns None when it is there (now or already), else
-        (bytes asked, bytes in use) of an allocation past the capacity, which is then not placed unless
-        `force` (the `record` mode: counted, and placed anyway)."""
+    def in_use_of(self, index: int) -> int:
+        return self._in_use.get(index, 0)
+
+    def peak_of(self, index: int) -> int:
+        return self._peak.get(index, 0)
+
+    def bank_in_use(self, index: int) -> int:
+        """What the bank of `index` holds: every index of this process that allocates from it."""
+        bank = self.bank_of(index)
+        return sum(n for i, n in self._in_use.items() if self.bank_of(i) == bank)
+
+    def claim(self, value: Any, weight: bool = False, force: bool = False, index: int = 0) -> tuple[int, int] | None:
+        """Put a tensor's storage on device `index` (left where it is when it is on the device already). Returns
+        None when it is there, else (bytes asked, bytes the bank holds) of an allocation past the bank's capacity,
+        which is then not placed unless `force` (the `record` mode: counted, and placed anyway)."""
         storage = storage_of(value)
         if storage is None:
             return None
@@ -82,19 +108,23 @@ class DeviceMemory:
                     self.weights += entry.nbytes
                 return None
             nbytes = storage.nbytes()
-            if self.in_use + nbytes > self.capacity:
-                if not force:
-                    return nbytes, self.in_use
-                over = (nbytes, self.in_use)
-            else:
-                over = None
-            entry = _Entry(nbytes, weight)
+            held = self.bank_in_use(index)
+            over = (nbytes, held) if held + nbytes > self.capacity else None
+            if over is not None and not force:
+                return over
+            entry = _Entry(nbytes, weight, index)
             self._entries[key] = entry
-            self.in_use += nbytes
+            self._add(index, nbytes)
             self.weights += nbytes if weight else 0
-            self.peak = max(self.peak, self.in_use)
         weakref.finalize(storage, self._freed, key, entry)
         return over
+
+    def move(self, value: Any, index: int, weight: bool = False, force: bool = False) -> tuple[int, int] | None:
+        """A storage on another device index moves to `index` (the emulator's `.to("neuron:N")` of a weight)."""
+        current = self.index_of(value)
+        if current is not None and current != index:
+            self.release(value)
+        return self.claim(value, weight, force, index)
 
     def release(self, value: Any) -> None:
         """Take a tensor's storage off the device (it is host memory from now on)."""
@@ -105,6 +135,12 @@ class DeviceMemory:
                 if entry is not None:
                     self._drop(storage._cdata, entry)
 
+    def _add(self, index: int, nbytes: int) -> None:
+        self._in_use[index] = self._in_use.get(index, 0) + nbytes
+        self._peak[index] = max(self._peak.get(index, 0), self._in_use[index])
+        self.in_use += nbytes
+        self.peak = max(self.peak, self.in_use)
+
     def _freed(self, key: int, entry: _Entry) -> None:
         with self._lock:
             if entry.live and self._entries.get(key) is entry:
@@ -113,13 +149,19 @@ class DeviceMemory:
     def _drop(self, key: int, entry: _Entry) -> None:
         entry.live = False
         del self._entries[key]
+        self._in_use[entry.index] -= entry.nbytes
         self.in_use -= entry.nbytes
         self.weights -= entry.nbytes if entry.weight else 0
 
-    def reset_peak(self) -> int:
-        """Start a new high-water mark at what is in use now; returns the old peak."""
+    def reset_peak(self, index: int | None = None) -> int:
+        """Start a new high-water mark at what is in use now (one index, or all); returns the old peak."""
         with self._lock:
+            if index is not None:
+                old = self._peak.get(index, 0)
+                self._peak[index] = self._in_use.get(index, 0)
+                return old
             old, self.peak = self.peak, self.in_use
+            self._peak = dict(self._in_use)
             return old
 
     def storages(self) -> int:

@@ -51,7 +51,8 @@ from neuron_app.backends.emulator.device import (
     _spec,
     shard_report,
 )
-from neuron_app.backends.emulator.modes import _PlacementMode, _returns_view, _RulesMode
+from neuron_app.backends.emulator.modes import _dtypes_as_on_neuron, _PlacementMode, _returns_view, _RulesMode
+from neuron_app.backends.emulator.numbering import STATE, meshes_on_host
 from neuron_app.backends.emulator.placement import DeviceMemory
 from neuron_app.errors import NeuronRuleViolation
 
@@ -63,52 +64,22 @@ log = logging.getLogger(__name__)
 UNIMPLEMENTED_OPS = frozenset({"scatter_.src"})
 #: HBM per chip, by instance family (AWS's Trn1 and Trn2 instance pages).
 HBM_PER_CHIP_GIB = {"trn1": 32.0, "trn2": 96.0}
-#: How torch names the device in its "Expected all tensors to be on the same device" error.
-_DEVICE_NAME = "neuron:0"
 #: Ops that write a strided view as a full-buffer copy on TorchNeuron instead of failing.
 _STRIDED_WRITE_OK = {"copy_"}
 
 
-_DTYPE_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def _dtypes_as_on_neuron() -> Iterator[None]:
-    """Inside a device graph, diffusers' device-type dtype choice (`maybe_adjust_dtype_for_device`: float64 ->
-    float32, int64 -> int32 on neuron) is made as on the device: the graph is traced on CPU tensors, whose
-    device type would otherwise pick float64 (the RoPE frequencies), which the float64 rule then refuses."""
-    try:
-        from diffusers.utils import torch_utils
-    except ImportError:
-        yield
-        return
-    table = getattr(torch_utils, "_DTYPE_UNSUPPORTED_DEVICES", None)
-    if not isinstance(table, dict):
-        yield
-        return
-    with _DTYPE_LOCK:
-        saved = dict(table)
-        for dtype, devices in saved.items():
-            table[dtype] = frozenset(devices) | {"cpu"}
-        try:
-            yield
-        finally:
-            table.clear()
-            table.update(saved)
-
-
 def hbm_per_core_gib(env: dict[str, str] | None = None) -> float:
-    """HBM per logical core of the emulated instance at its LNC (`NEURON_EMULATOR_HBM_GIB` overrides): a chip's
-    HBM over its logical cores (AWS: Trainium2 96 GiB for 8 NeuronCore-v3, 24 GiB per core at LNC=2, 12 at LNC=1;
-    Trainium 32 GiB for 2 NeuronCore-v2)."""
+    """The HBM one logical core allocates from, its bank (`NEURON_EMULATOR_HBM_GIB` overrides): a Trainium2 has
+    four 24 GiB banks, each shared by two physical NeuronCore-v3 (AWS, Logical NeuronCore configuration): a core's
+    own at LNC=2, shared with its neighbour at LNC=1 (`numbering.DeviceState.bank`), 24 GiB either way."""
     from neuron_app.backends.emulator import cores
 
     env = dict(os.environ) if env is None else env
     if env.get("NEURON_EMULATOR_HBM_GIB", "").strip():
         return float(env["NEURON_EMULATOR_HBM_GIB"])
     found = cores.instance(env)
-    chips = cores.INSTANCES[found.name][0]
-    return HBM_PER_CHIP_GIB[found.name.split(".")[0]] / (found.cores // chips)
+    physical = cores.INSTANCES[found.name][1]
+    return HBM_PER_CHIP_GIB[found.name.split(".")[0]] / (physical // 2)  # two physical cores per bank
 
 
 def _unimplemented() -> frozenset[str]:
@@ -147,6 +118,10 @@ class NeuronEmulator:
         shard: tensor parallel, each rank its shard)."""
         return self.memory.holds(t)
 
+    def index_of(self, t: Any) -> int | None:
+        """The device index (`neuron:N`) a tensor's storage is on; None on the host."""
+        return self.memory.index_of(t)
+
     def is_host(self, t: Any) -> bool:
         """On the host: a tensor whose storage is not on the device, however it was made."""
         return self.memory.is_host(t)
@@ -166,42 +141,48 @@ class NeuronEmulator:
     def reset_hbm_peak(self) -> int:
         return self.memory.reset_peak()
 
-    def place(self, value: Any, on_device: bool, weight: bool = False) -> Any:
-        """Put every tensor in `value` on the device (its storage: HBM it takes from now on, past the capacity an
-        out-of-memory failure) or take it off."""
+    def place(self, value: Any, on_device: bool, weight: bool = False, index: int | None = None) -> Any:
+        """Put every tensor in `value` on device `index` (default the current device; its storage: HBM it takes
+        from now on, past its bank's capacity an out-of-memory failure) or take it off. A tensor on the device
+        stays where it is."""
+        where = STATE.current() if index is None else index
         for leaf in pytree.tree_leaves(value):
             if not isinstance(leaf, torch.Tensor):
                 continue
             if not on_device:
                 self.memory.release(leaf)
                 continue
-            over = self.memory.claim(leaf, weight, force=self.mode != "enforce")
+            over = self.memory.claim(leaf, weight, force=self.mode != "enforce", index=where)
             if over is not None:
-                self._out_of_memory(leaf, *over, weight=weight)
+                self._out_of_memory(leaf, *over, weight=weight, index=where)
         return value
 
-    def _out_of_memory(self, leaf: torch.Tensor, asked: int, in_use: int, weight: bool) -> None:
+    def _out_of_memory(self, leaf: torch.Tensor, asked: int, in_use: int, weight: bool, index: int = 0) -> None:
         """The Neuron runtime's allocation failure ("Failed to allocate N bytes on DEVICE for tensor", with the
-        core's utilization: aws-neuron-sdk issue 1014), with the figures."""
-        gib = 2**30
+        core's utilization: aws-neuron-sdk issue 1014; the bank's cores at LNC=1, AWS's device-memory page)."""
+        gib, core, bank = 2**30, STATE.core(index), STATE.bank_cores(index)
+        shared = f"; LNC size is 1. Neuron Cores using this HBM: NC {bank[0]} and NC {bank[1]}" if len(bank) > 1 else ""
         hint = (
             f"device weights {self.memory.weights / gib:.2f} GiB: shard the model (tensor parallel) or use LNC=2"
             if weight
             else f"weights {self.memory.weights / gib:.2f} GiB, the rest live activations: a smaller shape or batch"
         )
         self.violate(
-            f"out of device memory: Failed to allocate {asked} bytes on DEVICE for tensor {_spec(leaf)} on NC 0; "
-            f"in use {in_use} bytes ({in_use / gib:.2f} GiB), capacity {self.hbm_bytes} bytes "
-            f"({self.hbm_bytes / gib:.2f} GiB of HBM per logical core, NEURON_EMULATOR_HBM_GIB); {hint}"
+            f"out of device memory: Failed to allocate {asked} bytes on DEVICE for tensor {_spec(leaf)} on NC {core} "
+            f"(neuron:{index}){shared}; in use {in_use} bytes ({in_use / gib:.2f} GiB), capacity {self.hbm_bytes} "
+            f"bytes ({self.hbm_bytes / gib:.2f} GiB of HBM per bank, NEURON_EMULATOR_HBM_GIB); {hint}"
         )
 
-    def adopt(self, module: Any) -> int:
+    def adopt(self, module: Any, index: int | None = None) -> int:
         """Put a module's parameters and buffers on the device (the `pipe.to("neuron")` of the real path): their
-        storages become device memory, counted as weights, and must fit one logical core's HBM."""
+        storages become device memory, counted as weights on device `index` (None: the current device, and what is
+        on the device already stays where it is; an index: moved there), and must fit the bank's HBM."""
         tensors = [*module.parameters(), *module.buffers()]
-        moved = [t for t in tensors if not self.is_device(t)]
+        moved = [t for t in tensors if not self.is_device(t) or (index is not None and self.index_of(t) != index)]
         for t in tensors:
-            self.place(t, True, weight=True)
+            if index is not None and self.index_of(t) not in (None, index):
+                self.memory.release(t)  # `.to("neuron:N")` of a module on another core: its weights move
+            self.place(t, True, weight=True, index=index)
         shards = shard_report(module.parameters())
         if shards is not None:
             with self._lock:
@@ -275,11 +256,18 @@ class NeuronEmulator:
             return
         if name not in _MIXED_OK:
             host = [t for t in tensors if self.is_host(t) and t.dim() > 0]
+            indices = sorted({i for i in map(self.index_of, tensors) if i is not None})
             if host:  # torch's own device check, as TorchNeuron (any accelerator) raises it
                 self.violate(
-                    f"Expected all tensors to be on the same device, but found at least two devices, {_DEVICE_NAME} "
-                    f"and cpu! ({overload} mixes device and host tensors: host {', '.join(_spec(t) for t in host)}; "
-                    f"all {shapes}; move them to one side first)"
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"neuron:{indices[0] if indices else 0} and cpu! ({overload} mixes device and host tensors: host "
+                    f"{', '.join(_spec(t) for t in host)}; all {shapes}; move them to one side first)"
+                )
+            elif len(indices) > 1:  # two NeuronCores: torch's same check, between two device indices
+                self.violate(
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"neuron:{indices[0]} and neuron:{indices[1]}! ({overload} mixes tensors of two NeuronCores; "
+                    f"all {shapes}; move them to one core first with .to('neuron:N'))"
                 )
         if name in _NO_KERNEL or (func._schema.returns and _returns_view(func)):
             return
@@ -347,15 +335,30 @@ class NeuronEmulator:
 
         def run_graph(*args: Any, **kwargs: Any) -> Any:
             self.raise_latched()
+            index = None
             for leaf in pytree.arg_tree_leaves(*args, **kwargs):
                 if self.is_host(leaf) and leaf.dim() > 0:
                     self.violate(f"host tensor {_spec(leaf)} passed to the compiled device graph {name}")
-            with _disable_current_modes(), torch._C.DisableTorchFunction(), _dtypes_as_on_neuron():
+                index = self.index_of(leaf) if index is None else index
+            with _disable_current_modes(), torch._C.DisableTorchFunction(), _dtypes_as_on_neuron(), meshes_on_host():
                 out = fn(*args, **kwargs)
-            return self.place(out, True)
+            return self.place(out, True, index=index)  # on its inputs' core
 
         run_graph.neuron_graph = name  # type: ignore[attr-defined]
         return run_graph
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Per device index this process has (`neuron:N`): its NeuronCore and the HBM it holds now and at most."""
+        gib = 2**30
+        return [
+            {
+                "index": i,
+                "core": STATE.core(i),
+                "in_use_gib": round(self.memory.in_use_of(i) / gib, 3),
+                "peak_gib": round(self.memory.peak_of(i) / gib, 3),
+            }
+            for i in STATE.valid()
+        ]
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -376,6 +379,7 @@ class NeuronEmulator:
                 "hbm_peak_gib": round(self.memory.peak / 2**30, 3),
                 "tensor_parallel": dict(self.tensor_parallel) if self.tensor_parallel else None,
                 "hbm_gib": round(self.hbm_bytes / 2**30, 3),
+                "devices": self.devices(),
                 "graph_attention": [dict(a) for a in self.graph_attention[-50:]],
                 "graph_notes": list(self.graph_notes),
             }

@@ -98,13 +98,13 @@ def move(pipe: Any, placement: Placement, device_at: Any) -> None:
     """Each component straight to its device (`device_at(index)`), and the execution device the transformer's."""
     for component in COMPONENTS:
         getattr(pipe, component).to(device_at(placement.index_of(component)))
-    if placement.index_of("vae") != placement.index_of("transformer"):
-        follow_transformer(pipe)
+    follow_transformer(pipe)
 
 
 def follow_transformer(pipe: Any) -> None:
-    """diffusers takes the execution device from the first component in its signature (the VAE): with the VAE on a
-    core of its own the latents would be made there. This pipeline's class answers the transformer's device."""
+    """diffusers takes the execution device from the first accelerator component it lists (for klein the text
+    encoder, measured): with the components apart the latents would be made on the text encoder's core. This
+    pipeline's class answers the transformer's device."""
     cls = type(pipe)
     if getattr(cls, "follows_transformer", False):
         return

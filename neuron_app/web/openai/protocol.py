@@ -34,6 +34,11 @@ MAX_IDENTIFIER_CHARS = 256
 STEP_SHARE = {"low": 0.5, "medium": 0.75, "high": 1.0}
 #: What the other values ask, as a level of STEP_SHARE: klein has nothing above its tuned steps to give them.
 QUALITY_AS = {"auto": "high", "xhigh": "high", "max": "high", "standard": "high", "hd": "high"}
+#: Why a value OpenAI takes is not offered here (said after what the field takes).
+WHY_NOT = {
+    "background": "transparent is not offered: FLUX.2-klein draws no alpha channel",
+    "output_format": "gif and svg are not offered",
+}
 #: OpenAI fields this server cannot honour, and why (each a 400 naming it).
 REFUSED = {
     "style": "style is DALL-E 3's and is not offered here: describe the style in the prompt, or choose a LoRA "
@@ -77,8 +82,8 @@ class ImageRequest(BaseModel):
     quality: Literal["low", "medium", "high", "xhigh", "max", "auto", "standard", "hd"] | None = Field(
         None, description="Steps: low 1/2 and medium 3/4 of default_steps; the rest default_steps (echoed high)"
     )
-    background: Literal["transparent", "opaque", "auto"] | None = Field(
-        None, description="opaque or auto (echoed opaque); transparent is refused: klein draws no alpha"
+    background: Literal["opaque", "auto"] | None = Field(
+        None, description="opaque or auto, echoed opaque; transparent is refused: klein draws no alpha channel"
     )
     moderation: Literal["low", "auto"] | None = Field(
         None, description="auto: the operator's checks; low only where the server checks nothing"
@@ -106,9 +111,6 @@ class ImageRequest(BaseModel):
     @model_validator(mode="after")
     def _together(self) -> ImageRequest:
         """The fields that go together, before any model work."""
-        if self.background == "transparent":
-            raise _invalid("background", "background 'transparent' is not offered: FLUX.2-klein draws no alpha "
-                           "channel; send opaque or auto")  # fmt: skip
         if self.output_compression is not None and self.output_format in (None, "png"):
             raise _invalid("output_compression", "output_compression applies to jpeg and webp only")
         if self.partial_images and not self.stream:
@@ -345,7 +347,8 @@ def _refusal(model: type[ImageRequest], error: Any) -> ApiError:
         return _invalid(name, f"Unknown parameter: {name!r}", code="unknown_parameter")
     if error["type"] == "missing":
         return _invalid(name, f"{name} is required", code="missing_required_parameter")
-    return _invalid(name, f"{name} must be {_expected(_properties(model).get(name, {}))}")
+    why = f" ({WHY_NOT[name]})" if name in WHY_NOT else ""
+    return _invalid(name, f"{name} must be {_expected(_properties(model).get(name, {}))}{why}")
 
 
 def _expected(schema: dict[str, Any]) -> str:

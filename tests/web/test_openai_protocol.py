@@ -15,6 +15,7 @@ import email.policy
 import io
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,7 +36,7 @@ from neuron_app.web.openai.protocol import (
     quality_of,
     validated,
 )
-from tests.support import openai_client, wait_for
+from tests.support import openai_client, run_cli, tiny_env, wait_for
 
 PROMPT = "a lighthouse at dawn"
 SDK_PARAMS = (
@@ -192,6 +193,10 @@ def test_user_reaches_the_usage_book_per_image(api_app: Any, client: OpenAI) -> 
     alice = next(r for r in rows if r["user"] == "alice")
     assert (alice["key_name"], alice["resolution"], alice["steps"]) == ("-", "64x64", 1)
     assert alice["device_seconds"] > 0
+    out = run_cli(tiny_env(Path(api_app.settings.cache_dir)), "usage", "--users", "--json", timeout=120)
+    assert out.returncode == 0, out.stderr
+    per_user = {r["user"]: r for r in json.loads(out.stdout)}
+    assert per_user["alice"]["images"] == 2 and per_user["hashed-bob"]["key_name"] == "-"
 
 
 def test_the_sdks_requests_and_the_answers_validate_against_the_openapi_document(

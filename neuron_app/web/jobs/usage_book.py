@@ -159,6 +159,27 @@ def job_counts(path: Path, since: str | None = None) -> dict[tuple[str, str], di
     return counts
 
 
+def users_table(cache_dir: Path, since: str | None = None) -> list[dict[str, Any]]:
+    """The command's `--users` rows: images, megapixels and device seconds per day, key and end user."""
+    path = cache_dir / "usage.sqlite3"
+    if not path.is_file():
+        return []
+    book = UsageBook(path)
+    try:
+        images = book.images(since)
+    finally:
+        book.close()
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for image in images:
+        key = (image["day"], image["key_name"], image["user"] or NO_KEY)
+        row = rows.setdefault(key, {"day": key[0], "key_name": key[1], "user": key[2], "images": 0,
+                                    "output_megapixels": 0.0, "device_seconds": 0.0})  # fmt: skip
+        row["images"] += 1
+        row["output_megapixels"] = round(row["output_megapixels"] + image["output_megapixels"], 6)
+        row["device_seconds"] = round(row["device_seconds"] + image["device_seconds"], 4)
+    return list(rows.values())
+
+
 def usage_table(cache_dir: Path, since: str | None = None) -> list[dict[str, Any]]:
     """The command's rows: the usage table joined with the jobs by status, per day and key."""
     path = cache_dir / "usage.sqlite3"

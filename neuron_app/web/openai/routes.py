@@ -172,7 +172,8 @@ class OpenAIImages:
                 size = resolve_size(asked.size, self.settings.default_resolution, offered)
             else:  # an edit: "auto" follows the first reference's aspect ratio (engine/requests.py)
                 size = asked.size or AUTO_SIZE
-            size_plan = sizes.plan_for(self.settings, asked.model_dump(), offered, options)  # size_policy nearest
+            shape = asked.model_dump(include={"size", "aspect_ratio", "output_megapixels"})
+            size_plan = sizes.plan_for(self.settings, shape, offered, options)  # size_policy = nearest
             size = size_plan.served if size_plan else size
             check_size(size, offered)
             steps = asked.steps(self.settings.default_steps)

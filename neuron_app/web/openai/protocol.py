@@ -138,7 +138,7 @@ class ImageRequest(BaseModel):
         """Who the images are for, as OpenAI reads it: a non-empty safety_identifier, else user."""
         return self.safety_identifier or self.user or None
 
-    def steps(self, default_steps: int) -> int | Any:
+    def steps(self, default_steps: int) -> int:
         """num_inference_steps as sent (the engine checks it), else the quality's share of the default steps."""
         if self.num_inference_steps is not None:
             return self.num_inference_steps

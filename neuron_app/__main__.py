@@ -242,9 +242,16 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
 def cmd_usage(args: argparse.Namespace) -> int:
     """Usage per API key per day, from the usage table and the job store in the cache folder (no server)."""
     from neuron_app.settings import get_settings
-    from neuron_app.web.jobs.usage_book import MEASURES, today, usage_table
+    from neuron_app.web.jobs.usage_book import MEASURES, today, usage_table, users_table
 
     since = today(time.time() - 86400 * (args.days - 1)) if args.days else None
+    if args.users:  # per end user (OpenAI's `user` / `safety_identifier`), from each image's row
+        found = users_table(get_settings().state_folder, since)
+        if args.json:
+            print(json.dumps(found, indent=2))
+        else:
+            print(_table(list(found[0]), [list(r.values()) for r in found]) if found else "no images recorded yet")
+        return EXIT_OK
     rows = usage_table(get_settings().state_folder, since)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -359,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     usage = sub.add_parser("usage", help="usage per API key per day (the usage table and the job store)")
     usage.add_argument("--days", type=int, default=0, metavar="N", help="the last N days only (default: all)")
     usage.add_argument("--json", action="store_true", help="machine-readable rows")
+    usage.add_argument("--users", action="store_true", help="per end user (the API's user / safety_identifier)")
     usage.set_defaults(func=cmd_usage)
     serve = sub.add_parser("serve", help="start the web app (same as python app.py)")
     serve.set_defaults(func=cmd_serve)

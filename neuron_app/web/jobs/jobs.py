@@ -126,9 +126,11 @@ class Jobs:
         response_format: str,
         webhook_url: str | None,
         url_for: Callable[[str], str],
+        echo: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Queue a validated request whose charge and queue place `stack` holds; returns the job's 202 view.
-        Over its key's job caps: RateLimited `jobs_full`, with the charge and the queue place given back."""
+        Over its key's job caps: RateLimited `jobs_full`, with the charge and the queue place given back. `echo`:
+        what its answer says was used (quality, background, ...: web/openai/protocol.py), and for whom."""
         job_id = "imgjob_" + secrets.token_urlsafe(18)
         row = {
             "id": job_id,
@@ -146,7 +148,7 @@ class Jobs:
             stack.__exit__(*sys.exc_info())  # left with the error: the key's images are given back
             raise
         with self._lock:
-            self._live[job_id] = Live(job_id, work, stack, url_for, key_name=key_name)
+            self._live[job_id] = Live(job_id, work, stack, url_for, key_name=key_name, echo=echo or {})
             self._start_workers()
         self._pending.put(job_id)
         log.info("job %s queued (%s x%d)", job_id, size, count)
@@ -211,8 +213,10 @@ class Jobs:
         self._announce(live.id)
 
     def _succeeded(self, live: Live, records: list[GenerationRecord], items: list[dict[str, Any]]) -> None:
-        result = {"data": items, "size": records[0].resized_to or records[0].resolution, "output_format": "png"}
-        result["usage"] = self.usage.charge(live.key_name, records, live.waited_s)
+        result = live.echo | {"data": items, "size": records[0].resized_to or records[0].resolution}
+        result["output_format"] = "png"
+        user = live.echo.get("safety_identifier")
+        result["usage"] = self.usage.charge(live.key_name, records, live.waited_s, user=user)
         stored = [f.stat().st_size for f in (self.files / live.id).glob("*.png")]
         self.store.update(
             live.id, status="succeeded", result=json.dumps(result), finished=time.time(),

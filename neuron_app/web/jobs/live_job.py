@@ -41,6 +41,7 @@ class Live:
     since: float = 0.0  # when the current phase began (monotonic)
     estimate: dict[str, Any] | None = None  # the shape's compile (or load) estimate when it started compiling
     key_name: str | None = None  # whose usage it is
+    echo: dict[str, Any] = dataclasses.field(default_factory=dict)  # what its answer says was used, and for whom
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)  # DELETE while it runs
     ended: threading.Event = dataclasses.field(default_factory=threading.Event)
     queued_at: float = dataclasses.field(default_factory=time.monotonic)

@@ -2,8 +2,10 @@
 usage`.
 
 Each answered OpenAI-API request (synchronous or a job) adds its `usage` to its key's row of the day (UTC); a
-request without a key counts as "-". No server of its own: the table is a file in the cache folder, so the
-command reads it whether the app runs or not (and, next to it, the jobs by status from jobs.sqlite3).
+request without a key counts as "-". Each of its images is a row of `images` too, with the end user it was for
+(OpenAI's `safety_identifier`, or `user`), so an operator can say who used what behind one key. No server of its
+own: the table is a file in the cache folder, so the command reads it whether the app runs or not (and, next to it,
+the jobs by status from jobs.sqlite3).
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ SCHEMA = (
     + ", ".join(f"{m} REAL NOT NULL DEFAULT 0" for m in MEASURES)
     + ", PRIMARY KEY (day, key_name))"
 )
+#: One row per image: when, for which key and which end user (`user` / `safety_identifier`), and what it cost.
+IMAGES_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS images (created REAL NOT NULL, day TEXT NOT NULL, key_name TEXT NOT NULL, "
+    "user TEXT, resolution TEXT NOT NULL, steps INTEGER NOT NULL, output_megapixels REAL NOT NULL, "
+    "device_seconds REAL NOT NULL)"
+)
+
+
+def _create(db: sqlite3.Connection) -> None:
+    db.execute(SCHEMA)
+    db.execute(IMAGES_SCHEMA)
 
 
 def today(stamp: float | None = None) -> str:
@@ -42,7 +55,7 @@ class UsageBook:
     def __init__(self, path: Path) -> None:
         self._lock = threading.Lock()
         # A corrupt file is kept aside with one ERROR line and the book starts empty (issue 45, row 40).
-        self._db = open_checked(path, lambda db: db.execute(SCHEMA), "usage book", "starting with no usage")
+        self._db = open_checked(path, _create, "usage book", "starting with no usage")
 
     def add(self, key_name: str | None, usage: Usage, images: int, *, day: str | None = None) -> None:
         """One answered request of `images` images that cost `usage` (summed over its images)."""
@@ -64,13 +77,32 @@ class UsageBook:
         with self._lock:
             self._db.execute(sql, (day or today(), key_name or NO_KEY, *values.values()))
 
-    def charge(self, key_name: str | None, records: list[GenerationRecord], waited_s: float = 0.0) -> dict[str, Any]:
-        """The answer's `usage` (its images summed; `waited_s` before the device queue added), booked to the key."""
-        usage = Usage.total([r.usage() for r in records])
+    def charge(
+        self, key_name: str | None, records: list[GenerationRecord], waited_s: float = 0.0, *, user: str | None = None
+    ) -> dict[str, Any]:
+        """The answer's `usage` (its images summed; `waited_s` before the device queue added), booked to the key;
+        each image booked with the end user it was for."""
+        usages = [r.usage() for r in records]
+        usage = Usage.total(usages)
         if waited_s:
             usage = dataclasses.replace(usage, queue_s=round(usage.queue_s + waited_s, 4))
         self.add(key_name, usage, len(records))
+        now = time.time()
+        rows = [
+            (now, today(now), key_name or NO_KEY, user, r.resized_to or r.resolution, u.steps, u.output_megapixels,
+             u.device_seconds)
+            for r, u in zip(records, usages, strict=True)
+        ]  # fmt: skip
+        with self._lock:
+            self._db.executemany("INSERT INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
         return usage.to_dict()
+
+    def images(self, since: str | None = None) -> list[dict[str, Any]]:
+        """Every image booked from `since` (a YYYY-MM-DD day) on, oldest first, with its end user."""
+        with self._lock:
+            cursor = self._db.execute("SELECT * FROM images WHERE day >= ? ORDER BY created", (since or "0000-00-00",))
+            names = [c[0] for c in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def rows(self, since: str | None = None) -> list[dict[str, Any]]:
         """Every (day, key) row from `since` (a YYYY-MM-DD day) on, oldest first."""
@@ -125,6 +157,27 @@ def job_counts(path: Path, since: str | None = None) -> dict[tuple[str, str], di
             per = counts.setdefault((day, key_name or NO_KEY), {})
             per[status] = per.get(status, 0) + 1
     return counts
+
+
+def users_table(cache_dir: Path, since: str | None = None) -> list[dict[str, Any]]:
+    """The command's `--users` rows: images, megapixels and device seconds per day, key and end user."""
+    path = cache_dir / "usage.sqlite3"
+    if not path.is_file():
+        return []
+    book = UsageBook(path)
+    try:
+        images = book.images(since)
+    finally:
+        book.close()
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for image in images:
+        key = (image["day"], image["key_name"], image["user"] or NO_KEY)
+        row = rows.setdefault(key, {"day": key[0], "key_name": key[1], "user": key[2], "images": 0,
+                                    "output_megapixels": 0.0, "device_seconds": 0.0})  # fmt: skip
+        row["images"] += 1
+        row["output_megapixels"] = round(row["output_megapixels"] + image["output_megapixels"], 6)
+        row["device_seconds"] = round(row["device_seconds"] + image["device_seconds"], 4)
+    return list(rows.values())
 
 
 def usage_table(cache_dir: Path, since: str | None = None) -> list[dict[str, Any]]:

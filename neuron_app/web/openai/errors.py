@@ -9,8 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from neuron_app.engine.requests import AUTO_SIZE, parse_resolution
-from neuron_app.errors import AppError, RateLimited, RequestError, app_error_of, one_line
+from neuron_app.errors import AppError, RateLimited, app_error_of, one_line
 
 log = logging.getLogger("neuron_app.web.openai.routes")
 
@@ -57,18 +56,6 @@ def refusal(exc: AppError) -> ApiError:
         headers = {"Retry-After": "5"}
     param = PARAM_OF.get(exc.param, exc.param) if exc.param else None
     return ApiError(exc.http_status, str(exc), type=type_, param=param, code=exc.code, headers=headers)
-
-
-def check_size(size: Any, offered: list[str]) -> None:
-    """Every `size` refusal names `size` and lists the offered shapes: the engine refuses 1000x1000 for its width
-    (not a multiple of 16) before it would say which sizes there are."""
-    if size == AUTO_SIZE or (isinstance(size, str) and size in offered):
-        return
-    try:
-        reason = f"resolution {parse_resolution(size, 'size')} is not offered"
-    except RequestError as exc:
-        reason = str(exc)
-    raise RequestError(f"{reason}; choose one of {', '.join(offered)}", param="size")
 
 
 def failure(exc: Exception) -> ApiError:

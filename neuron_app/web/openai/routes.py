@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import json
 import logging
 import random
 import threading
@@ -41,11 +40,12 @@ from neuron_app.settings import Settings
 from neuron_app.web.access import Access
 from neuron_app.web.jobs.jobs import Jobs, wants_async
 from neuron_app.web.multi_image import offered_shapes, run_many, validate_many
-from neuron_app.web.openai import sizes
-from neuron_app.web.openai.errors import ApiError, check_size, failure, read_body, refusal
-from neuron_app.web.openai.forms import PNG, Output, content_type, output_choice, read_edit_form
+from neuron_app.web.openai import openapi, protocol, sizes
+from neuron_app.web.openai.errors import ApiError, failure, read_body, refusal
+from neuron_app.web.openai.forms import content_type, image_options, read_edit_form
 from neuron_app.web.openai.image_urls import UrlStore
-from neuron_app.web.openai.streaming import ImageStream, check_streamable, stream_choice
+from neuron_app.web.openai.protocol import PNG, ImageEditRequest, ImageRequest, Output, check_size
+from neuron_app.web.openai.streaming import ImageStream
 from neuron_app.web.ops import gradio_queue_length
 from neuron_app.web.queue_place import JobPlaces, QueuePlace
 from neuron_app.web.traced import traced
@@ -58,12 +58,10 @@ OPENAI_PATHS = (
     "/v1/images/edits",
     "/v1/images/files/{name}",
     "/v1/images/jobs/{id}",
+    "/v1/openapi.json",
 )
 #: A JSON request is a prompt and a few numbers; edits carry reference images.
 GENERATION_BODY_LIMIT = 1 << 20
-RESPONSE_FORMATS = ("b64_json", "url")
-#: OpenAI parameters accepted and without effect here (FLUX.2-klein has no such knobs).
-IGNORED_FIELDS = ("quality", "style", "user", "background", "moderation")
 #: Extensions beyond OpenAI's parameters, passed to `generate` when present (#15: LoRA style and strength;
 #: `loras`: several styles, [{"name", "scale"}], #32).
 EXTENSIONS = ("lora", "lora_scale", "loras")
@@ -124,15 +122,6 @@ class OpenAIImages:
         request.state.api_key_name = name
         return name
 
-    def check_model(self, model: Any) -> None:
-        if model is not None and model != self.settings.model:
-            raise ApiError(
-                400,
-                f"model {model!r} is not served here; this server serves {self.settings.model!r}",
-                param="model",
-                code="model_not_found",
-            )
-
     @contextlib.contextmanager
     def admitted(self) -> Iterator[QueuePlace]:
         """503 while loading or shutting down, 429 when the shared queue is full; counts this request in, and
@@ -168,47 +157,41 @@ class OpenAIImages:
                 self._in_flight -= 1
 
     # --- the shared path of generations and edits ---------------------------------------------------
-    async def serve(self, request: Request, fields: dict[str, Any], **options: Any) -> Response:
-        options |= {name: fields[name] for name in EXTENSIONS if fields.get(name) is not None}
-        partials = stream_choice(fields)  # None: not streamed (web/openai/streaming.py)
-        output = output_choice(fields)  # (format, quality): web/openai/forms.py
-        self.check_model(fields.get("model"))
-        response_format = fields.get("response_format") or "b64_json"
-        if response_format not in RESPONSE_FORMATS:
-            raise ApiError(
-                400,
-                f"response_format must be one of {', '.join(RESPONSE_FORMATS)}",
-                param="response_format",
-                code="invalid_value",
-            )
+    async def serve(self, request: Request, asked: ImageRequest, **options: Any) -> Response:
+        """A request the protocol parsed (web/openai/protocol.py), handed to the engine's one validation."""
+        options |= {name: getattr(asked, name) for name in EXTENSIONS if getattr(asked, name) is not None}
+        asked.check_model(self.settings.model)
+        response_format = asked.response_format or "b64_json"
+        heavy = isinstance(asked, ImageEditRequest)  # an edit's images: read after the key and the queue place
         try:
-            n, steps = fields.get("n"), fields.get("num_inference_steps")  # absent or null: the defaults
-            count = check_images(1 if n is None else n, self.settings.max_images)
+            moderation = asked.moderation_used(bool(self.settings.safety_on or self.settings.blocked_terms
+                                                    or self.settings.blocked_terms_file))  # fmt: skip
+            count = check_images(1 if asked.n is None else asked.n, self.settings.max_images)
             offered = offered_shapes(self.manager.status())
-            if options.get("references") is None and options.get("image") is None:
-                size = resolve_size(fields.get("size"), self.settings.default_resolution, offered)
+            if not heavy:
+                size = resolve_size(asked.size, self.settings.default_resolution, offered)
             else:  # an edit: "auto" follows the first reference's aspect ratio (engine/requests.py)
-                size = fields.get("size") or AUTO_SIZE
-            size_plan = sizes.plan_for(self.settings, fields, offered, options)  # size_policy = nearest
+                size = asked.size or AUTO_SIZE
+            shape = asked.model_dump(include={"size", "aspect_ratio", "output_megapixels"})
+            size_plan = sizes.plan_for(self.settings, shape, offered, options)  # size_policy = nearest
             size = size_plan.served if size_plan else size
             check_size(size, offered)
-            steps = self.settings.default_steps if steps is None else steps
-            seed = fields.get("seed")
+            steps = asked.steps(self.settings.default_steps)
+            seed = asked.seed
             if seed is None:
                 seed = random.randint(0, MAX_SEED - (count - 1))
         except RequestError as exc:
             raise self.refused(exc) from None
         # An edit's images are read (header, then pixels) only after its key, limits and queue place are
         # checked; a text-only request is checked in full first. Both in a worker: never on the event loop.
-        heavy = options.get("references") is not None or options.get("image") is not None
-        check = (self.manager, fields.get("prompt"), size, steps, seed, count)
+        check = (self.manager, asked.prompt, size, steps, seed, count)
         if not heavy:
             job, count = await self.validated(*check, **options)
         prefer = request.headers.get("prefer", "")
-        if partials is not None:
-            check_streamable(count, response_format, wants_async(prefer))
+        if wants_async(prefer):
+            asked.check_asynchronous()
         try:  # allowlist and every resolved address: a 400 naming webhook_url, and no connection made
-            webhook_url = await run_in_threadpool(self.jobs.check_webhook, prefer, fields)
+            webhook_url = await run_in_threadpool(self.jobs.check_webhook, prefer, {"webhook_url": asked.webhook_url})
         except RequestError as exc:
             raise refusal(exc) from None
 
@@ -225,18 +208,18 @@ class OpenAIImages:
             place = stack.enter_context(self.admitted())
             if heavy:  # the pixel budget from each image's header, then the decode (engine/modes/references.py)
                 job, count = await self.validated(*check, **options)
-            job = dataclasses.replace(job, output=output, previews=bool(partials))  # encoded in the post stage
+            job = dataclasses.replace(job, output=asked.output, previews=bool(asked.partials))  # the post stage's
             place = dataclasses.replace(place, images=count, resolution=str(job.resolution))
+            echo = asked.echo(size_plan.asked if size_plan else str(job.resolution), job.steps,
+                              self.settings.default_steps, moderation)  # fmt: skip
             now = await run_in_threadpool(self.manager.status)
             queue_headers = place.headers(now)
-            if partials is not None:  # the worker lets the charge and the queue place go when the run ends
+            if asked.partials is not None:  # the worker lets the charge and the queue place go when the run ends
                 prefix = "image_edit" if heavy else "image_generation"
-                stream = ImageStream(self, request, job, size_plan, place, stack.pop_all(), prefix, partials, fields)
+                stream = ImageStream(self, request, job, size_plan, place, stack.pop_all(), prefix, asked.partials,
+                                     echo)  # fmt: skip
                 return stream.response(queue_headers)
             if wants_async(prefer):  # the job holds the charge and the queue place from here until it ends
-                if output[0] != "png":
-                    raise ApiError(400, "output_format must be 'png' for a job (Prefer: respond-async)",
-                                   param="output_format", code="invalid_value")  # fmt: skip
                 try:  # over the key's job caps: a 429 jobs_full, the charge given back
                     view = await run_in_threadpool(
                         self.jobs.submit,
@@ -250,6 +233,7 @@ class OpenAIImages:
                         response_format=response_format,
                         webhook_url=webhook_url,
                         url_for=lambda name: str(request.url_for("openai_image_file", name=name)),
+                        echo=echo,
                     )
                 except AppError as exc:
                     raise refusal(exc) from None
@@ -265,12 +249,12 @@ class OpenAIImages:
                 raise failure(exc) from None
         # Marking and signing take CPU time (a watermark on 1024x1024 ~1 s): off the event loop.
         try:
-            data = await run_in_threadpool(self.image_items, request, records, response_format, output)
+            data = await run_in_threadpool(self.image_items, request, records, response_format, asked.output)
         except Exception as exc:  # a full disk is a 507 (errors.StorageFull), anything else a one-line 500
             raise failure(exc) from None
-        answer = {"created": int(time.time()), "data": data, "size": records[0].resolution, "output_format": output[0]}
-        answer["usage"] = await run_in_threadpool(self.usage.charge, request.state.api_key_name, records)
-        answer |= sizes.answer_fields(size_plan)
+        usage = await run_in_threadpool(self.usage.charge, request.state.api_key_name, records, user=asked.identifier)
+        fields = echo | {"created": int(time.time()), "data": data, "usage": usage} | sizes.answer_fields(size_plan)
+        answer = protocol.answer(protocol.ImagesResponse, **fields)
         return JSONResponse(answer, headers=queue_headers)  # where it stood when admitted (web/queue_place.py)
 
     def refused(self, exc: RequestError) -> ApiError:
@@ -315,15 +299,7 @@ class OpenAIImages:
             if content_type(request) != "application/json":
                 raise ApiError(400, "Content-Type must be application/json", code="invalid_content_type")
             body = await read_body(request, GENERATION_BODY_LIMIT)
-            try:
-                fields = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
-                raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
-            except RecursionError:  # 200 000 nested brackets: Python's parser gives up, the answer stays clear
-                raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
-            if not isinstance(fields, dict):
-                raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-            return await self.serve(request, fields)
+            return await self.serve(request, protocol.parse_json(body))  # web/openai/protocol.py
         except ApiError as exc:
             return self.answer_error(request, exc)
 
@@ -334,12 +310,13 @@ class OpenAIImages:
                 self.access.api_room(name, request.client.host if request.client else None)
             except AppError as exc:
                 raise refusal(exc) from None
-            fields, options = await read_edit_form(request)  # web/openai/forms.py
+            edit = await read_edit_form(request)  # web/openai/forms.py, parsed by web/openai/protocol.py
+            options = image_options(edit)
             if options.get("references") and not self.editing:
                 raise ApiError(
                     501, "image editing is not available on this server", type="server_error", code="not_implemented"
                 )
-            return await self.serve(request, fields, **options)
+            return await self.serve(request, edit, **options)
         except ApiError as exc:
             return self.answer_error(request, exc)
 
@@ -389,4 +366,5 @@ class OpenAIImages:
             Route("/v1/images/edits", traced(self.edits), methods=["POST"]),
             Route("/v1/images/files/{name}", self.image_file, methods=["GET"], name="openai_image_file"),
             Route("/v1/images/jobs/{id}", self.job, methods=["GET", "DELETE"]),
+            Route("/v1/openapi.json", openapi.document_route, methods=["GET"]),
         ]

@@ -45,54 +45,15 @@ from neuron_app.engine.records import CacheResult, GenerationRecord, ProgressEve
 from neuron_app.errors import Cancelled
 from neuron_app.web.multi_image import run_many
 from neuron_app.web.openai.errors import ApiError, failure
+from neuron_app.web.openai.protocol import ImageCompletedEvent, ImagePartialEvent, answer
 from neuron_app.web.queue_place import QueuePlace
 
 log = logging.getLogger(__name__)
 
-MAX_PARTIAL_IMAGES = 3  # OpenAI's range: 0-3
 #: How often a waiting stream looks at its queue place and at its client (seconds).
 TICK_S = 1.0
 #: A comment line at least this often while nothing else is sent (proxies close idle connections).
 KEEPALIVE_S = 10.0
-QUALITIES = ("low", "medium", "high", "auto")
-
-
-def _flag(value: Any) -> bool | None:
-    """`stream` as JSON sends it (true/false) or a form does ("true"/"false"); None when it is neither."""
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    return None
-
-
-def stream_choice(fields: dict[str, Any]) -> int | None:
-    """The number of partial images of a streamed answer, or None when the answer is not streamed; a 400 naming
-    `stream` or `partial_images` for anything else, before any model work."""
-    stream = _flag(fields.get("stream"))
-    if stream is None:
-        raise ApiError(400, "stream must be true or false", param="stream", code="invalid_value")
-    partials = fields.get("partial_images")
-    if partials is None:
-        partials = 0
-    if isinstance(partials, bool) or not isinstance(partials, int) or not 0 <= partials <= MAX_PARTIAL_IMAGES:
-        raise ApiError(400, f"partial_images must be a whole number from 0 to {MAX_PARTIAL_IMAGES}",
-                       param="partial_images", code="invalid_value")  # fmt: skip
-    if partials and not stream:
-        raise ApiError(400, "partial_images needs stream=true", param="partial_images", code="invalid_value")
-    return partials if stream else None
-
-
-def check_streamable(count: int, response_format: str, asynchronous: bool) -> None:
-    """What a stream cannot carry, refused before it begins: several images, URLs, a job."""
-    if count != 1:
-        raise ApiError(400, "stream=true makes one image: n must be 1", param="n", code="invalid_value")
-    if response_format != "b64_json":
-        raise ApiError(400, "stream=true sends b64_json images: leave response_format out",
-                       param="response_format", code="invalid_value")  # fmt: skip
-    if asynchronous:
-        raise ApiError(400, "stream=true and 'Prefer: respond-async' do not go together", param="stream",
-                       code="invalid_value")  # fmt: skip
 
 
 def partial_steps(steps: int, partials: int) -> list[int]:
@@ -123,7 +84,7 @@ class ImageStream:
     stack: contextlib.ExitStack
     prefix: str  # image_generation | image_edit
     partials: int
-    fields: dict[str, Any]
+    echo: dict[str, Any]  # what the events say was used (web/openai/protocol.py: ImageRequest.echo)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)  # the client went away
 
     def response(self, headers: dict[str, str]) -> StreamingResponse:
@@ -165,7 +126,9 @@ class ImageStream:
         try:
             record = fit_record(run_many(self.api.manager, self.job, 1, on_progress)[0], self.size_plan)
             data = encoded(record, self.api.marker, *self.job.output)  # the post stage's file, unless resized
-            usage = self.api.usage.charge(self.request.state.api_key_name, [record])
+            usage = self.api.usage.charge(
+                self.request.state.api_key_name, [record], user=self.echo.get("safety_identifier")
+            )
             return record, data, usage
         except BaseException as exc:
             failed = sys.exc_info()
@@ -194,14 +157,7 @@ class ImageStream:
 
     # --- on the event loop ----------------------------------------------------------------------------------
     def _common(self, size: str) -> dict[str, Any]:
-        quality = self.fields.get("quality")
-        return {
-            "size": size,
-            "quality": quality if quality in QUALITIES else "auto",
-            "background": "opaque",  # FLUX.2-klein draws no transparency
-            "output_format": self.job.output[0],
-            "created_at": int(time.time()),
-        }
+        return self.echo | {"size": size, "created_at": int(time.time())}
 
     async def events(self, inbox: asyncio.Queue[tuple[str, Any]], stop: threading.Event) -> AsyncIterator[bytes]:
         """The worker's events as server-sent events; `stop` set when the client goes away."""
@@ -232,7 +188,7 @@ class ImageStream:
                         return
                     event = {"type": f"{self.prefix}.partial_image", "b64_json": _b64(data)}
                     event |= {"partial_image_index": index} | self._common(self._size(str(self.job.resolution)))
-                    yield sse(event["type"], event)
+                    yield sse(event["type"], answer(ImagePartialEvent, **event))
                     index += 1
                 elif kind == "error":
                     error = item if isinstance(item, ApiError) else failure(item)
@@ -242,7 +198,7 @@ class ImageStream:
                     record, data, usage = item
                     event = {"type": f"{self.prefix}.completed", "b64_json": _b64(data), "usage": usage}
                     event |= self._common(record.resized_to or record.resolution) | {"provenance": record.info()}
-                    yield sse(event["type"], event)
+                    yield sse(event["type"], answer(ImageCompletedEvent, **event))
                     return
         finally:
             stop.set()  # the client went away (or the stream ended): the run stops at its next step

@@ -1,10 +1,12 @@
 """Issue 52's Lows, each the red team's attack repeated over loopback against the launched tiny app: a 5,000-deep
 `loras` string on every entry that reads one (row 48), and the blocked-term look-alike in negative squared Latin
-letters (row 49)."""
+letters (row 49), and the queue ETA from the run time per shape and steps (row 30: it said 3.1 s for a wait of
+~19 s behind a 512x512 16-step request)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -16,16 +18,18 @@ from gradio_client.exceptions import AppError
 from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 
+from neuron_app.web.queue_place import QueuePlace
 from tests.support import openai_client, png, source_image
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2"}
 DEEP = "[" * 5000 + "]" * 5000  # the red team's `loras`: Python's JSON parser gives up (RecursionError)
 CLEAR = "loras must be a JSON list"
+LONG = 40  # steps of the long request in the ETA test
 
 
 @pytest.fixture(scope="module")
 def app(launch_tiny: Callable[..., Any]) -> Any:
-    return launch_tiny(loras=LORAS, blocked_terms=["forbiddenword"])
+    return launch_tiny(loras=LORAS, blocked_terms=["forbiddenword"], max_steps=LONG)
 
 
 async def _mcp_generate(url: str, args: dict[str, Any]) -> Any:
@@ -90,3 +94,45 @@ def test_letter_symbols_in_an_ordinary_prompt_pass(app: Any) -> None:
         timeout=120,
     )
     assert reply.status_code == 200, reply.text
+
+
+def _eta_and_run(app: Any, size: str, steps: int) -> tuple[float, float]:
+    """A request's own X-Queue-Eta-Seconds (idle: its own run; NaN before the device has timed a request), and
+    the inference seconds it then took."""
+    body = {"prompt": "a red circle", "size": size, "num_inference_steps": steps, "seed": 1}
+    reply = httpx.post(app.url + "v1/images/generations", json=body, timeout=600)
+    assert reply.status_code == 200, reply.text
+    return float(reply.headers.get("x-queue-eta-seconds", "nan")), reply.json()["usage"]["inference_s"]
+
+
+def test_the_eta_follows_the_requests_shape_and_steps(app: Any) -> None:
+    """Row 30 over loopback: after short 64x64 runs and one long 128x128 run, a long 128x128 request's ETA is its
+    shape's and steps' run (not the median of everything, which the short runs pull down), and a short 64x64
+    request's is the short run's."""
+    for _ in range(3):
+        _eta_and_run(app, "64x64", 1)
+    _eta_and_run(app, "128x128", LONG)  # compiles it, then one timed run
+    long_eta, long_run = _eta_and_run(app, "128x128", LONG)
+    short_eta, _ = _eta_and_run(app, "64x64", 1)
+    assert long_eta >= 0.5 * long_run, (long_eta, long_run)
+    assert short_eta < 0.25 * long_eta, (short_eta, long_eta)
+    shapes = app.manager.status().stages["device"]["shape_s"]
+    assert shapes["128x128"]["by_steps"][str(LONG)] > 0 and shapes["64x64"]["by_steps"]["1"] > 0
+
+
+def test_the_eta_counts_what_the_request_on_the_device_has_left_and_scales_a_shape_never_run(app: Any) -> None:
+    """Behind a request on the device (a 256x256 run of 16 steps at 0.5 s a step, 2 s in), one waiting request
+    and its own 64x64 image: 6 s left + one request at the median + its own 4 steps; a shape never run (128x64)
+    scaled by pixels from the nearest timed shape."""
+    status = app.manager.status()
+    shapes = {"256x256": {"per_step_s": 0.5, "by_steps": {"16": 8.0}}, "64x64": {"per_step_s": 0.1, "by_steps": {}}}
+    device = {"served": 10, "median_s": 1.0, "shape_s": shapes}
+    device |= {"current": {"resolution": "256x256", "steps": 16, "elapsed_s": 2.0}}
+    now = dataclasses.replace(status, stages=status.stages | {"device": device}, shapes={})
+    place = dataclasses.replace(QueuePlace.taken(now, 2, 1), resolution="64x64", steps=4)
+    assert place.eta_s(now) == 6.0 + 1.0 + 0.4
+    unseen = dataclasses.replace(QueuePlace.taken(now, 0, 1), resolution="128x64", steps=10)
+    assert unseen.eta_s(now) == 2.0  # 64x64's 0.1 s a step x 2 (pixels) x 10 steps (nearer than 256x256)
+    late = {"current": {"resolution": "256x256", "steps": 16, "elapsed_s": 30.0}}  # over its time: one more step
+    overdue = dataclasses.replace(now, stages=now.stages | {"device": device | late})
+    assert dataclasses.replace(QueuePlace.taken(overdue, 1, 1), resolution="64x64", steps=4).eta_s(overdue) == 0.9

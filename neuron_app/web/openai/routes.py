@@ -226,7 +226,7 @@ class OpenAIImages:
             if heavy:  # the pixel budget from each image's header, then the decode (engine/modes/references.py)
                 job, count = await self.validated(*check, **options)
             job = dataclasses.replace(job, output=output, previews=bool(partials))  # encoded in the post stage
-            place = dataclasses.replace(place, images=count, resolution=str(job.resolution))
+            place = dataclasses.replace(place, images=count, resolution=str(job.resolution), steps=job.steps)
             now = await run_in_threadpool(self.manager.status)
             queue_headers = place.headers(now)
             if partials is not None:  # the worker lets the charge and the queue place go when the run ends

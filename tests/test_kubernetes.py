@@ -112,14 +112,71 @@ def test_every_pod_passes_the_security_list(rendered: dict[str, list[dict[str, A
     policy = find(rendered["rayservice"], "NetworkPolicy")["spec"]
     templates = [ray["headGroupSpec"]["template"], *(g["template"] for g in ray["workerGroupSpecs"])]
     assert all(policy["podSelector"]["matchLabels"].items() <= t["metadata"]["labels"].items() for t in templates)
-    admitted, operator, open_ports = policy["ingress"]
-    assert admitted == {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "neuron-app"}}}]}
-    (who,) = operator["from"]  # KubeRay deploys the Serve config through the dashboard (listening on the pod)
-    assert who["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}
-    assert operator["ports"] == [{"port": 8265}]
-    assert open_ports == {"ports": [{"port": 8000}]}  # Serve's HTTP; no GCS, dashboard or client port for others
+    assert_only_the_app_and_the_operator_reach_ray(policy)
     frontend = find(rendered["rayservice"], "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert frontend["app.kubernetes.io/name"] == "neuron-app"  # the page's pod reaches Ray
+
+
+def assert_only_the_app_and_the_operator_reach_ray(policy: dict[str, Any]) -> None:
+    """Issue 52 row 24: every rule names who may connect (no rule open to all), the app's pods only in their own
+    namespace, and KubeRay's operator only by its namespace's name (set by the API server) AND its pods' labels in
+    one `from` entry, to the dashboard alone."""
+    assert policy["policyTypes"] == ["Ingress"]
+    admitted, operator = policy["ingress"]  # nothing else: Serve's 8000 and every other port closed to others
+    assert admitted == {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "neuron-app"}}}]}
+    (who,) = operator["from"]  # KubeRay deploys the Serve config through the dashboard (listening on the pod)
+    assert who == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kuberay-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator",
+                                        "app.kubernetes.io/component": "kuberay-operator"}},
+    }  # fmt: skip
+    assert operator["ports"] == [{"port": 8265}]
+
+
+def admits(policy: dict[str, Any], namespace: dict[str, str], pod: dict[str, str], port: int, home: str) -> bool:
+    """Whether the policy (in namespace `home`) admits a pod with labels `pod` in a namespace with labels
+    `namespace` to `port`: NetworkPolicy's rules (OR over rules and peers, AND within a peer)."""
+
+    def selected(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+        return selector is not None and selector.get("matchLabels", {}).items() <= labels.items()
+
+    for rule in policy["ingress"]:
+        if "ports" in rule and all(p["port"] != port for p in rule["ports"]):
+            continue
+        if "from" not in rule:
+            return True
+        for peer in rule["from"]:
+            in_namespace = (
+                selected(peer["namespaceSelector"], namespace) if "namespaceSelector" in peer
+                else namespace.get("kubernetes.io/metadata.name") == home
+            )  # fmt: skip
+            if in_namespace and ("podSelector" not in peer or selected(peer["podSelector"], pod)):
+                return True
+    return False
+
+
+def test_a_pod_that_labels_itself_kuberay_operator_does_not_reach_rays_ports(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The red team's row 24: `kubectl run x -n <any namespace> --labels=app.kubernetes.io/name=kuberay-operator`
+    reached the Jobs API (8265). Walked over the rendered policy: the forged pod in another namespace (or in the
+    app's own), and anyone on Serve's 8000, are refused; the operator in its namespace and the app's pods pass."""
+    policy = find(rendered["rayservice"], "NetworkPolicy")["spec"]
+    forged = {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/component": "kuberay-operator"}
+    home = "apps"
+
+    def ns(name: str) -> dict[str, str]:
+        return {"kubernetes.io/metadata.name": name}
+
+    for port in (8265, 6379, 10001, 8000, 52365):
+        assert not admits(policy, ns("attacker"), forged, port, home), port
+        assert not admits(policy, ns("attacker"), {"app.kubernetes.io/name": "neuron-app"}, port, home), port
+        assert not admits(policy, ns(home), {"run": "x"}, port, home), port
+        assert admits(policy, ns(home), {"app.kubernetes.io/name": "neuron-app"}, port, home), port
+    assert not admits(policy, ns(home), forged, 8265, home)  # the operator's labels outside its namespace
+    assert admits(policy, ns("kuberay-system"), forged, 8265, home)
+    assert not admits(policy, ns("kuberay-system"), forged, 6379, home)
+    assert not admits(policy, ns("kuberay-system"), {"run": "x"}, 8265, home)  # another pod of its namespace
 
 
 # --- render and validate ---------------------------------------------------------------------------------------

@@ -321,7 +321,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         self.safety.ready()  # its classifier loads before any device work: one that cannot load fails the request
         waiting = time.perf_counter()
         with tracing.span("queue"):  # while another request holds the device
-            self._device_lock.acquire()
+            self._device_lock.acquire(req)
         try:
             held = time.perf_counter()
             eager_before = self.backend.eager_compile_count(self.counter.graphs)
@@ -347,7 +347,7 @@ class PipelineManager(ShapeCompiler, Admitted):
             eager = self.backend.eager_compile_count(self.counter.graphs) - eager_before
             timings = {"start": start, "queue_s": held - waiting, "inference_s": time.perf_counter() - t0}
             timings["device_s"] = time.perf_counter() - held
-            self._device_lock.busy(held, held + timings["device_s"])
+            self._device_lock.busy(held, held + timings["device_s"], req, timings["inference_s"])
             self.post.take()  # a host slot for the image; all busy: the lane waits (backpressure)
         except BaseException:
             self._device_lock.release()

@@ -170,7 +170,7 @@ def check_loras(settings: Settings, lora: Any, lora_scale: Any, loras: Any) -> t
     if isinstance(loras, str) and loras.strip():
         try:
             loras = json.loads(loras)
-        except ValueError:
+        except (ValueError, RecursionError):  # 5,000 nested brackets: Python's parser gives up (issue 52 row 48)
             raise RequestError('loras must be a JSON list of {"name": ..., "scale": ...}', param="loras") from None
     if loras is None or loras == "" or loras == []:
         scale = check_float("lora_scale", 1.0 if lora_scale is None else lora_scale, 0.0, settings.max_lora_scale)

@@ -6,9 +6,15 @@ The page's figures are Gradio's: its rank in Gradio's queue, and an ETA from the
 An API request waits outside Gradio's queue, on the same device lane (engine/output/postprocess.py, first come
 first served), so its place is taken when it is admitted: the requests ahead of it are those the admission check
 counts (Gradio's waiting and running, the API's in flight, less those already past the device), and the place
-counts down by each request that lets the lane go after that. The ETA is the median device time of the last requests
-(the lane's own log) for each request ahead, spread over the lanes, plus its own images, plus its shape's compile
-(or graph load) estimate when that shape is not ready: the status table's estimate (engine/cache/estimates.py).
+counts down by each request that lets the lane go after that. The ETA (issue 52 row 30: it ignored shape and steps)
+is, from the lane's own log of the last runs per shape (engine/output/postprocess.py `shape_s`):
+- the request on the device: its run at its shape and steps, less the time it has had (at least one more step);
+- each request waiting ahead of it: the median device time of the last requests (their shapes are not known here),
+  spread over the lanes;
+- its own images: the median run at its shape with its steps, else the shape's median seconds per step times its
+  steps; a shape never run is scaled by pixels from the nearest shape that was;
+- its shape's compile (or graph load) estimate when that shape is not ready: the status table's estimate
+  (engine/cache/estimates.py).
 A manager that does not report its lane (replicas without these fields) gives a place that does not count down
 and no ETA.
 """
@@ -38,6 +44,7 @@ class QueuePlace:
     lanes: int
     images: int = 1
     resolution: str | None = None
+    steps: int | None = None
 
     @classmethod
     def taken(cls, status: ManagerStatus, ahead: int, lanes: int) -> QueuePlace:
@@ -53,11 +60,19 @@ class QueuePlace:
 
     def eta_s(self, status: ManagerStatus) -> float | None:
         """Seconds until the images should be done, or None before any request has timed the device."""
-        typical = _device(status).get("median_s")
+        device = _device(status)
+        typical = device.get("median_s")
         if not isinstance(typical, int | float):
             return None
-        rounds = math.ceil(self.position(status) / self.lanes)  # the requests ahead, `lanes` at a time
-        seconds = (rounds + self.images) * typical
+        shapes = device.get("shape_s") or {}
+        waiting, seconds = self.position(status), 0.0
+        current = device.get("current")
+        if waiting and isinstance(current, dict):  # the request on the device: what its run has left
+            run = run_s(shapes, current["resolution"], current["steps"], typical)
+            seconds += max(run - current["elapsed_s"], run / max(1, current["steps"]))
+            waiting -= 1
+        rounds = math.ceil(waiting / self.lanes)  # the requests waiting ahead, `lanes` at a time
+        seconds += rounds * typical + self.images * run_s(shapes, self.resolution, self.steps, typical)
         shape = status.shapes.get(self.resolution or "")
         if shape is not None and shape.state is not ShapeState.READY and shape.estimate_s is not None:
             seconds += shape.estimate_s  # its compile or graph load comes first
@@ -74,6 +89,27 @@ class QueuePlace:
         if figures["queue_eta_s"] is not None:
             headers["X-Queue-Eta-Seconds"] = str(figures["queue_eta_s"])
         return headers
+
+
+def _pixels(shape: str) -> int:
+    width, _, height = shape.partition("x")
+    return int(width) * int(height) if width.isdigit() and height.isdigit() else 0
+
+
+def run_s(shapes: dict[str, Any], shape: str | None, steps: int | None, typical: float) -> float:
+    """Seconds of one image at `shape` with `steps`, from the last runs per shape (`shape_s`); `typical` (the
+    median device time of the last requests) when steps are unknown or nothing was timed per shape."""
+    if not shapes or not steps or not shape:
+        return typical
+    timed = shapes.get(shape)
+    if timed is not None:
+        same = timed["by_steps"].get(str(steps))
+        return same if same is not None else timed["per_step_s"] * steps
+    pixels = _pixels(shape)
+    if not pixels:
+        return typical
+    near = min(shapes, key=lambda known: abs(_pixels(known) - pixels))  # a shape never run: scaled by pixels
+    return shapes[near]["per_step_s"] * steps * pixels / max(1, _pixels(near))
 
 
 class JobPlaces:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_app.engine.model.placement import Placement, move
-from neuron_app.engine.model.real.random_weights import RANDOM_MODELS, ensure_random
+from neuron_app.engine.model.real.random_weights import RANDOM_MODELS, ensure_random, remove_stale_staging
 from neuron_app.engine.model.real.random_weights import VERSION as RANDOM_VERSION
 from neuron_app.engine.model.real.random_weights import folder_name as random_folder
 from neuron_app.engine.model.text_encoder import truncate_pipeline_encoder
@@ -105,6 +105,8 @@ def load_pipeline(
         ensure_tiny(settings.cache_dir / "models", source.tiny)
     if source.random:
         ensure_random(settings.cache_dir / "models", source.random)
+    else:  # a killed build's staging folders are removed at the next start, whatever it serves
+        remove_stale_staging(settings.cache_dir / "models")
     token = settings.hf_token.get_secret_value() if settings.hf_token else None
     kwargs: dict[str, Any] = {"dtype": dtype, "revision": source.revision, "token": token}
     try:

@@ -26,8 +26,11 @@ from neuron_app import tracing
 
 #: The device lane's last holds kept for the idle fraction (the bench, status).
 LANE_LOG = 256
-#: How many of the last holds the median device time per request is taken over (`snapshot`'s `median_s`).
+#: How many of the last holds the median device time per request is taken over (`snapshot`'s `median_s`), and
+#: how many timed runs are kept per shape (`snapshot`'s `shape_s`).
 MEDIAN_OF = 32
+#: Shapes whose run times are kept (the oldest forgotten first): a server serves a few configured sizes.
+SHAPES_TIMED = 64
 
 
 def post_workers(settings: Any) -> int:
@@ -49,23 +52,38 @@ class Lane:
         #: (start, end) of each request's device work, perf_counter: the host work after it is not in it, even
         #: in-line where the lane stays held through it (what the idle fraction compares)
         self.holds: deque[tuple[float, float]] = deque(maxlen=LANE_LOG)
+        #: per shape, (steps, seconds) of its last runs (no compile in them): a queue place's ETA per shape and steps
+        self.timed: dict[str, deque[tuple[int, float]]] = {}
+        self.current: tuple[str, int, float] | None = None  # the request on the device: shape, steps, since
 
-    def acquire(self) -> bool:
+    def acquire(self, work: Any = None) -> bool:
+        """Wait for the lane; `work` (a request with `resolution` and `steps`) is what it holds it for."""
         with self._cond:
             ticket = self._next
             self._next += 1
             while ticket != self._serving:
                 self._cond.wait()
+            if work is not None:
+                self.current = (str(work.resolution), int(work.steps), time.perf_counter())
         return True
 
-    def busy(self, start: float, end: float) -> None:
-        """A request's device work ran from `start` to `end` (perf_counter)."""
+    def busy(self, start: float, end: float, work: Any = None, run_s: float | None = None) -> None:
+        """A request's device work ran from `start` to `end` (perf_counter); `run_s` of it was `work`'s run."""
         with self._cond:
             self.holds.append((start, end))
+            self.current = None
+            if work is not None and run_s is not None and work.steps > 0:
+                shape = str(work.resolution)
+                runs = self.timed.pop(shape, None) or deque(maxlen=MEDIAN_OF)
+                runs.append((int(work.steps), run_s))
+                self.timed[shape] = runs  # the newest shape last: the oldest is forgotten first
+                while len(self.timed) > SHAPES_TIMED:
+                    self.timed.pop(next(iter(self.timed)))
 
     def release(self) -> None:
         with self._cond:
             self._serving += 1
+            self.current = None
             self._cond.notify_all()
 
     def locked(self) -> bool:
@@ -82,6 +100,23 @@ class Lane:
         """Requests that have let the lane go since start: a queue place counts down by it (web/queue_place.py)."""
         with self._cond:
             return self._serving
+
+    def shape_times(self) -> dict[str, Any]:
+        """`shape_s`: per shape, the median seconds per step and per step count of its last runs; `current`: the
+        request on the device (shape, steps, seconds since it took the lane)."""
+        with self._cond:
+            timed = {shape: list(runs) for shape, runs in self.timed.items()}
+            current = self.current
+        shapes: dict[str, Any] = {}
+        for shape, runs in timed.items():
+            counts = sorted({steps for steps, _ in runs})
+            by_steps = {str(n): round(statistics.median(s for k, s in runs if k == n), 4) for n in counts}
+            shapes[shape] = {"per_step_s": round(statistics.median(s / k for k, s in runs), 4), "by_steps": by_steps}
+        running = None
+        if current is not None:
+            shape, steps, since = current
+            running = {"resolution": shape, "steps": steps, "elapsed_s": round(time.perf_counter() - since, 3)}
+        return {"shape_s": shapes, "current": running}
 
     def __enter__(self) -> Lane:
         self.acquire()
@@ -162,6 +197,7 @@ class PostStage:
         # many times a warm one (its compile is in the hold; the ETA adds a cold shape's estimate on its own).
         recent = sorted(end - start for start, end in list(lane.holds)[-MEDIAN_OF:])
         device["median_s"] = round(statistics.median(recent), 3) if recent else None
+        device |= lane.shape_times()
         return {"device": device, "post": post}
 
 

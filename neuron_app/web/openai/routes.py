@@ -209,7 +209,7 @@ class OpenAIImages:
             if heavy:  # the pixel budget from each image's header, then the decode (engine/modes/references.py)
                 job, count = await self.validated(*check, **options)
             job = dataclasses.replace(job, output=asked.output, previews=bool(asked.partials))  # the post stage's
-            place = dataclasses.replace(place, images=count, resolution=str(job.resolution))
+            place = dataclasses.replace(place, images=count, resolution=str(job.resolution), steps=job.steps)
             echo = asked.echo(size_plan.asked if size_plan else str(job.resolution), job.steps,
                               self.settings.default_steps, moderation)  # fmt: skip
             now = await run_in_threadpool(self.manager.status)

@@ -16,7 +16,9 @@ The run is the synchronous request's: validated and admitted first, then `run_ma
 device lane; the event loop only moves events. While the request waits for the device, comment lines
 (`: {"queue_position": 1, "queue_eta_s": 12.5}`, web/queue_place.py) say where it stands: SDKs skip comments,
 and they keep proxies from closing a quiet connection during a compile. A client that goes away stops the run at
-its next denoising step (engine/steps.py), as the page's Stop does; the key's images are then given back.
+its next denoising step (engine/steps.py), as the page's Stop does. As a cancelled job is, a stream closed after
+its first step stays charged and its device seconds and steps are booked (web/jobs/live_job.py); only one closed
+before its first step is given back.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from neuron_app.engine.modes.sizing import fit_record
 from neuron_app.engine.output.images import encoded, provenance
 from neuron_app.engine.records import CacheResult, GenerationRecord, ProgressEvent
 from neuron_app.errors import Cancelled
+from neuron_app.web.jobs.live_job import cancelled_usage
 from neuron_app.web.multi_image import run_many
 from neuron_app.web.openai.errors import ApiError, failure
 from neuron_app.web.openai.protocol import ImageCompletedEvent, ImagePartialEvent, answer
@@ -86,6 +89,8 @@ class ImageStream:
     partials: int
     echo: dict[str, Any]  # what the events say was used (web/openai/protocol.py: ImageRequest.echo)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)  # the client went away
+    started: float = 0.0  # when it took the device (monotonic), 0 before
+    steps_run: int = 0  # denoising steps it reached: a cancel after the first one is charged and booked
 
     def response(self, headers: dict[str, str]) -> StreamingResponse:
         """The run starts now, in its worker thread (it lets its charge go even if the stream is never read)."""
@@ -102,6 +107,10 @@ class ImageStream:
         def on_progress(event: ProgressEvent) -> None:
             if stop.is_set() and event.phase in ("denoising", "decoding"):
                 raise Cancelled("the client went away", code="cancelled")
+            if event.phase == "denoising" and event.step > 0:
+                self.steps_run += 1
+            if event.phase != "loading" and not self.started:
+                self.started = time.monotonic()
             log.info("openai api stream %s: %s", event.resolution or "", event.message)
             if isinstance(event, PreviewEvent) and event.step in chosen and event.preview is not None:
                 put(("preview", event))
@@ -134,9 +143,12 @@ class ImageStream:
             failed = sys.exc_info()
             if not isinstance(exc, Cancelled):
                 self.api.access.observe_error(exc, "openai")
+            elif self.steps_run:  # cut after its first step: charged and booked, as a cancelled job is
+                failed = (None, None, None)
+                self.api.usage.add(self.request.state.api_key_name, cancelled_usage(self.started, self.steps_run), 0)
             raise
         finally:
-            self.stack.__exit__(*failed)  # a failure or a cancel gives the key's images back
+            self.stack.__exit__(*failed)  # a failure, or a cancel before the first step, gives the images back
 
     def partial(self, event: PreviewEvent, index: int) -> bytes:
         """A step's preview at the image's size, marked and signed as the final image is."""

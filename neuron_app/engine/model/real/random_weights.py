@@ -34,13 +34,58 @@ def folder_name(model: str) -> str:
 
 
 def ensure_random(models_dir: Path, model: str) -> Path:
-    """The folder of `model`, built on first use (staged, then renamed: a crash leaves no half folder)."""
+    """The folder of `model`, built on first use (staged, then renamed: a crash leaves no half folder). One process
+    builds while the others wait on its lock file (N pods on one cache folder write one copy, not N), and the
+    staging folders a killed build left (15 GiB for 4B, 32 GiB for 9B) are removed first (issue 52, row 36)."""
     from neuron_app.engine.model.tiny import write_staged
 
     folder = models_dir / folder_name(model)
-    if not (folder / "model_index.json").is_file():
-        write_staged(folder, lambda staging: build(staging, RANDOM_MODELS[model]))
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with _build_lock(models_dir, model):
+        _remove_staging(models_dir, model)
+        if not (folder / "model_index.json").is_file():
+            write_staged(folder, lambda staging: build(staging, RANDOM_MODELS[model]))
     return folder
+
+
+def remove_stale_staging(models_dir: Path) -> list[str]:
+    """Every random model's staging folders that no live build owns (a build holds its lock), removed: what a
+    start does whatever model it serves. Returns their names."""
+    from filelock import Timeout
+
+    removed: list[str] = []
+    for model in RANDOM_MODELS:
+        if not any(_staging(models_dir, model)):
+            continue
+        try:
+            with _build_lock(models_dir, model, timeout=0):
+                removed += _remove_staging(models_dir, model)
+        except Timeout:  # a build in progress: its folder is not stale
+            continue
+    return removed
+
+
+def _build_lock(models_dir: Path, model: str, timeout: float = -1) -> Any:
+    from filelock import FileLock
+
+    return FileLock(str(models_dir / f".{folder_name(model)}.lock"), timeout=timeout)
+
+
+def _staging(models_dir: Path, model: str) -> list[Path]:
+    """`write_staged`'s folders for `model` (`.<folder>-<random>`), not its lock file."""
+    return [p for p in models_dir.glob(f".{folder_name(model)}-*") if p.is_dir() and not p.is_symlink()]
+
+
+def _remove_staging(models_dir: Path, model: str) -> list[str]:
+    """With the model's build lock held, its staging folders are a dead build's: removed, one line each."""
+    import shutil
+
+    names = []
+    for stale in _staging(models_dir, model):
+        shutil.rmtree(stale, ignore_errors=True)
+        log.warning("removed %s, left by a %s build that did not finish", stale.name, model)
+        names.append(stale.name)
+    return names
 
 
 def _meta_components(spec: dict[str, Any]) -> dict[str, Any]:

@@ -322,3 +322,15 @@ def test_without_httptools_the_app_falls_back_to_its_own_deadline_on_h11(
     with socket.create_connection(("127.0.0.1", proc.port), BACKSTOP_S) as sock:
         assert send_headers(sock, 64).startswith(b"HTTP/1.1 431")  # ours at 8 KiB, before h11's own 16 KiB
     assert "httptools is not installed" not in proc.output()
+
+
+def test_an_edit_meets_a_full_queue_before_its_body_is_read(app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row 12, admission first: with the queue full (Gradio's queue length, as the route reads it, held at its
+    size), an edit that promises 1 MB and sends 1 KB of it gets its 429 `queue_full` at once, not after its body."""
+    from neuron_app.web.openai import routes
+
+    monkeypatch.setattr(routes, "gradio_queue_length", lambda demo: app.settings.queue_max_size + 8)
+    with connect(app, "127.0.0.73") as sock:
+        sock.sendall(post_head("/v1/images/edits", MB, MULTIPART) + b"--b\r\n" + b"x" * 1024)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 429") and b"queue_full" in answer, answer[:300]

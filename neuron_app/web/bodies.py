@@ -38,6 +38,9 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 MB = 1 << 20
 #: The cap of a route the table does not know (and of `/login`: a user name and a password).
 SMALLEST_BODY = 64 << 10
+#: The OpenAI routes' own caps (web/openai/forms.py EDIT_BODY_LIMIT, routes.py GENERATION_BODY_LIMIT; web may not
+#: import its rooms, so tests/web/test_bodies.py checks they agree).
+EDIT_BODY_LIMIT, GENERATION_BODY_LIMIT = 50 << 20, 1 << 20
 DISCONNECT = {"type": "http.disconnect"}
 #: Answers in OpenAI's error shape (the SDK reads `error.message`); elsewhere Gradio's `detail`.
 OPENAI_PREFIX = "/v1/"
@@ -66,8 +69,6 @@ class BodyRules:
     @classmethod
     def for_settings(cls, settings: Settings) -> BodyRules:
         from neuron_app.web.door import MCP_BODY_LIMIT, MCP_PATH, UPLOAD_PATHS
-        from neuron_app.web.openai.forms import EDIT_BODY_LIMIT
-        from neuron_app.web.openai.routes import GENERATION_BODY_LIMIT
 
         upload = int(settings.upload_mb_per_minute * MB)  # the most one address may upload in a minute
         gradio = int(settings.request_body_mb * MB)

@@ -109,6 +109,11 @@ def test_every_route_the_server_answers_has_a_body_cap_and_a_row_in_the_door_tab
     guard, documented = guard_of(app), door_table()
     routes = [*server_routes(app), ("/no/such/route", ["POST"])]
     assert len(routes) > 40 and any(path == "/login" for path, _ in routes)
+    from neuron_app.web.openai import forms
+    from neuron_app.web.openai import routes as openai_routes
+
+    assert guard.rules.cap("/v1/images/edits", {}) == forms.EDIT_BODY_LIMIT  # the door's copy of the routes' caps
+    assert guard.rules.cap("/v1/images/generations", {}) == openai_routes.GENERATION_BODY_LIMIT
     for path, methods in routes:
         bare = path.rstrip("/") or "/"  # `/login/` is `/login`
         rows = [row for row in documented if bare == row or (row.endswith("*") and path.startswith(row[:-1]))]

@@ -118,7 +118,7 @@ class InterfaceSettings(BaseModel):
     )
 
     max_header_kb: int = Field(
-        64, ge=8, le=1024, description="Most bytes of one request's headers; beyond it, a 431 and the connection closed."
+        64, ge=8, le=1024, description="Most kilobytes of one request's headers; beyond it, a 431 and a close."
     )
 
     address_body_mb: float = Field(

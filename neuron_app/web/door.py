@@ -9,7 +9,9 @@
 - Every other way bytes reach the disk through Gradio counts against the same budgets, before a byte is kept
   (issue 45): a multipart POST to any Gradio route (`/gradio_api/process_recording`, any route a Gradio
   upgrade adds) is charged as an upload; an MCP request that carries a `data:` URL (the `edit` tool's images,
-  which Gradio writes to its temp folder before the tool runs) is charged to its caller's address by its size.
+  which Gradio writes to its temp folder before the tool runs) is charged to its caller's address by the length
+  of those strings, found in the parsed message (`data_url_chars`: a JSON escape such as `\\u0064ata:` is
+  the same string to Gradio, issue 52).
   The MCP loopback client's own re-upload of those files (it carries this process's secret) is not charged again.
 - An address may take at most a quarter of the hourly total (or its per-minute amount, if larger): one address
   cannot keep every other address's uploads refused.
@@ -23,7 +25,8 @@
   `/@uploads/...` for Gradio's upload folder, `/@cache` for `cache_dir` (the page's status names it), and reads
   them back in what clients send (a JSON body, a file URL),
   so the page's "use as reference" and gradio_client's files keep working.
-- Connections (a header deadline, requests in progress in all and per address) are web/guard.py's.
+- Connections (a header deadline, requests in progress in all and per address) are web/guard.py's; every body's
+  deadline, cap and bytes in flight, on every route, are web/bodies.py's (this door's caps come after them).
 
 A pure ASGI middleware (`app_kwargs={"middleware": [...]}` reaches Gradio's FastAPI app): bodies stream through.
 """
@@ -129,7 +132,8 @@ class Door:
         if isinstance(body, bytes) and _too_deep(body):  # the MCP SDK's parser answered a deep one with a 500
             await _answer(send, 400, "the request body is nested too deeply")
             return
-        if b'"data:' in body and not await self.charge(scope, len(body), send):
+        stored = data_url_chars(body) if isinstance(body, bytes) else 0
+        if stored and await self.charge(scope, stored, send) is None:
             return
         scope, receive = self.aliases.with_body(scope, receive, body)
         await self.app(scope, receive, send)
@@ -292,6 +296,28 @@ def _too_deep(body: bytes) -> bool:
     except ValueError:
         return False  # not JSON at all: the MCP server says so itself
     return False
+
+
+def data_url_chars(body: bytes) -> int:
+    """The characters of every string in a JSON message that Gradio will write to a file (one that starts with
+    `data:`), decided on the parsed message: `\\u0064ata:` or any other JSON spelling is the same string (row 6).
+    Without `data:` or a `\\u` escape in its bytes, a message holds none, and is not parsed."""
+    if b"data:" not in body.lower() and b"\\u" not in body:
+        return 0
+    try:
+        stack = [json.loads(body)]
+    except (ValueError, RecursionError):
+        return 0  # not JSON (the MCP server says so itself), or too deep (refused before this)
+    total = 0
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str) and node[:5].lower() == "data:":
+            total += len(node)
+    return total
 
 
 def _replay(messages: list[MutableMapping[str, Any]], then: Receive) -> Receive:

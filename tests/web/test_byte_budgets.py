@@ -70,6 +70,40 @@ def test_mcp_data_urls_are_charged_before_gradio_writes_them(app: Any, used_up: 
     assert not any(kept(image) for image in images)
 
 
+#: `data:` as JSON may spell it: letters and the colon as \\u escapes, the hex in either case, mixed.
+DATA_SPELLINGS = [
+    "data:",
+    "\\u0064ata:",
+    "d\\u0061ta:",
+    "da\\u0074a:",
+    "dat\\u0061:",
+    "data\\u003a",
+    "data\\u003A",
+    "\\u0064\\u0061\\u0074\\u0061\\u003a",
+    "\\u0064\\u0061\\u0074\\u0061\\u003A",
+    "\\u0064a\\u0074a\\u003A",
+    "DATA:",
+    "\\u0044ata:",
+]
+
+
+@pytest.mark.parametrize("spelling", DATA_SPELLINGS)
+def test_mcp_data_urls_are_charged_however_json_spells_them(app: Any, used_up: None, spelling: str) -> None:
+    """Row 6: `\\u0064ata:` is `data:` once the JSON is parsed, and Gradio writes the file: every spelling is charged
+    (a 507 with the hourly total used up) and none reaches Gradio's temp folder. The raw body is built by hand, so
+    the escapes reach the server as sent."""
+    image = os.urandom(96 * 1024)
+    url = spelling + "image/png;base64," + base64.b64encode(image).decode()
+    args = '{"prompt": "x", "images": ["' + url + '"]}'
+    call = '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "edit", "arguments": ' + args + "}}"
+    assert json.loads(call)["params"]["arguments"]["images"][0][:5].lower() == "data:"  # the same string, parsed
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    headers["X-Forwarded-For"] = "198.51.100.42"
+    answer = httpx.post(app.url + "gradio_api/mcp/", content=call.encode(), headers=headers, timeout=BACKSTOP_S)
+    assert answer.status_code == 507, answer.text
+    assert not kept(image)
+
+
 def test_a_recording_is_an_upload(app: Any, used_up: None) -> None:
     """Row 36: `/gradio_api/process_recording` (any multipart Gradio route) is charged like an upload."""
     video = os.urandom(2 * MB)

@@ -109,6 +109,25 @@ class InterfaceSettings(BaseModel):
         description="Largest body of a Gradio or MCP request that is not an upload (JSON: prompts, file references).",
     )
 
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="A request's whole body must arrive within this, from its headers' end; a slower one is "
+        "cut with a 408 and its connection closed (every route).",
+    )
+
+    max_header_kb: int = Field(
+        64, ge=8, le=1024, description="Most kilobytes of one request's headers; beyond it, a 431 and a close."
+    )
+
+    address_body_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Bytes of request bodies one client address may have in flight at once (declared or received, "
+        "held until each request ends); beyond it, a 429 before the body is read.",
+    )
+
     mcp_server: bool = Field(
         True, description="Serve generate and status as MCP tools at /gradio_api/mcp/ (off while page auth is on)."
     )

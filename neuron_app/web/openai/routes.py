@@ -310,6 +310,8 @@ class OpenAIImages:
                 self.access.api_room(name, request.client.host if request.client else None)
             except AppError as exc:
                 raise refusal(exc) from None
+            with self.admitted():  # loading, shutting down or a full queue: refused before the body (issue 52)
+                pass
             edit = await read_edit_form(request)  # web/openai/forms.py, parsed by web/openai/protocol.py
             options = image_options(edit)
             if options.get("references") and not self.editing:

@@ -214,7 +214,7 @@ def section(harness: Any) -> dict[str, Any]:
         harness.log(f"aiperf: the app is up, its first image (the compile) took {first_s:.1f} s")
         for concurrency in SWEEP:
             count = max(MIN_REQUESTS, concurrency * harness.cfg.per_client)
-            out = harness.cfg.out / "aiperf" / f"c{concurrency}"
+            out = (harness.cfg.out / "aiperf" / f"c{concurrency}").resolve()  # AIPerf runs in the work folder
             shutil.rmtree(out, ignore_errors=True)
             command = aiperf_command(binary, url, concurrency, count, shape, steps, out)
             commands.append(command)

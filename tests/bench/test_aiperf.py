@@ -39,11 +39,12 @@ def test_the_section_reads_aiperfs_exports_and_renders_them() -> None:
     stream = {"first_partial": {"median_s": 0.25}, "completed": {"median_s": 0.5}}
     section = {"shape": "128x128", "steps": 4, "model": "tiny-shapes", "aiperf_command": "aiperf profile ..."}
     section |= {"floor": {"median_s": 0.2, "n": 10}}
-    section["rows"] = [row | {"concurrency": 2, "stream": stream, "p50_over_floor": 2.0, "throughput_over_floor": 0.5}]
+    extra = {"concurrency": 2, "stream": stream, "floor": {"median_s": 0.2}}
+    section["rows"] = [row | extra | {"p50_over_floor": 2.0, "throughput_over_floor": 0.5}]
     table = aiperf.render(section)
     cells = f"| 2 | 4 | 0.00 | {row['requests_per_s']:.2f} | {row['latency_ms']['p50']:.2f} |"
     assert cells in table and f"{row['queue']['mean_ms']:.2f}" in table
-    assert "| 250.0 | 500.0 | 2.00 | 0.50 |" in table and "median 200.0 ms over 10 calls" in table
+    assert "| 250.0 | 500.0 | 200.0 | 2.00 | 0.50 |" in table and "median 200.0 ms over 10 calls" in table
 
 
 def test_without_a_scrape_the_queue_columns_say_so(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ section fails with that one line. AIPerf runs offline: `--tokenizer` is tiny-sha
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -23,12 +25,15 @@ import sys
 import threading
 import time
 import tomllib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from neuron_app.bench import markdown as md
 from neuron_app.bench.common import (
+    RESULT_TAG,
     BenchError,
+    emit,
     facts,
     free_port,
     loaded_manager,
@@ -38,6 +43,7 @@ from neuron_app.bench.common import (
     timed_generate,
     worker_settings,
 )
+from neuron_app.bench.process import Lines
 from neuron_app.settings import PROJECT_ROOT
 
 KIND = "aiperf_floor"
@@ -53,6 +59,11 @@ PROMPT_TOKENS = 20
 #: The stream's prompt: one tiny-shapes draws (the compute is the same for any prompt of the padded length).
 STREAM_PROMPT = "a large red circle on a blue background"
 QUEUE_METRIC = "neuron_app_queue_seconds"
+#: Floor calls before each concurrency level: the floor is measured under the load of the run it is compared with.
+FLOOR_CALLS = 4
+#: The floor worker says it is loaded with this prefix, then answers "time N" with FLOOR_TAG.
+FLOOR_READY = "BENCH_FLOOR_READY "
+FLOOR_TAG = "BENCH_FLOOR "
 
 
 def aiperf_binary() -> str | None:
@@ -192,6 +203,32 @@ def _wait_ready(url: str, shape: str, steps: int, deadline: float) -> float:
     raise BenchError("the app did not answer its first request in time")
 
 
+@contextlib.contextmanager
+def floor_worker(harness: Any, cache: Path, env: dict[str, str], shape: str) -> Iterator[Callable[[int], list[float]]]:
+    """The matched floor's process (quickstart.toml's settings, the app's cache folder: its graphs from disk), up and
+    loaded; yields `floor(n)`: n pipeline calls timed in it, now (between two AIPerf runs, the app idle)."""
+    spec = harness.spec(KIND, cache, shape=shape)
+    spec["settings"] = {"cache_dir": str(cache), "log_level": "WARNING"}  # the rest from quickstart.toml
+    with harness.process(
+        harness.worker_args(spec), "aiperf-floor", env, {"exit_s": 10.0}, stdout=subprocess.PIPE, stdin=subprocess.PIPE
+    ) as (proc, _log):
+        lines = Lines(proc.stdout)
+        ready = lines.wait_for(FLOOR_READY, time.monotonic() + harness.cfg.timeout_s)
+        if "error" in ready:
+            raise BenchError(ready["error"])
+        harness.note_resolved(ready)
+
+        def floor(n: int) -> list[float]:
+            proc.stdin.write(f"time {n}\n")
+            proc.stdin.flush()
+            return lines.wait_for(FLOOR_TAG, time.monotonic() + harness.cfg.timeout_s)["samples_s"]
+
+        yield floor
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        lines.wait_for(RESULT_TAG, time.monotonic() + 120)
+
+
 def section(harness: Any) -> dict[str, Any]:
     binary = aiperf_binary()
     if binary is None:
@@ -202,47 +239,45 @@ def section(harness: Any) -> dict[str, Any]:
     served = {"server_port": port, "server_name": "127.0.0.1", "share": False, "cache_dir": str(cache)}
     served |= {"state_dir": str(harness.cfg.out / "state" / "aiperf"), "log_level": "WARNING", "queue_max_size": 64}
     env = harness.env() | {"NEURON_APP_SETTINGS": str(QUICKSTART)}
-    rows, commands = [], []
+    rows, commands, floors = [], [], []
+    app_env = env | settings_env(served)
     with harness.process(
-        [sys.executable, "app.py"],
-        "aiperf-app",
-        env | settings_env(served),
-        {"exit_s": 10.0},
-        stdout=subprocess.DEVNULL,
+        [sys.executable, "app.py"], "aiperf-app", app_env, {"exit_s": 10.0}, stdout=subprocess.DEVNULL
     ):
         first_s = _wait_ready(url, shape, steps, time.monotonic() + harness.cfg.timeout_s)
         harness.log(f"aiperf: the app is up, its first image (the compile) took {first_s:.1f} s")
-        for concurrency in SWEEP:
-            count = max(MIN_REQUESTS, concurrency * harness.cfg.per_client)
-            out = (harness.cfg.out / "aiperf" / f"c{concurrency}").resolve()  # AIPerf runs in the work folder
-            shutil.rmtree(out, ignore_errors=True)
-            command = aiperf_command(binary, url, concurrency, count, shape, steps, out)
-            commands.append(command)
-            log_path = harness.logs / f"aiperf-c{concurrency}.log"
-            with log_path.open("w") as log_file:
-                done = subprocess.run(
-                    command, cwd=harness.work, stdout=log_file, stderr=subprocess.STDOUT, timeout=harness.cfg.timeout_s
-                )
-            if done.returncode != 0:
-                raise BenchError(f"aiperf at concurrency {concurrency} exited {done.returncode} (log: {log_path})")
-            row = {"concurrency": concurrency} | parse_export(out)
-            row["stream"] = stream_first_partial(url, concurrency, max(2, concurrency), shape, steps)
-            rows.append(row)
-            harness.log(f"aiperf: concurrency {concurrency}: {row['requests_per_s']:.2f} requests/s")
-    spec = harness.spec(KIND, cache, shape=shape)
-    spec["settings"] = {"cache_dir": str(cache), "log_level": "WARNING"}  # the rest from quickstart.toml
-    floor = harness.run_worker("aiperf-floor", spec, env=env)
-    floor_s = floor["floor"]["median_s"]
-    for row in rows:
-        row["p50_over_floor"] = ratio(row["latency_ms"]["p50"] / 1000, floor_s)
-        row["throughput_over_floor"] = ratio(row["requests_per_s"], ratio(1.0, floor_s))
+        with floor_worker(harness, cache, env, shape) as floor:
+            for concurrency in SWEEP:
+                floors += (before := floor(FLOOR_CALLS))  # the floor under the same load as the run after it
+                count = max(MIN_REQUESTS, concurrency * harness.cfg.per_client)
+                out = (harness.cfg.out / "aiperf" / f"c{concurrency}").resolve()  # AIPerf runs in the work folder
+                shutil.rmtree(out, ignore_errors=True)
+                command = aiperf_command(binary, url, concurrency, count, shape, steps, out)
+                commands.append(command)
+                log_path = harness.logs / f"aiperf-c{concurrency}.log"
+                with log_path.open("w") as log_file:
+                    done = subprocess.run(
+                        command,
+                        cwd=harness.work,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        timeout=harness.cfg.timeout_s,
+                    )
+                if done.returncode != 0:
+                    raise BenchError(f"aiperf at concurrency {concurrency} exited {done.returncode} (log: {log_path})")
+                row = {"concurrency": concurrency} | parse_export(out)
+                row["stream"] = stream_first_partial(url, concurrency, max(2, concurrency), shape, steps)
+                row["floor"] = summarize(before)
+                row["p50_over_floor"] = ratio(row["latency_ms"]["p50"] / 1000, row["floor"]["median_s"])
+                row["throughput_over_floor"] = ratio(row["requests_per_s"] * row["floor"]["median_s"], 1.0)
+                rows.append(row)
+                harness.log(f"aiperf: concurrency {concurrency}: {row['requests_per_s']:.2f} requests/s")
     return {
         "shape": shape,
         "steps": steps,
         "model": MODEL,
         "first_image_s": first_s,
-        "floor": floor["floor"],
-        "floor_facts": {key: floor.get(key) for key in ("mode", "backend", "device", "dtype", "cache")},
+        "floor": summarize(floors),
         "aiperf_command": shown_command(commands[0]),
         "rows": rows,
     }
@@ -250,16 +285,25 @@ def section(harness: Any) -> dict[str, Any]:
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """The matched floor: the quick start's pipeline called in-process at the section's shape and steps (its graphs
-    from the cache the app filled), `repeats` times after one warm call."""
+    from the cache the app filled), after one warm call; on "time N", N calls timed; "quit" ends it."""
     settings = worker_settings(spec)
     manager = loaded_manager(settings)
     shape, steps = spec["shape"], spec["steps"]
     outcome = manager.compile_shape(shape)
     timed_generate(manager, shape, steps, 0, prompt=STREAM_PROMPT)
-    times = [
-        timed_generate(manager, shape, steps, seed, prompt=STREAM_PROMPT)[0] for seed in range(1, spec["repeats"] + 1)
-    ]
-    return facts(manager) | {"floor": summarize(times), "cache": str(outcome.cache)}
+    emit(FLOOR_READY, facts(manager) | {"cache": str(outcome.cache)})
+    seeds = itertools.count(1)
+    for line in sys.stdin:
+        command = line.split()
+        if command[:1] == ["quit"]:
+            break
+        if command[:1] == ["time"]:
+            calls = [
+                timed_generate(manager, shape, steps, next(seeds), prompt=STREAM_PROMPT)[0]
+                for _ in range(int(command[1]))
+            ]
+            emit(FLOOR_TAG, {"samples_s": calls})
+    return {"calls": next(seeds) - 1}
 
 
 COLUMNS = [
@@ -273,6 +317,7 @@ COLUMNS = [
     ("queue wait p99 ms", "queue.p99_ms", md.num),
     ("first partial p50 ms", "stream.first_partial.median_s", md.ms),
     ("stream completed p50 ms", "stream.completed.median_s", md.ms),
+    ("floor p50 ms", "floor.median_s", md.ms),
     ("p50 / floor", "p50_over_floor", md.num),
     ("requests/s x floor", "throughput_over_floor", md.num),
 ]
@@ -289,8 +334,10 @@ def render(sec: dict[str, Any]) -> str:
         + "\n\nRequests/s and latency: AIPerf's export. Queue wait: the app's `neuron_app_queue_seconds` histogram "
         "as AIPerf scraped it from `/metrics` (p99 is AIPerf's estimate from the buckets). First partial: the same "
         "concurrency through the `openai` SDK's stream (`stream: true, partial_images: 1`, at least 2 requests), "
-        "which AIPerf does not measure. **Matched floor**: the pipeline called in-process (a fresh process, the same "
-        f"settings, shape and steps, the app stopped), median {md.ms(floor['median_s'])} ms over {floor['n']} "
-        "calls; `p50 / floor` is AIPerf's latency p50 over it, `requests/s x floor` the throughput over the "
-        "floor's 1/floor (1.0: the server adds nothing; the device runs one image at a time)."
+        "which AIPerf does not measure. **Matched floor**: the pipeline called in-process (a process of its own, "
+        f"quickstart.toml's settings, the same shape and steps), {FLOOR_CALLS} calls right before each concurrency "
+        f"level while the app is idle, so each row's floor saw that row's machine load (all rows: median "
+        f"{md.ms(floor['median_s'])} ms over {floor['n']} calls); `p50 / floor` is AIPerf's latency p50 over the "
+        "row's floor, `requests/s x floor` the throughput over the floor's 1/floor (above 1, inferred: the app keeps "
+        "the second core busy, one request's work outside the pipeline call beside the next one's call)."
     )

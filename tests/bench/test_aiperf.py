@@ -35,6 +35,8 @@ def test_the_section_reads_aiperfs_exports_and_renders_them() -> None:
     (series,) = server["metrics"]["neuron_app_queue_seconds"]["series"]
     assert row["queue"]["count"] == series["stats"]["count"] == 4
     assert row["queue"]["mean_ms"] == pytest.approx(1000 * series["stats"]["sum"] / 4)
+    (device,) = server["metrics"]["neuron_app_device_seconds"]["series"]
+    assert row["device"]["mean_ms"] == pytest.approx(1000 * device["stats"]["sum"] / device["stats"]["count"])
 
     stream = {"first_partial": {"median_s": 0.25}, "completed": {"median_s": 0.5}}
     section = {"shape": "128x128", "steps": 4, "model": "tiny-shapes", "aiperf_command": "aiperf profile ..."}
@@ -44,14 +46,17 @@ def test_the_section_reads_aiperfs_exports_and_renders_them() -> None:
     table = aiperf.render(section)
     cells = f"| 2 | 4 | 0.00 | {row['requests_per_s']:.2f} | {row['latency_ms']['p50']:.2f} |"
     assert cells in table and f"{row['queue']['mean_ms']:.2f}" in table
-    assert "| 250.0 | 500.0 | 200.0 | 2.00 | 0.50 |" in table and "median 200.0 ms over 10 calls" in table
+    assert (
+        f"| 250.0 | 500.0 | {row['device']['mean_ms']:.2f} | 200.0 | 2.00 | 0.50 |" in table
+        and "median 200.0 ms over 10 calls" in table
+    )
 
 
 def test_without_a_scrape_the_queue_columns_say_so(tmp_path: Path) -> None:
     """An AIPerf run whose /metrics scrape failed (no server_metrics_export.json): the queue wait is missing, not 0."""
     shutil.copy(EXPORTS / "profile_export_aiperf.json", tmp_path)
     row = aiperf.parse_export(tmp_path)
-    assert row["queue"]["mean_ms"] is None and row["queue"]["count"] == 0
+    assert row["queue"]["mean_ms"] is None and row["queue"]["count"] == 0 and row["device"]["mean_ms"] is None
 
 
 def test_aiperf_runs_only_when_named_and_keeps_its_own_record(tmp_path: Path) -> None:

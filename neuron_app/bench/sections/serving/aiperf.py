@@ -59,6 +59,7 @@ PROMPT_TOKENS = 20
 #: The stream's prompt: one tiny-shapes draws (the compute is the same for any prompt of the padded length).
 STREAM_PROMPT = "a large red circle on a blue background"
 QUEUE_METRIC = "neuron_app_queue_seconds"
+DEVICE_METRIC = "neuron_app_device_seconds"
 #: Floor calls before each concurrency level: the floor is measured under the load of the run it is compared with.
 FLOOR_CALLS = 4
 #: The floor worker says it is loaded with this prefix, then answers "time N" with FLOOR_TAG.
@@ -115,15 +116,18 @@ def parse_export(folder: Path) -> dict[str, Any]:
         "duration_s": summary["benchmark_duration"]["avg"],
         "aiperf_version": summary.get("aiperf_version"),
     }
-    server = folder / "server_metrics_export.json"
-    queue = queue_wait(json.loads(server.read_text())) if server.is_file() else None
-    return row | {"queue": queue or {"count": 0, "mean_ms": None, "p50_ms": None, "p99_ms": None}}
+    path = folder / "server_metrics_export.json"
+    server = json.loads(path.read_text()) if path.is_file() else {}
+    missing = {"count": 0, "mean_ms": None, "p50_ms": None, "p99_ms": None}
+    row["queue"] = histogram(server, QUEUE_METRIC) or missing
+    row["device"] = histogram(server, DEVICE_METRIC) or missing  # the pipeline call in the app, same window
+    return row
 
 
-def queue_wait(server_metrics: dict[str, Any]) -> dict[str, Any] | None:
-    """The app's queue-wait histogram over the run, as AIPerf exported it: count, mean, p50 and p99 (AIPerf's
-    estimates from the buckets), in ms; all shapes together (the run uses one)."""
-    metric = server_metrics.get("metrics", {}).get(QUEUE_METRIC)
+def histogram(server_metrics: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """One of the app's histograms over the run, as AIPerf exported its scrape: count, mean, p50 and p99 (AIPerf's
+    estimates from the buckets), in ms; the series with the most observations (the run uses one shape)."""
+    metric = server_metrics.get("metrics", {}).get(name)
     series = [s["stats"] for s in (metric or {}).get("series", []) if s.get("stats", {}).get("count")]
     if not series:
         return None
@@ -248,7 +252,7 @@ def section(harness: Any) -> dict[str, Any]:
         harness.log(f"aiperf: the app is up, its first image (the compile) took {first_s:.1f} s")
         with floor_worker(harness, cache, env, shape) as floor:
             for concurrency in SWEEP:
-                floors += (before := floor(FLOOR_CALLS))  # the floor under the same load as the run after it
+                before = floor(FLOOR_CALLS)  # the floor just before and just after the run: under its load
                 count = max(MIN_REQUESTS, concurrency * harness.cfg.per_client)
                 out = (harness.cfg.out / "aiperf" / f"c{concurrency}").resolve()  # AIPerf runs in the work folder
                 shutil.rmtree(out, ignore_errors=True)
@@ -267,7 +271,9 @@ def section(harness: Any) -> dict[str, Any]:
                     raise BenchError(f"aiperf at concurrency {concurrency} exited {done.returncode} (log: {log_path})")
                 row = {"concurrency": concurrency} | parse_export(out)
                 row["stream"] = stream_first_partial(url, concurrency, max(2, concurrency), shape, steps)
-                row["floor"] = summarize(before)
+                around = before + floor(FLOOR_CALLS)
+                floors += around
+                row["floor"] = summarize(around)
                 row["p50_over_floor"] = ratio(row["latency_ms"]["p50"] / 1000, row["floor"]["median_s"])
                 row["throughput_over_floor"] = ratio(row["requests_per_s"] * row["floor"]["median_s"], 1.0)
                 rows.append(row)
@@ -317,6 +323,7 @@ COLUMNS = [
     ("queue wait p99 ms", "queue.p99_ms", md.num),
     ("first partial p50 ms", "stream.first_partial.median_s", md.ms),
     ("stream completed p50 ms", "stream.completed.median_s", md.ms),
+    ("app's pipeline call mean ms", "device.mean_ms", md.num),
     ("floor p50 ms", "floor.median_s", md.ms),
     ("p50 / floor", "p50_over_floor", md.num),
     ("requests/s x floor", "throughput_over_floor", md.num),
@@ -334,9 +341,11 @@ def render(sec: dict[str, Any]) -> str:
         + "\n\nRequests/s and latency: AIPerf's export. Queue wait: the app's `neuron_app_queue_seconds` histogram "
         "as AIPerf scraped it from `/metrics` (p99 is AIPerf's estimate from the buckets). First partial: the same "
         "concurrency through the `openai` SDK's stream (`stream: true, partial_images: 1`, at least 2 requests), "
-        "which AIPerf does not measure. **Matched floor**: the pipeline called in-process (a process of its own, "
-        f"quickstart.toml's settings, the same shape and steps), {FLOOR_CALLS} calls right before each concurrency "
-        f"level while the app is idle, so each row's floor saw that row's machine load (all rows: median "
+        "which AIPerf does not measure. The app's pipeline call: its `neuron_app_device_seconds` in the same scrape "
+        "(the device lane held, in the app's process, during the run). **Matched floor**: the pipeline called "
+        "in-process (a process of its own, quickstart.toml's settings, the same shape and steps), "
+        f"{FLOOR_CALLS} calls right before and {FLOOR_CALLS} right after each concurrency level while the app is "
+        "idle, so each row's floor saw about that row's machine load (all rows: median "
         f"{md.ms(floor['median_s'])} ms over {floor['n']} calls); `p50 / floor` is AIPerf's latency p50 over the "
         "row's floor, `requests/s x floor` the throughput over the floor's 1/floor (above 1, inferred: the app keeps "
         "the second core busy, one request's work outside the pipeline call beside the next one's call)."

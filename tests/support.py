@@ -215,6 +215,17 @@ def openai_client(app: Any, key: str = "unused", timeout: float = 300) -> Any:
     return OpenAI(base_url=app.url + "v1", api_key=key, max_retries=0, timeout=timeout)
 
 
+def mcp_image(result: Any) -> bytes:
+    """The image an MCP image tool made: its result's `resource_link` followed, as a client does (the inline
+    image is a preview, web/mcp/results.py)."""
+    import httpx
+
+    (link,) = [c for c in result.content if c.type == "resource_link"]
+    answer = httpx.get(str(link.uri), timeout=60)
+    answer.raise_for_status()
+    return answer.content
+
+
 def page_generate(
     app: Any,
     data: list[Any],

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from neuron_app.bench.config import OPTIONS, config_from_args
-from neuron_app.bench.harness import SECTIONS
+from neuron_app.bench.harness import OPT_IN, SECTIONS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, full, smoke, kind, text in OPTIONS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} (default {full}; --smoke {smoke})")
     parser.add_argument("--seq-len", type=int, help="max_sequence_length (default 32 for tiny models, else 512)")
-    parser.add_argument("--sections", default="all", help=f"comma separated, of: {', '.join(SECTIONS)} (default all)")
+    parser.add_argument(
+        "--sections",
+        default="all",
+        help=f"comma separated, of: {', '.join(SECTIONS)} (default all); run only when named: {', '.join(OPT_IN)} "
+        "(NVIDIA AIPerf against the quick-start app: pip install -r requirements-aiperf.txt)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for results.json, results.md, logs")
     parser.add_argument("--benchmarks", type=Path, help="also store the JSON in benchmarks/ and regenerate this file")
     parser.add_argument(
@@ -42,10 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str]) -> int:
     from neuron_app.bench.harness import Harness
-    from neuron_app.bench.report import data_path, render_run, write_benchmarks
+    from neuron_app.bench.report import data_path, render_run, stored_record, write_benchmarks
 
     args = build_parser().parse_args(argv)
-    config = config_from_args(args, argv, SECTIONS)
+    config = config_from_args(args, argv, SECTIONS, OPT_IN)
     config.out.mkdir(parents=True, exist_ok=True)
     harness = Harness(config)
     results = harness.run()
@@ -54,9 +59,9 @@ def run(argv: list[str]) -> int:
     (config.out / "results.md").write_text(markdown)
     print(markdown)
     if args.benchmarks:
-        stored = data_path(args.benchmarks, results["machine"]["device"])
+        stored = data_path(args.benchmarks, results["machine"]["device"], config.sections)
         stored.parent.mkdir(parents=True, exist_ok=True)
-        stored.write_text(json.dumps(results, indent=2) + "\n")
+        stored.write_text(json.dumps(stored_record(results), indent=2) + "\n")
         write_benchmarks(args.benchmarks)
         harness.log(f"wrote {stored} and {args.benchmarks}")
     if config.keep_work:

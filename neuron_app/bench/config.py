@@ -84,9 +84,11 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def config_from_args(args: argparse.Namespace, argv: list[str], known: tuple[str, ...]) -> Any:
-    """The run's configuration from the command line (`known`: the sections there are), or `SystemExit` with one
-    line naming what is wrong."""
+def config_from_args(
+    args: argparse.Namespace, argv: list[str], known: tuple[str, ...], opt_in: tuple[str, ...] = ()
+) -> Any:
+    """The run's configuration from the command line (`known`: what `all` runs; `opt_in`: the sections run only
+    when named), or `SystemExit` with one line naming what is wrong."""
     from neuron_app.shapes import Resolution
 
     defaults = {name: smoke if args.smoke else full for name, full, smoke, _kind, _text in OPTIONS}
@@ -96,7 +98,7 @@ def config_from_args(args: argparse.Namespace, argv: list[str], known: tuple[str
     modes = _csv(value["modes"])
     sections = list(known) if args.sections == "all" else _csv(args.sections)
     errors = [f"unknown mode {m!r}" for m in modes if m not in ("eager", "full", "regional")]
-    errors += [f"unknown section {s!r}" for s in sections if s not in known]
+    errors += [f"unknown section {s!r}" for s in sections if s not in known + opt_in]
     errors += [f"unknown device {value['device']!r}"] if value["device"] not in DEVICES else []
     if not shapes or not modes:
         errors.append("give at least one shape and one mode")

@@ -28,6 +28,7 @@ from neuron_app.bench.config import BenchConfig
 from neuron_app.bench.process import Lines, log_tail, machine_info, stop_group
 from neuron_app.bench.sections.compiling import edit, families, lora, modes, recompile
 from neuron_app.bench.sections.serving import (
+    aiperf,
     concurrency,
     memory,
     postprocess,
@@ -44,8 +45,11 @@ from neuron_app.settings import PROJECT_ROOT
 #: `measure(spec)`. `SECTIONS`, `worker.KINDS` and the report's sections are read from here: a new section is
 #: one module, imported above and named here.
 _ORDER = (modes, restart, recompile, serving, concurrency, memory, startup, lora, replicas, families, edit, postprocess)
-REGISTRY: dict[str, ModuleType] = {module.__name__.rsplit(".", 1)[-1]: module for module in _ORDER}
-SECTIONS = tuple(REGISTRY)
+REGISTRY: dict[str, ModuleType] = {module.__name__.rsplit(".", 1)[-1]: module for module in (*_ORDER, aiperf)}
+#: Sections run only when named in --sections: they need a tool the app does not depend on (AIPerf).
+OPT_IN = ("aiperf",)
+#: What `--sections all` (the default) runs.
+SECTIONS = tuple(name for name in REGISTRY if name not in OPT_IN)
 SCHEMA_VERSION = 1
 #: Sections measured on the one serving worker (`section(harness, server)`), in this order.
 ON_SERVER = ("serving", "concurrency")
@@ -153,10 +157,10 @@ class Harness:
     def worker_args(self, spec: dict[str, Any]) -> list[str]:
         return [sys.executable, "-m", "neuron_app.bench", "_worker", json.dumps(spec)]
 
-    def run_worker(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        """Run one measurement in a fresh process; its answer, or `BenchError` with the reason."""
+    def run_worker(self, name: str, spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Run one measurement in a fresh process (in `env`, else the run's); its answer, or `BenchError`."""
         start = time.perf_counter()
-        with self.process(self.worker_args(spec), name, None, {"exit_s": 10.0}, stdout=subprocess.PIPE) as (
+        with self.process(self.worker_args(spec), name, env, {"exit_s": 10.0}, stdout=subprocess.PIPE) as (
             proc,
             log_path,
         ):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from neuron_app.bench.harness import REGISTRY
+from neuron_app.bench.harness import OPT_IN, REGISTRY
 from neuron_app.bench.markdown import failed
 
 #: Where BENCHMARKS.md keeps the JSON it is generated from, relative to its own folder.
@@ -97,8 +97,37 @@ def render_benchmarks(runs: dict[str, dict[str, Any]]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def data_path(benchmarks: Path, device: str) -> Path:
+def opt_in_only(sections: list[str]) -> bool:
+    """Whether a run measured only sections that `all` leaves out (AIPerf): it is kept as a record of its own."""
+    return bool(sections) and all(name in OPT_IN for name in sections)
+
+
+def data_path(benchmarks: Path, device: str, sections: list[str] | None = None) -> Path:
+    """Where a run's JSON is kept: per device, or for an opt-in section alone, under its own name (the device's
+    run, with every other table, stays as it was)."""
+    if sections and opt_in_only(sections):
+        return benchmarks.parent / DATA_DIR / f"{'-'.join(sections)}.json"
     return benchmarks.parent / DATA_DIR / f"{device}.json"
+
+
+def stored_record(results: dict[str, Any]) -> dict[str, Any]:
+    """What `--benchmarks` keeps: the results as they are, or for an opt-in section alone a standalone record
+    (title, command, date, Markdown) that BENCHMARKS.md shows as a section of its own."""
+    selected = results["config"]["sections"]
+    if not opt_in_only(selected):
+        return results
+    module = REGISTRY[selected[0]]
+    body = [machine_line(results)]
+    for name in selected:
+        sec = results["sections"].get(name)
+        body.append(failed(sec) or REGISTRY[name].render(sec))
+    return {
+        "title": module.TITLE,
+        "command": results["command"],
+        "started_at": results["started_at"],
+        "markdown": "\n\n".join(body),
+        "results": results,
+    }
 
 
 def write_benchmarks(benchmarks: Path) -> Path:

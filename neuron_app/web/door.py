@@ -216,6 +216,11 @@ class Aliases:
                 return real.decode() + path[len(alias) :]
         return path
 
+    def public_path(self, path: str) -> str | None:
+        """The alias of a server path inside an aliased folder (what the MCP mend links to), or None."""
+        aliased = self.outbound(path.encode()).decode()
+        return aliased if aliased != path and aliased.startswith("/@") else None
+
     def outbound(self, data: bytes) -> bytes:
         for pattern, alias in self.out:
             data = pattern.sub(alias, data)

@@ -176,7 +176,8 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     from neuron_app.web.guard import guard_connections
     from neuron_app.web.mcp.tools import mend
 
-    mend(app.demo, Aliases.for_settings(settings).local_path)  # MCP answers: JSON and image content, no paths
+    aliases = Aliases.for_settings(settings)
+    mend(app.demo, aliases.local_path, aliases.public_path)  # MCP answers: JSON, a preview and a link, no paths
     from neuron_app.web.gradio_errors import mend_error_payload
 
     mend_error_payload()  # Gradio's own refusals say what was wrong, in one line, instead of {"error": null}

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from neuron_app.engine.model.shapes_world import EVAL_SCENES, Scene, judge
-from tests.support import SHAPES_OVERRIDES, openai_client
+from tests.support import SHAPES_OVERRIDES, mcp_image, openai_client
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +82,5 @@ def test_mcp_generate_draws_the_prompt(drawn_app: Any) -> None:
     right, shapes = 0, []
     for scene, result in zip(scenes, results, strict=True):
         assert not result.isError, result.content
-        (image,) = [c for c in result.content if c.type == "image"]
-        right += _right(Image.open(io.BytesIO(base64.b64decode(image.data))), scene, shapes)
+        right += _right(Image.open(io.BytesIO(mcp_image(result))), scene, shapes)
     assert right == 2 and sum(shapes) >= 1, f"{right} of 2 drawn right, {sum(shapes)} shapes"

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.support import PICTURE_SIZE as SIZE
-from tests.support import halves, left_half_mask, png, source_image
+from tests.support import halves, left_half_mask, mcp_image, png, source_image
 
 SHAPE = f"{SIZE}x{SIZE}"
 
@@ -159,8 +159,7 @@ def test_mcp_inpaint_tool(app: Any) -> None:
     tools, result = asyncio.run(work())
     assert "inpaint" in tools and "transparent" in tools["inpaint"].inputSchema["properties"]["mask"]["description"]
     assert not result.isError, result.content
-    images = [c for c in result.content if c.type == "image"]
-    image = Image.open(io.BytesIO(base64.b64decode(images[0].data)))
+    image = Image.open(io.BytesIO(mcp_image(result)))
     assert np.array_equal(halves(image)[1], halves(source_image())[1])
 
 

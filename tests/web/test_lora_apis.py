@@ -18,7 +18,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 from PIL import Image
 
-from tests.support import openai_client, page_generate
+from tests.support import mcp_image, openai_client, page_generate
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2", "green": "tiny:3"}
 PROMPT, SHAPE, STEPS, SEED = "a red barn in snow", "64x64", 2, 11
@@ -99,8 +99,7 @@ def test_mcp_generate_has_a_typed_loras_argument(app: Any, gradio_images: dict[s
     assert "Several styles at once" in schema["description"]
     assert "loras" not in tools["generate"].inputSchema.get("required", [])
     assert not called.isError, called.content
-    (image,) = [c for c in called.content if c.type == "image"]
-    np.testing.assert_array_equal(rgb(base64.b64decode(image.data)), gradio_images["both"])
+    np.testing.assert_array_equal(rgb(mcp_image(called)), gradio_images["both"])
     (text,) = [c.text for c in called.content if c.type == "text"]
     assert json.loads(text)["loras"] == BOTH
 

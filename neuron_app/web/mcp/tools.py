@@ -7,8 +7,10 @@ writes those docstrings with the configured shapes and step range). `mend` fixes
   list, so `generate` (image, record) would come back as the text of a tuple instead of an image and a record;
 - JSON outputs come back as Python reprs (`{'replica': None}`, `root={...}`) that `json.loads` refuses, and
   `structuredContent` stays empty: here they are JSON text and the record is the structured content;
-- an image comes with a "URL" that is Gradio's file route plus the server's absolute path (a path leak that a
-  remote client cannot use anyway): here the image is MCP image content only, the PNG's bytes;
+- an image comes as the whole image in base64 with a "URL" that is Gradio's file route plus the server's absolute
+  path (a path leak that a remote client cannot use anyway): here it is a small preview and a `resource_link` to
+  the image by its alias (web/mcp/results.py);
+- progress notifications count Gradio's updates with no total: here a step is "step i of n" (web/mcp/progress.py);
 - a file-list input (`edit`'s images) keeps its `$defs` inside the property while its items point at the
   schema's root (`#/$defs/FileData`): the MCP SDK's argument check fails every call with `PointerToNowhere`.
   Here every `$ref` is inlined and no `$defs` is left; and the list's files, recorded at the schema position
@@ -19,26 +21,30 @@ writes those docstrings with the configured shapes and step range). `mend` fixes
 
 from __future__ import annotations
 
-import base64
 import contextvars
-import json
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from neuron_app.web.mcp.progress import mend_progress
+from neuron_app.web.mcp.results import content_of, structured
 
 log = logging.getLogger(__name__)
 #: The structured content of the tool call running in this context (concurrent calls each have their own).
 _STRUCTURED: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("mcp_structured")
 
 
-def mend(demo: Any, local_path: Callable[[str], str] = str) -> None:
-    """Apply every mend below to a launched demo's MCP server (nothing when MCP is off)."""
+def mend(
+    demo: Any, local_path: Callable[[str], str] = str, public_path: Callable[[str], str | None] | None = None
+) -> None:
+    """Apply every mend below to a launched demo's MCP server (nothing when MCP is off). `local_path` reads an
+    aliased path back, `public_path` gives a server path's alias (web/door.py's `Aliases`)."""
     server = getattr(demo, "mcp_server_obj", None)
     if server is None:
         return
     mend_multi_output(demo)
-    mend_outputs(server, local_path)
+    mend_outputs(server, local_path, public_path)
+    mend_progress(server)
     mend_input_schemas(server)
     mend_caller(server)
 
@@ -60,35 +66,10 @@ def mend_multi_output(demo: Any) -> None:
     server._execute_tool_without_progress = execute
 
 
-def plain(value: Any) -> Any:
-    """A JSON output as plain data: Gradio's `JsonData` (a pydantic root model) on its direct path, a dict on
-    the client path."""
-    dump = getattr(value, "model_dump", None)
-    return dump() if callable(dump) else value
-
-
-def content_of(output: Any, types: Any, local_path: Callable[[str], str] = str) -> list[Any]:
-    """One tool output as MCP content: a PNG as image content (its bytes, no server path), data as JSON text."""
-    if isinstance(output, dict) and output.get("meta", {}).get("_type") == "gradio.FileData":
-        path = Path(local_path(str(output.get("path") or "")))  # answers name files by alias (web/door.py)
-        if path.suffix.lower() == ".png" and path.is_file():
-            data = base64.b64encode(path.read_bytes()).decode("ascii")
-            return [types.ImageContent(type="image", data=data, mimeType="image/png")]
-        return [types.TextContent(type="text", text=json.dumps({"file": path.name}))]
-    value = plain(output)
-    if isinstance(value, str):
-        return [types.TextContent(type="text", text=value)]
-    return [types.TextContent(type="text", text=json.dumps(value, default=str))]
-
-
-def structured(outputs: list[Any]) -> dict[str, Any] | None:
-    """The structured content of a result: its one JSON object (generate's record, the status), if any."""
-    objects = [value for value in map(plain, outputs) if isinstance(value, dict) and "meta" not in value]
-    return objects[0] if len(objects) == 1 else None
-
-
-def mend_outputs(server: Any, local_path: Callable[[str], str] = str) -> None:
-    """Answer tool calls with JSON text, image content and structured content (see the module docstring)."""
+def mend_outputs(
+    server: Any, local_path: Callable[[str], str] = str, public_path: Callable[[str], str | None] | None = None
+) -> None:
+    """Answer tool calls with JSON text, previews and links, and structured content (see the module docstring)."""
     if getattr(server, "_outputs_mended", False):
         return
     types = server.types
@@ -104,7 +85,9 @@ def mend_outputs(server: Any, local_path: Callable[[str], str] = str) -> None:
         holder = _STRUCTURED.get(None)
         if holder is not None:
             holder["value"] = structured(outputs)
-        return [content for output in outputs for content in content_of(output, types, local_path)]
+        return [
+            content for output in outputs for content in content_of(output, types, local_path, public_path, root_url)
+        ]
 
     async def handler(request: Any) -> Any:
         holder: dict[str, Any] = {}

@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 from neuron_app.engine.trust.marks import DIGITAL_SOURCE_TYPE, XMP_KEY, embed_watermark, read_watermark
-from tests.support import ROOT
+from tests.support import ROOT, mcp_image
 
 SHAPES = ["64x64", "256x256"]
 PAYLOAD = b"FLUX2K"
@@ -296,8 +296,7 @@ def test_mcp_generate_carries_every_mark(marked_app: Any) -> None:
 
     result = asyncio.run(call())
     assert not result.isError, result.content
-    (image,) = [c for c in result.content if c.type == "image"]
-    assert_marked(base64.b64decode(image.data))
+    assert_marked(mcp_image(result))
     (record,) = [json.loads(c.text) for c in result.content if c.type == "text"]
     assert set(record["marks"]) == {"c2pa", "iptc", "watermark"}
 

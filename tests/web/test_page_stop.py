@@ -101,7 +101,8 @@ def test_stop_during_a_compile_says_so_with_no_error_badge(app: Any, page: Any) 
 
 def test_stop_in_the_second_of_three_images_keeps_the_first(app: Any, page: Any) -> None:
     """N13 and the step the page names: Stop during image 2 of 3 keeps image 1 (shown, with its line) and names
-    the step the server stopped at, the step the page was showing or the one after (never "decoding")."""
+    the step the server stopped at, the step the page was showing or the one after (never "decoding"). The step
+    line says what the noisy preview beside it is (N5)."""
     app.manager.generate("warm", LONG, 1, 1)  # compiled before: the steps are what runs
     made, cancelled = threading.Event(), cancelled_watch(app)
     app.manager.subscribe(lambda e: made.set() if isinstance(e, GenerationRecord) else 0)
@@ -109,6 +110,7 @@ def test_stop_in_the_second_of_three_images_keeps_the_first(app: Any, page: Any)
     assert made.wait(TIMEOUT_MS / 1000), "the first image was never made"
     shown = page.locator("#info").filter(has_text=re.compile(rf"{LONG} - step \d+/200"))
     shown.wait_for()
+    assert "the preview is this step's noisy image" in shown.inner_text()  # N5: what the preview beside it is
     page.locator("#stop").click()
     assert cancelled.wait(TIMEOUT_MS / 1000), "the manager never reported the request cancelled"
     stopped = page.locator("#info").filter(

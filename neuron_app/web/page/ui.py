@@ -117,7 +117,10 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                 )
 
         def line(text: str) -> tuple[Any, ...]:
-            return previews.gallery(), text, gr.update(), gr.update(), gr.update()
+            shown = previews.gallery()
+            if previews.seen and run.event is not None and run.event.phase == "denoising":
+                text += page_notes.PREVIEW_NOTE  # a preview in the gallery: what it is
+            return shown, text, gr.update(), gr.update(), gr.update()
 
         note: list[str] = []
         try:
@@ -225,7 +228,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                         maximum=settings.max_steps,
                         step=1,
                         value=settings.default_steps,
-                        info=page_notes.steps_info(settings.max_steps),
+                        info=page_notes.steps_info(settings.max_steps, settings.model),
                         elem_id="steps",
                     )
                 with gr.Row(visible=bool(settings.loras)):  # LoRA styles, switched without recompiling

@@ -326,10 +326,21 @@ def info_markdown(record: GenerationRecord) -> str:
         + (f" · resized to {record.resized_to} (size_policy nearest)" if record.resized_to else "")
         + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
         + f" · safety {record.safety}"
-        + (f" · marked: {', '.join(sorted(record.marks))}" if record.marks else "")
+        + marks_words(record.marks)
         + "\n\n"
         + usage_line(record.usage())
     )
+
+
+def marks_words(marks: dict[str, str]) -> str:
+    """The marks the PNG carries, and those it does not and why (`watermark: none: 128x128 is under 256x256, ...`
+    below the watermark's 256 px): ` · marked: c2pa, iptc (no watermark: 128x128 is under 256x256)`."""
+    carried = [name for name, how in sorted(marks.items()) if not str(how).startswith("none")]
+    absent = [f"no {name}: {str(how).removeprefix('none: ').split(',')[0]}" for name, how in sorted(marks.items())
+              if str(how).startswith("none")]  # fmt: skip
+    if not marks:
+        return ""
+    return f" · marked: {', '.join(carried) or 'nothing'}" + (f" ({'; '.join(absent)})" if absent else "")
 
 
 def usage_line(usage: Usage) -> str:

@@ -1,0 +1,28 @@
+"""What the page's lines say about an image and the form, as a user reads them (the first hour, turn 6): the marks
+line below the watermark's 256 px (N6), and what more steps do to tiny-shapes (N4), where the steps are chosen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.support import SHAPES_OVERRIDES, page_generate
+
+
+def test_the_marks_line_says_no_watermark_under_256_px(launched_app: Any) -> None:
+    """N6: every 128x128 image said "marked: c2pa, iptc, watermark" while its PNG said "watermark: none"."""
+    message = page_generate(launched_app, ["a red kite", "64x64", 2, 1, 1, False])
+    info = message["output"]["data"][1]
+    marked = info.split("marked: ", 1)[1].split("\n", 1)[0]
+    assert marked.startswith("c2pa, iptc (no watermark: 64x64 is under 256x256)"), marked
+    assert "watermark" not in marked.split(" (", 1)[0], marked
+
+
+def test_the_steps_slider_says_tiny_shapes_is_made_for_4_steps(launch_tiny: Any) -> None:
+    """N4: at 8 and 16 steps tiny-shapes draws ragged edges; the slider offered 1-16 with no word on it."""
+    app = launch_tiny(**SHAPES_OVERRIDES)
+    config = httpx.get(app.url + "config", timeout=60).json()
+    steps = next(c for c in config["components"] if c.get("props", {}).get("elem_id") == "steps")
+    assert "tiny-shapes is trained for 4 steps (the default)" in steps["props"]["info"], steps["props"]["info"]
+    assert "8 and more make its edges ragged" in steps["props"]["info"]

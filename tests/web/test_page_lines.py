@@ -26,3 +26,16 @@ def test_the_steps_slider_says_tiny_shapes_is_made_for_4_steps(launch_tiny: Any)
     steps = next(c for c in config["components"] if c.get("props", {}).get("elem_id") == "steps")
     assert "tiny-shapes is trained for 4 steps (the default)" in steps["props"]["info"], steps["props"]["info"]
     assert "8 and more make its edges ragged" in steps["props"]["info"]
+
+
+def test_with_a_reference_the_hint_speaks_of_the_edit_graph(launched_app: Any) -> None:
+    """F9 (turn 5, partly fixed in turn 6): with a reference uploaded the list said "64x64 + 1 ref - not compiled"
+    while the hint under it still said the text-to-image graph's "64x64 is ready: no compile"."""
+    from neuron_app.web.page.edit_controls import edit_info
+
+    page_generate(launched_app, ["a red kite", "64x64", 2, 1, 1, False])  # the text-to-image graph is ready
+    status = launched_app.manager.status()
+    assert status.shapes["64x64"].state.value == "ready"
+    hint = edit_info(status, ["64x64"], "64x64")
+    assert hint.startswith("64x64 + 1 ref: its edit graph is not compiled in this process"), hint
+    assert "ready: no compile" not in hint

@@ -145,7 +145,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             [path for _record, path, _line in kept],  # a Stop's preview or an older image: not shown as if kept
             "\n\n".join([*note, *(text for _record, _path, text in kept)]),
             kept[0][0].seed if kept else gr.update(),
-            gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value))),
+            gr.update(choices=choices, value=value, info=resolution_words(status, buckets, value)),
             [history.entry(record, path) for record, path, _line in kept],  # for the history
         )
 
@@ -165,10 +165,18 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
     def references_changed(references: Any, current: str | None) -> tuple[Any, ...]:
         """New references: their buckets, and the dropdown labelled for them (`auto` only while there are some)."""
         buckets = edit_controls.reference_buckets(settings, references)
-        choices = choices_for(manager.status(), buckets)
+        status = manager.status()
+        choices = choices_for(status, buckets)
         values = [value for _label, value in choices]
         value = current if current in values else (edit_controls.AUTO if buckets else (values or [None])[0])
-        return buckets, gr.update(choices=choices, value=value), choices
+        info = resolution_words(status, buckets, value)
+        return buckets, gr.update(choices=choices, value=value, info=info), choices
+
+    def resolution_words(status: ManagerStatus, buckets: list[str] | None, value: str | None) -> str:
+        """The dropdown's info line: the edit graph's state with references, else the shape's."""
+        if buckets:
+            return edit_controls.edit_info(status, buckets, value)
+        return shape_info(status.shapes.get(value or ""))
 
     def refresh(
         current: str | None,
@@ -183,12 +191,12 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         else:
             values = [value for _label, value in choices]
             value = current if current in values else (values or [None])[0]
-            dropdown = gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value)))
+            dropdown = gr.update(choices=choices, value=value, info=resolution_words(status, buckets, value))
         return status_markdown(status), shapes_table(status), dropdown, choices
 
-    def resolution_info(current: str | None) -> Any:
+    def resolution_info(current: str | None, buckets: list[str] | None = None) -> Any:
         """The chosen shape's long text (state and estimate) in the dropdown's info line."""
-        return gr.update(info=shape_info(manager.status().shapes.get(current or "")))
+        return gr.update(info=resolution_words(manager.status(), buckets, current))
 
     initial = manager.status()
     offered = [value for _label, value in dropdown_choices(initial)]
@@ -309,7 +317,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         history_use.then(references_changed, **relabel)
         resolution.change(
             resolution_info,
-            inputs=[resolution],
+            inputs=[resolution, buckets],
             outputs=[resolution],
             queue=False,
             api_visibility="private",

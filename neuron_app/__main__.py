@@ -83,7 +83,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from neuron_app.engine.cache.manifest import ARTIFACT_DIRS, clear_artifacts, folder_size
+    from neuron_app.engine.cache.manifest import ARTIFACT_DIRS, clear_artifacts, folder_size, model_name
+    from neuron_app.settings.sources import settings_file
 
     if args.action:
         return cmd_cache_remote(args)
@@ -94,10 +95,16 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print("removed: " + (", ".join(str(p) for p in removed) or "nothing"))
         return EXIT_OK
     entries = manager.manifest.entries()
-    stale = [name for name in entries if manager.manifest.validity(name, manager.fingerprint, entries) == "stale"]
+    verdicts = manager.manifest.verdicts(manager.fingerprint_fields, entries)  # another model's entries are kept
+    stale = [name for name, verdict in verdicts.items() if verdict == "stale"]
+    others = sorted({verdict for verdict in verdicts.values() if verdict.startswith("other model")})
+    n = sum(v in others for v in verdicts.values())
+    kept = f"{n} entr{'y' if n == 1 else 'ies'} of other settings kept ({', '.join(others)})"
+    model = model_name(manager.fingerprint_fields["model"])
     if args.clear_stale:
         count = manager.manifest.remove(stale)
-        print(f"removed {count} stale manifest entr{'y' if count == 1 else 'ies'}: {', '.join(stale) or '-'}")
+        print(f"removed {count} stale entr{'y' if count == 1 else 'ies'} of {model}: {', '.join(stale) or '-'}"
+              + (f"; {kept}" if others else ""))  # fmt: skip
         return EXIT_OK
     sizes = {name: folder_size(cache_dir / name) for name in ARTIFACT_DIRS if (cache_dir / name).exists()}
     if args.json:
@@ -106,10 +113,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
             "fingerprint": manager.fingerprint,
             "total_bytes": folder_size(cache_dir) if cache_dir.exists() else 0,
             "artifact_bytes": sizes,
-            "entries": {
-                name: {**vars(e), "validity": manager.manifest.validity(name, manager.fingerprint, entries)}
-                for name, e in entries.items()
-            },
+            "entries": {name: {**vars(e), "validity": verdicts[name]} for name, e in entries.items()},
             "stale": stale,
         }
         print(json.dumps(payload, indent=2))
@@ -117,17 +121,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     print(f"cache folder {cache_dir}: {folder_size(cache_dir) if cache_dir.exists() else 0} bytes")
     for name, size in sizes.items():
         print(f"  {name}/: {size} bytes")
-    print(f"current fingerprint {manager.fingerprint}")
-    rows = [
-        [name, manager.manifest.validity(name, manager.fingerprint, entries), e.fingerprint, e.compile_s, e.compiled_at]
-        for name, e in sorted(entries.items())
-    ]
+    print(f"current fingerprint {manager.fingerprint} (model {model}, settings {settings_file().name})")
+    rows = [[name, verdicts[name], e.fingerprint, e.compile_s, e.compiled_at] for name, e in sorted(entries.items())]
     print(_table(["shape", "validity", "fingerprint", "compile s", "compiled at"], rows))
+    if others:
+        print(f"{kept}: list them with their settings file (NEURON_APP_SETTINGS=...); only --clear-all removes them")
     if stale:
-        print(
-            f"{len(stale)} stale entr{'y' if len(stale) == 1 else 'ies'}: "
-            "run `python -m neuron_app cache --clear-stale`"
-        )
+        print(f"{len(stale)} stale entr{'y' if len(stale) == 1 else 'ies'} of {model} (other settings or versions): "
+              "`python -m neuron_app cache --clear-stale` removes them")  # fmt: skip
     return EXIT_OK
 
 

@@ -6,6 +6,7 @@ import difflib
 import functools
 import logging
 import os
+import tomllib
 from typing import Any
 
 from pydantic import ValidationError
@@ -62,6 +63,8 @@ def load_settings(**overrides: Any) -> Settings:
                 continue
             lines.append(f"{field}: {err['msg']} (from {settings_file()} or ${env})")
         raise SettingsError("invalid settings - " + "; ".join(lines + unknown_env_vars())) from None
+    except tomllib.TOMLDecodeError as exc:  # a typo in the file: where, in TOML's words ("Unclosed array ...")
+        raise SettingsError(f"{settings_file()} is not valid TOML: {exc}") from None
     except PydanticSettingsError as exc:  # a source that could not read a value: its reason, on one line
         cause = f": {one_line(exc.__cause__)}" if exc.__cause__ else ""
         raise SettingsError(f"invalid settings - {exc}{cause}") from None

@@ -9,6 +9,7 @@ costs nothing, and an edit's references are decoded once for all n images.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from neuron_app import tracing
@@ -45,13 +46,23 @@ def _numbered(progress: ProgressCallback | None, index: int, count: int) -> Prog
 
 
 def run_many(
-    manager: Manager, request: Request, count: int, progress: ProgressCallback | None = None
+    manager: Manager,
+    request: Request,
+    count: int,
+    progress: ProgressCallback | None = None,
+    on_record: Callable[[GenerationRecord], None] | None = None,
 ) -> list[GenerationRecord]:
-    """`count` images of one validated request, with consecutive seeds, through the manager's device entry."""
-    return [
-        manager.run(dataclasses.replace(request, seed=request.seed + i), progress=_numbered(progress, i, count))
-        for i in range(count)
-    ]
+    """`count` images of one validated request, with consecutive seeds, through the manager's device entry;
+    `on_record` gets each image as it is made (the page's Stop keeps those finished before it)."""
+    records = []
+    for i in range(count):
+        record = manager.run(
+            dataclasses.replace(request, seed=request.seed + i), progress=_numbered(progress, i, count)
+        )
+        if on_record is not None:
+            on_record(record)
+        records.append(record)
+    return records
 
 
 def generate_many(
@@ -62,8 +73,9 @@ def generate_many(
     seed: Any,
     n: Any = 1,
     progress: ProgressCallback | None = None,
+    on_record: Callable[[GenerationRecord], None] | None = None,
     **options: Any,
 ) -> list[GenerationRecord]:
     """`n` images with consecutive seeds: validated once, then `run_many`; options are `validate`'s."""
     request, count = validate_many(manager, prompt, resolution, steps, seed, n, **options)
-    return run_many(manager, request, count, progress)
+    return run_many(manager, request, count, progress, on_record)

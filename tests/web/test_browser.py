@@ -42,7 +42,9 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"chromium not found at {CHROMIUM}: .ci/run installs Debian's chromium package")
+        # A system package, as node and npm are for test_node.py: a fail with the command, not a skip that would let
+        # the README's "whole suite" pass with the page unchecked.
+        pytest.fail(f"chromium not found at {CHROMIUM}: apt-get install chromium (see README, Tests)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

@@ -66,3 +66,29 @@ def test_the_result_line_names_the_source_mask_and_strength(make_settings: Any) 
     assert f"inpaint of a {inpainted.source['size']} source, mask 50% of the image, strength 0.5" in line, line
     redrawn = manager.generate("paint", "64x64", 2, 1, image=picture)
     assert f"image-to-image from a {redrawn.source['size']} source, strength 1" in info_markdown(redrawn)
+
+
+def test_a_page_slower_than_the_steps_shows_the_step_the_server_is_on() -> None:
+    """The first hour (turn 6): the page said step 5 while the server decoded, so Stop named a step long past. The
+    output area folds the events that came while the page took its last line: its next line is the newest."""
+    from neuron_app.web.page.live import live
+
+    emitted, go = threading.Event(), threading.Event()
+
+    def work(on_event: Any) -> str:
+        for step in range(1, 11):
+            on_event(ProgressEvent("denoising", "64x64", step, 10, f"Step {step}/10"))
+        emitted.set()  # all ten steps came while the page still held its first line
+        go.wait(60)
+        return "made"
+
+    lines = live(work, lambda: None, lambda _event: None, lambda text: text)  # type: ignore[arg-type,return-value]
+    next(lines)
+    assert emitted.wait(60)
+    assert "64x64 - step 10/10" in next(lines)
+    go.set()
+    try:
+        while True:
+            next(lines)
+    except StopIteration as end:
+        assert end.value == "made"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import ROOT
+from tests.support import ROOT, free_port
 
 #: Runs app.py; stops with "HEAVY <name>" (exit 3) the moment torch or gradio is first imported.
 GUARD = """
@@ -83,3 +83,28 @@ def test_a_trace_endpoint_without_opentelemetry_is_one_line_before_heavy_imports
         port = probe.getsockname()[1]
     lines = start_guarded(NO_OTEL, tmp_path, port, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
     assert len(lines) == 1 and "requirements-tracing.txt" in lines[0], lines
+
+
+def test_a_toml_typo_in_the_settings_file_is_one_line_naming_the_file_before_heavy_imports(tmp_path: Path) -> None:
+    """The first hour (turn 6, N8): an unclosed array ended in a 51-line tomllib traceback; now one line with the
+    file and TOML's own words, exit 2, as a missing file or an unknown key is."""
+    (tmp_path / "x.toml").write_text('model = "tiny-shapes"\nresolutions = ["128x128"\n')
+    lines = start_guarded(GUARD, tmp_path, free_port(), NEURON_APP_SETTINGS="x.toml")
+    assert lines == [f"error: {tmp_path / 'x.toml'} is not valid TOML: Unclosed array (at end of document)"], lines
+
+
+def test_a_mistyped_model_name_is_one_line_with_the_name_it_meant(tmp_path: Path) -> None:
+    """N9: `NEURON_APP_MODEL=tiny-shape` with the quick start's file went to the Hub, and the terminal showed a
+    traceback and advice to use the settings file already in use; now one line naming tiny-shapes, exit 2."""
+    (tmp_path / "quickstart.toml").write_text((ROOT / "quickstart.toml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "OTEL_"))}
+    env |= {"NEURON_APP_SETTINGS": "quickstart.toml", "NEURON_APP_MODEL": "tiny-shape"}
+    env |= {"NEURON_APP_CACHE_DIR": str(tmp_path / "cache"), "NEURON_APP_SERVER_PORT": str(free_port())}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "app.py")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: model 'tiny-shape' is no model of this app, no folder and no Hub id (org/name): did you mean "
+        "tiny-shapes?"
+    ], done.stderr

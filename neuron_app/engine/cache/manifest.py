@@ -152,6 +152,28 @@ class Manifest:
             return "absent"
         return "precompiled" if entry.fingerprint == fingerprint else "stale"
 
+    def verdicts(self, fields: dict[str, Any], entries: dict[str, ManifestEntry]) -> dict[str, str]:
+        """Each entry for the `cache` command, against the settings in force (their fingerprint `fields`):
+        `precompiled`; `stale` (this model, other settings or versions: `--clear-stale` removes it); or
+        `other model: NAME` (another settings file's, e.g. the quick start's tiny-shapes: kept, never offered to
+        delete, since listing without that file would otherwise wipe its cache)."""
+        fingerprint, model = fingerprint_of(fields), fields.get("model")
+        words = {}
+        for name, entry in entries.items():
+            if entry.fingerprint == fingerprint:
+                words[name] = "precompiled"
+            elif entry.fields.get("model") != model:
+                words[name] = f"other model: {model_name(entry.fields.get('model'))}"
+            else:
+                words[name] = "stale"
+        return words
+
+
+def model_name(identity: Any) -> str:
+    """A fingerprint's model as people name it: `tiny-shapes` for `tiny-shapes:<hash>`, the Hub id without its
+    revision, `local` for a folder."""
+    return str(identity).split("@", 1)[0].split(":", 1)[0]
+
 
 def folder_size(path: Path) -> int:
     total = 0

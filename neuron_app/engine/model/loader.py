@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -81,6 +82,13 @@ def resolve_source(settings: Settings) -> ModelSource:
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"model folder {path}: model_index.json is unreadable ({exc})") from exc
         return ModelSource(str(path.resolve()), None, f"local:{_config_hash(path)}")
+    if "/" not in settings.model:  # a Hub id is org/name; a bare word is a name of ours, mistyped
+        known = [*VARIANTS, *RANDOM_MODELS, *MODEL_DEFAULTS]
+        close = difflib.get_close_matches(settings.model, known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"the names here are {', '.join(known)}"
+        raise ModelLoadError(
+            f"model {settings.model!r} is no model of this app, no folder and no Hub id (org/name): {hint}"
+        )
     return ModelSource(settings.model, settings.revision, f"{settings.model}@{settings.revision or 'main'}")
 
 

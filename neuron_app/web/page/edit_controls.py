@@ -18,7 +18,7 @@ from neuron_app.engine.records import ManagerStatus, ShapeStatus
 from neuron_app.errors import RequestError
 from neuron_app.settings import Settings
 from neuron_app.shapes import Resolution
-from neuron_app.web.page.views import shape_label
+from neuron_app.web.page.views import shape_info, shape_label
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,19 @@ def edit_choices(status: ManagerStatus, buckets: Sequence[str]) -> list[tuple[st
             label = edit_label(Resolution.parse(name), refs)
             choices.append((_edit_label(status.edits.get(label), name, len(refs)), name))
     return choices
+
+
+def edit_info(status: ManagerStatus, buckets: Sequence[str], value: str | None) -> str:
+    """The dropdown's info line while references are uploaded: the edit graph's state for the chosen shape, in
+    the words of its label (the text-to-image graph's "ready: no compile" said nothing of the edit's)."""
+    if value == AUTO or not value or value not in status.shapes:
+        return "auto: the offered shape nearest the first reference's aspect ratio; its edit graph as labelled"
+    refs = tuple(Resolution.parse(b) for b in buckets)
+    name = f"{value} + {len(refs)} ref{'' if len(refs) == 1 else 's'}"
+    state = status.edits.get(edit_label(Resolution.parse(value), refs))
+    if state is None:
+        return f"{name}: its edit graph is not compiled in this process: the first edit compiles it (or loads it)"
+    return shape_info(state, name)
 
 
 def add_reference(references: Sequence[Any] | None, result: Sequence[Any] | str | None, limit: int) -> Any:

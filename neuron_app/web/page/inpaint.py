@@ -72,11 +72,13 @@ class Previews:
     def __init__(self, on: bool) -> None:
         self.on = on
         self._latest: Any = None
+        self.seen = False  # a preview has been shown: the output area says what it is
 
     def forward(self, on_event: ProgressCallback) -> ProgressCallback:
         def forwarded(event: ProgressEvent) -> None:
             if isinstance(event, PreviewEvent):
                 self._latest = event.preview
+                self.seen = self.seen or event.preview is not None
             on_event(event)
 
         return forwarded

@@ -1,6 +1,7 @@
 """What the page's inputs say about themselves, so nothing is cut or clamped without a word: the prompt box's
 counter (a text over the limit is not cut, as the browser's `maxlength` did silently, but named, and refused as
-the API refuses it), the steps slider's range and what it does above it."""
+the API refuses it), the steps slider's range and what it does above it, what more steps do to the model, and
+what a live preview is."""
 
 from __future__ import annotations
 
@@ -19,9 +20,20 @@ def prompt_changed(text: str | None, limit: int) -> dict[str, Any]:
     return {"info": prompt_info(len(text or ""), limit), "__type__": "update"}
 
 
-def steps_info(max_steps: int) -> str:
-    """The slider clamps a larger number typed in its box; the note says so before it happens."""
-    return f"1 to {max_steps} (max_steps); a larger number typed here is set to {max_steps}"
+#: What more steps do to a model served here, where people choose them (measured: docs/tiny-shapes.md).
+STEP_NOTES = {
+    "tiny-shapes": "tiny-shapes is trained for 4 steps (the default): 1 to 4 draw the same clean shape, 8 and more "
+    "make its edges ragged",
+}
+#: Beside a live step preview: it is the noisy image of that step, so it shows little until the last steps.
+PREVIEW_NOTE = " · the preview is this step's noisy image: the shape shows only in the last steps"
+
+
+def steps_info(max_steps: int, model: str = "") -> str:
+    """The slider clamps a larger number typed in its box; the note says so before it happens, and what more
+    steps do to the model served (tiny-shapes: worse, not better)."""
+    clamp = f"1 to {max_steps} (max_steps); a larger number typed here is set to {max_steps}"
+    return f"{clamp}. {STEP_NOTES[model]}" if model in STEP_NOTES else clamp
 
 
 def count_prompt(prompt: Any, limit: int) -> None:

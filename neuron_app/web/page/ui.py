@@ -6,12 +6,14 @@ model itself: everything it shows is data that the manager produced.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
+from gradio.context import LocalContext
 
 from neuron_app.engine.contract import Manager
 from neuron_app.engine.output.images import ImageStore
@@ -23,13 +25,14 @@ from neuron_app.engine.records import (
     ProgressEvent,
 )
 from neuron_app.engine.requests import MAX_SEED, check_images
+from neuron_app.errors import Cancelled
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.multi_image import generate_many
 from neuron_app.web.page import api_endpoints, edit_controls, history, lora_controls
 from neuron_app.web.page import inpaint as painting
 from neuron_app.web.page import notes as page_notes
 from neuron_app.web.page.api_endpoints import DEVICE_QUEUE
-from neuron_app.web.page.live import live
+from neuron_app.web.page.live import Runs, live
 from neuron_app.web.page.views import (
     SHAPE_COLUMNS,
     dropdown_choices,
@@ -38,21 +41,15 @@ from neuron_app.web.page.views import (
     shapes_table,
     status_markdown,
     stopped_markdown,
+    waiting_markdown,
 )
+from neuron_app.web.queue_place import QueuePlace
 
 log = logging.getLogger(__name__)
 
 STATUS_REFRESH_S = 2.0
-#: Stop's notes kept for sessions (one each, until its next Generate); past this the oldest go.
-MAX_STOP_NOTES = 1000
 #: Gradio's temporary files older than this are deleted, checked as often (seconds).
 TEMP_FILE_MAX_AGE_S = 3600
-
-
-def keep_newest(per_session: dict[Any, Any]) -> None:
-    """At most MAX_STOP_NOTES sessions' entries: the oldest go (sessions that left never come back for theirs)."""
-    while len(per_session) > MAX_STOP_NOTES:
-        per_session.pop(next(iter(per_session)))
 
 
 def build_ui(manager: Manager, images: ImageStore, access: Access | None = None) -> gr.Blocks:
@@ -88,57 +85,79 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         previews = painting.Previews(settings.previews)  # each step's preview in the gallery while it runs
 
         session = request.session_hash if request is not None else None
-        steps_seen.pop(session, None)
-        stop_notes.pop(session, None)
+        run = runs.start(session, int(count) if isinstance(count, int | float) else 1, LocalContext.event_id.get(None))
+        if run is None:  # Stop was pressed while it waited in Gradio's queue
+            yield gr.update(), "**Stopped** before it started: no image was made.", gr.update(), gr.update(), []
+            return
+        # Its place behind the requests on the device or waiting for it, as the API counts it (web/queue_place.py).
+        now = manager.status()
+        lane = (now.stages or {}).get("device") or {}
+        place = QueuePlace.taken(now, int(lane.get("waiting", 0)) + int(lane.get("running", 0)), settings.device_lanes)
+        place = dataclasses.replace(place, images=run.images, resolution=str(resolution))
+
+        def waiting(elapsed_s: float) -> str | None:
+            status = manager.status()
+            return waiting_markdown(place.figures(status), status, elapsed_s)
+
+        def seen_by(forward: ProgressCallback) -> ProgressCallback:
+            def on_event(event: ProgressEvent) -> None:
+                run.event = event  # where Stop would stop it
+                forward(event)
+
+            return on_event
+
+        def made(record: GenerationRecord) -> None:  # each image as it is made: a Stop later keeps it
+            run.kept.append((record, str(images.save(record)), info_markdown(record)))
 
         def work(on_event: ProgressCallback) -> list[GenerationRecord]:
-            on_event = previews.forward(seen_by(session, on_event))
+            on_event = previews.forward(seen_by(on_event))
             with access.page_images_for(request, check_images(count, settings.max_images)):  # per address
-                return generate_many(manager, prompt, resolution, steps, seed, count, progress=on_event, **options)
+                return generate_many(
+                    manager, prompt, resolution, steps, seed, count, progress=on_event, on_record=made, **options
+                )
 
         def line(text: str) -> tuple[Any, ...]:
-            return previews.gallery(), text, gr.update(), gr.update(), gr.update()
+            shown = previews.gallery()
+            if previews.seen and run.event is not None and run.event.phase == "denoising":
+                text += page_notes.PREVIEW_NOTE  # a preview in the gallery: what it is
+            return shown, text, gr.update(), gr.update(), gr.update()
 
+        note: list[str] = []
         try:
-            records = yield from live(work, manager.status, api_endpoints.progress_bridge(progress), line)
+            yield from live(
+                work, manager.status, api_endpoints.progress_bridge(progress), line, waiting=waiting, run=run
+            )
+        except Cancelled:  # the page's Stop: the images made before it are kept
+            if len(run.kept) < run.images:
+                note.append(stopped_markdown(run.event, len(run.kept), run.images))
         except Exception as exc:
-            steps_seen.pop(session, None)
+            runs.end(session, run)
             access.observe_error(exc, entry_of(request, "page"))
             error = api_endpoints.user_error(exc)
             yield line(f"**Not generated:** {error.message}")  # the reason stays in the output area, not the seed
             raise error from exc
-        steps_seen.pop(session, None)
-        paths = [str(images.save(record)) for record in records]
+        runs.end(session, run)
+        kept = list(run.kept)
         status = manager.status()
         choices = choices_for(status, buckets)
-        value = resolution if resolution == edit_controls.AUTO else records[0].resolution
+        value = resolution if resolution == edit_controls.AUTO or not kept else kept[0][0].resolution
         yield (
-            paths,
-            "\n\n".join(info_markdown(record) for record in records),
-            records[0].seed,
-            gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value))),
-            [history.entry(record, path) for record, path in zip(records, paths, strict=True)],  # for the history
+            [path for _record, path, _line in kept],  # a Stop's preview or an older image: not shown as if kept
+            "\n\n".join([*note, *(text for _record, _path, text in kept)]),
+            kept[0][0].seed if kept else gr.update(),
+            gr.update(choices=choices, value=value, info=resolution_words(status, buckets, value)),
+            [history.entry(record, path) for record, path, _line in kept],  # for the history
         )
 
-    steps_seen: dict[str | None, ProgressEvent] = {}  # each session's running request's last event, for Stop
-    stop_notes: dict[str | None, str] = {}  # what Stop said, until the session's next Generate (the status tick)
+    runs = Runs()  # each session's running Generate, for Stop (web/page/live.py)
 
-    def seen_by(session: str | None, forward: ProgressCallback) -> ProgressCallback:
-        def on_event(event: ProgressEvent) -> None:
-            steps_seen[session] = event
-            keep_newest(steps_seen)  # a request whose page left without Stop leaves its last event here
-            forward(event)
-
-        return on_event
-
-    def stopped(request: gr.Request | None = None) -> tuple[Any, str]:
-        """Stop's own answer: it replaces the cancelled event's state on the gallery (no "Error" badge) and says
-        where the request stopped, in the words the server logs."""
+    def stopped(request: gr.Request | None = None) -> None:
+        """Stop: the session's running Generate ends at once with what it made and where it stopped, in the
+        words the server logs (its own last answer); one still in Gradio's queue ends when it starts; with
+        nothing running the page stays as it is."""
         session = request.session_hash if request is not None else None
-        event = steps_seen.pop(session, None)
-        note = stop_notes[session] = stopped_markdown(event)
-        keep_newest(stop_notes)  # sessions that left: the oldest note goes
-        return (gr.update() if event is None else []), note  # no preview left as if it were kept
+        queued = getattr(getattr(demo, "_queue", None), "pending_event_ids_session", {}).get(session, set())
+        runs.stop(session, set(queued))
 
     def choices_for(status: ManagerStatus, buckets: list[str] | None) -> list[tuple[str, str]]:
         return edit_controls.edit_choices(status, buckets) if buckets else dropdown_choices(status)
@@ -146,20 +165,25 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
     def references_changed(references: Any, current: str | None) -> tuple[Any, ...]:
         """New references: their buckets, and the dropdown labelled for them (`auto` only while there are some)."""
         buckets = edit_controls.reference_buckets(settings, references)
-        choices = choices_for(manager.status(), buckets)
+        status = manager.status()
+        choices = choices_for(status, buckets)
         values = [value for _label, value in choices]
         value = current if current in values else (edit_controls.AUTO if buckets else (values or [None])[0])
-        return buckets, gr.update(choices=choices, value=value), choices
+        info = resolution_words(status, buckets, value)
+        return buckets, gr.update(choices=choices, value=value, info=info), choices
+
+    def resolution_words(status: ManagerStatus, buckets: list[str] | None, value: str | None) -> str:
+        """The dropdown's info line: the edit graph's state with references, else the shape's."""
+        if buckets:
+            return edit_controls.edit_info(status, buckets, value)
+        return shape_info(status.shapes.get(value or ""))
 
     def refresh(
         current: str | None,
         shown: list[Any] | None,
         buckets: list[str] | None = None,
-        request: gr.Request | None = None,
     ) -> tuple[Any, ...]:
-        """The status tick; it also says again what Stop said, since a cancelled request's last progress line can
-        reach the page after Stop's own answer and cover it."""
-        note = stop_notes.get(request.session_hash) if request is not None else None
+        """The status tick: the status panel, the table and the dropdown's labels."""
         status = manager.status()
         choices = choices_for(status, buckets)
         if choices == shown:
@@ -167,12 +191,12 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         else:
             values = [value for _label, value in choices]
             value = current if current in values else (values or [None])[0]
-            dropdown = gr.update(choices=choices, value=value, info=shape_info(status.shapes.get(value)))
-        return status_markdown(status), shapes_table(status), dropdown, choices, (gr.update() if note is None else note)
+            dropdown = gr.update(choices=choices, value=value, info=resolution_words(status, buckets, value))
+        return status_markdown(status), shapes_table(status), dropdown, choices
 
-    def resolution_info(current: str | None) -> Any:
+    def resolution_info(current: str | None, buckets: list[str] | None = None) -> Any:
         """The chosen shape's long text (state and estimate) in the dropdown's info line."""
-        return gr.update(info=shape_info(manager.status().shapes.get(current or "")))
+        return gr.update(info=resolution_words(manager.status(), buckets, current))
 
     initial = manager.status()
     offered = [value for _label, value in dropdown_choices(initial)]
@@ -212,7 +236,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                         maximum=settings.max_steps,
                         step=1,
                         value=settings.default_steps,
-                        info=page_notes.steps_info(settings.max_steps),
+                        info=page_notes.steps_info(settings.max_steps, settings.model),
                         elem_id="steps",
                     )
                 with gr.Row(visible=bool(settings.loras)):  # LoRA styles, switched without recompiling
@@ -271,8 +295,8 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             api_visibility="private",
             show_progress_on=[gallery],  # the seed box keeps its number: no spinner, no error badge on it
         )
-        # Gradio closes the request's generator (web/page/live.py); Stop's own answer says where it stopped.
-        stop_btn.click(stopped, outputs=[gallery, info], cancels=[generated], queue=False, api_visibility="private")
+        # Stop is the page's own flag (web/page/live.py `Runs`): the request's answer says where it stopped.
+        stop_btn.click(stopped, queue=False, api_visibility="private")
 
         # The public API (web/page/api_endpoints.py): plain inputs, validated by the manager.
         api_endpoints.add(manager, images, run, lanes)
@@ -293,7 +317,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         history_use.then(references_changed, **relabel)
         resolution.change(
             resolution_info,
-            inputs=[resolution],
+            inputs=[resolution, buckets],
             outputs=[resolution],
             queue=False,
             api_visibility="private",
@@ -303,7 +327,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         demo.load(
             refresh,
             inputs=[resolution, shown, buckets],
-            outputs=[status_md, table, resolution, shown, info],
+            outputs=[status_md, table, resolution, shown],
             queue=False,
             api_visibility="private",
             show_progress="hidden",
@@ -312,7 +336,7 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
         timer.tick(
             refresh,
             inputs=[resolution, shown, buckets],
-            outputs=[status_md, table, resolution, shown, info],
+            outputs=[status_md, table, resolution, shown],
             queue=False,
             concurrency_limit=None,
             api_visibility="private",

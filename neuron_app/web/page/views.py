@@ -74,15 +74,42 @@ def shape_info(shape: ShapeStatus | None, name: str | None = None) -> str:
     return f"{name} is {state_word(shape)}: the first request {estimate_text(shape)}; later ones reuse it"
 
 
-def stopped_markdown(event: ProgressEvent | None) -> str:
-    """The output area after the page's Stop: where the request stopped, as the server counts it (the work ends
-    at the end of the step running when Stop was pressed), and that nothing was kept."""
-    if event is None or event.phase not in ("denoising", "decoding"):
-        return "**Stopped** before the first step: no image was made."
-    if event.phase == "decoding":
-        return f"**{event.resolution} - stopped** while decoding: no image was kept."
-    step = min(event.step + 1, event.total)
-    return f"**{event.resolution} - stopped at step {step} of {event.total}**: no image was kept."
+def stopped_markdown(event: ProgressEvent | None, kept: int = 0, images: int = 1) -> str:
+    """The output area after the page's Stop: where the request stopped, as the server counts it (the work ends at
+    the end of the step running when Stop was pressed; a compile or a load goes on, kept for later requests), and
+    what was kept: the images of a several-image request finished before it."""
+    which = f" (image {kept + 1} of {images})" if images > 1 else ""
+    name = f"**{event.resolution} - stopped" if event is not None and event.resolution else "**Stopped"
+    phase = event.phase if event is not None else None
+    if event is not None and phase == "denoising":
+        where = f" at step {min(event.step + 1, event.total)} of {event.total}**{which}"
+    elif phase == "decoding":
+        where = f"** while decoding{which}"
+    elif phase == "compiling":
+        where = f"** during its first-use compile{which}, which goes on and is kept for later requests"
+    elif phase == "loading":
+        where = "** while the model loads, which goes on"
+    else:  # no event yet: its request waited for the device, behind others
+        where = "** while waiting for the device"
+    made = f"{kept} image(s) finished before it are kept below" if kept else "no image was made"
+    if phase in ("denoising", "decoding") and not kept:
+        made = "no image was kept"
+    return f"{name}{where}: {made}."
+
+
+def waiting_markdown(figures: dict[str, Any], status: ManagerStatus, elapsed_s: float) -> str | None:
+    """The output area while a request waits for the device behind others: its place and ETA as the API gives
+    them (web/queue_place.py `figures`), and what the device is doing (a compile ahead is the long wait)."""
+    ahead = figures.get("queue_position") or 0
+    if ahead < 1:
+        return None
+    eta = figures.get("queue_eta_s")
+    line = f"**Waiting for the device** · {ahead} request{'s' if ahead > 1 else ''} ahead of this one"
+    line += f" · ETA ~{human_seconds(eta)}" if eta is not None else " · no ETA yet (no request timed)"
+    busy = [name for name, shape in status.shapes.items() if shape.state is ShapeState.COMPILING]
+    if busy:
+        line += f" · {', '.join(busy)} compiling"
+    return f"{line} · {human_seconds(elapsed_s)} elapsed"
 
 
 def progress_markdown(
@@ -299,10 +326,21 @@ def info_markdown(record: GenerationRecord) -> str:
         + (f" · resized to {record.resized_to} (size_policy nearest)" if record.resized_to else "")
         + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
         + f" · safety {record.safety}"
-        + (f" · marked: {', '.join(sorted(record.marks))}" if record.marks else "")
+        + marks_words(record.marks)
         + "\n\n"
         + usage_line(record.usage())
     )
+
+
+def marks_words(marks: dict[str, str]) -> str:
+    """The marks the PNG carries, and those it does not and why (`watermark: none: 128x128 is under 256x256, ...`
+    below the watermark's 256 px): ` · marked: c2pa, iptc (no watermark: 128x128 is under 256x256)`."""
+    carried = [name for name, how in sorted(marks.items()) if not str(how).startswith("none")]
+    absent = [f"no {name}: {str(how).removeprefix('none: ').split(',')[0]}" for name, how in sorted(marks.items())
+              if str(how).startswith("none")]  # fmt: skip
+    if not marks:
+        return ""
+    return f" · marked: {', '.join(carried) or 'nothing'}" + (f" ({'; '.join(absent)})" if absent else "")
 
 
 def usage_line(usage: Usage) -> str:

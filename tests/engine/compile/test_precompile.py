@@ -58,6 +58,28 @@ def test_cache_command_lists_and_clears_stale_entries_only(make_settings: Any, t
     assert (cache_dir / "models").exists()
 
 
+def test_the_cache_command_keeps_another_models_entries(make_settings: Any, tmp_path: Path) -> None:
+    """The first hour (turn 6, N3): `cache` without the quick start's settings file called its tiny-shapes entries
+    stale and `--clear-stale` removed them. Another model's entries are named and kept; only this model's entries
+    of other settings are stale and removed."""
+    cache_dir = tmp_path / "cache"
+    PipelineManager(make_settings(cache_dir=cache_dir)).compile_shape("64x64")  # model tiny: another settings file
+    PipelineManager(make_settings(cache_dir=cache_dir, model="tiny-deep", compile_mode="regional")).compile_shape(
+        "128x64"
+    )
+    env = tiny_env(cache_dir, NEURON_APP_MODEL="tiny-deep")
+    listing = run_cli(env, "cache")
+    rows = {line.split()[0]: line for line in listing.stdout.splitlines() if line.startswith(("64x64", "128x64"))}
+    assert "other model: tiny" in rows["64x64"] and " stale " in rows["128x64"], listing.stdout
+    assert "1 entry of other settings kept (other model: tiny)" in listing.stdout
+    assert "1 stale entry of tiny-deep" in listing.stdout
+    cleared = run_cli(env, "cache", "--clear-stale")
+    assert cleared.stdout.strip() == (
+        "removed 1 stale entry of tiny-deep: 128x64; 1 entry of other settings kept (other model: tiny)"
+    ), cleared.stdout
+    assert set(Manifest(cache_dir).entries()) == {"64x64"}
+
+
 def test_truncated_manifest_is_set_aside_and_rebuilt(make_settings: Any, caplog: pytest.LogCaptureFixture) -> None:
     settings = make_settings()
     manager = PipelineManager(settings)

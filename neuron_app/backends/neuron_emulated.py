@@ -160,9 +160,9 @@ class NeuronEmulatedBackend(NeuronBackend):
 
     @contextlib.contextmanager
     def sharded_load(self, mesh: Any) -> Iterator[None]:
-        """diffusers places each shard on `neuron:0` (the accelerator, which says available for this load): the
-        emulator makes those CPU tensors on the device. DTensor then computes on the mesh's device type, so the
-        mesh says `cpu` after diffusers has checked it, and compiled graphs trace shards and inputs on one device."""
+        """diffusers places each shard on the current device (the accelerator, which says available for this
+        load): the emulator makes those CPU tensors on the device. Inside a device graph the mesh says `cpu`, as
+        under `python -m neuron_app emulate` (`emulator/numbering.py:meshes_on_host`, every script gets it)."""
         from neuron_app.backends.emulator.device import _DeviceModule
 
         _DeviceModule.available = True
@@ -171,7 +171,6 @@ class NeuronEmulatedBackend(NeuronBackend):
                 yield
         finally:
             _DeviceModule.available = False
-            mesh._device_type = "cpu"  # DeviceMesh has no setter: the emulated device's tensors are CPU tensors
 
     def wrap_graph(self, fn: Any, name: str) -> Any:
         return fn if hasattr(fn, "neuron_graph") else self.emulator.graph(fn, name)

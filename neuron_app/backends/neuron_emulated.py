@@ -153,9 +153,11 @@ class NeuronEmulatedBackend(NeuronBackend):
         """The guide's `DeviceMesh("neuron", ...)` over gloo, with the emulated device as torch's accelerator, so
         that diffusers' TensorParallelConfig really shards (as under `python -m neuron_app emulate`)."""
         from neuron_app.backends.emulator import device as emulator_device
+        from neuron_app.backends.emulator.numbering import on_process_group
 
         emulator_device.register_accelerator()
         emulator_device.register_dist_backend()
+        on_process_group()  # the group is gloo here: TorchNeuron's numbering as its own group sets it (neuron:<rank>)
         return super().tp_mesh(world_size)
 
     @contextlib.contextmanager

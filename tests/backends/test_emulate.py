@@ -72,7 +72,7 @@ def test_a_users_pytest_suite_runs_under_emulate_and_a_broken_rule_fails_the_scr
         "    assert out.device.type == 'neuron' and out.cpu().device.type == 'cpu'\n"
         "    torch.neuron.synchronize()\n"
     )
-    suite = emulate(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"], tmp_path)
+    suite = emulate(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"], tmp_path, NEURON_RT_NUM_CORES="1")
     assert suite.returncode == 0 and "1 passed" in suite.stdout, suite.stdout + suite.stderr[-2000:]
     (tmp_path / "broken.py").write_text("import torch\n\ntorch.randn(3, device='neuron')\n")
     broken = emulate(["broken.py"], tmp_path)

@@ -315,13 +315,16 @@ def test_the_backend_places_a_component_on_the_second_core_it_holds(
         assert (backend.device_for(0), backend.device_for(1)) == ("neuron:0", "neuron:1")
         with pytest.raises(RuntimeError, match=r"^Device index 2 is out of range\. Valid range is 0 to 1 for this"):
             backend.device_for(2)
+        memory = backend.emulator.memory  # one per process: other managers' weights may be on it already
+        before = (memory.in_use_of(0), memory.in_use_of(1))
         encoder, transformer = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
         backend.adopt_module(encoder)  # adopt first (the whole pipeline on the current core), then moved
         backend.place_module(encoder, 1)
         backend.place_module(transformer, 0)
         devices = {d["index"]: d for d in backend.rules_status()["devices"]}
         assert (devices[0]["core"], devices[1]["core"]) == (2, 3)
-        assert backend.emulator.memory.in_use_of(1) == backend.emulator.memory.in_use_of(0) == 8 * 8 * 4 + 8 * 4
+        weights = 8 * 8 * 4 + 8 * 4  # one Linear(8, 8) in float32, each on its own core's account
+        assert (memory.in_use_of(0) - before[0], memory.in_use_of(1) - before[1]) == (weights, weights)
         with backend.device_work():
             assert encoder.weight.device == torch.device("neuron", 1)
             embedding = encoder(torch.ones(1, 8).to(backend.device_for(1)))

@@ -5,8 +5,9 @@ and a 4032-token shape at the serving step count (compile seconds, device memory
 shape's own CPU fallbacks); VAE tiles of 256, 384 and 512 px, each compiled in a fresh cache in its own process, with
 the PSNR against `vae_device=cpu`; the restart in a second process on the same cache; image-to-image, inpaint, an
 edit and a LoRA switch (`--lora NAME=SOURCE` twice) at a ready shape meeting 0 compiles; NKI SDPA on against off;
-TP=2 against TP=1 (examples/guide_tp.py under torchrun). Every check runs in a process of its own, one at a time, on
-one NeuronCore; this process never opens the device (T1, T2). Elsewhere it runs on `neuron-emulated` with the tiny
+TP=2 against TP=1 (examples/guide_tp_compiled.py: the compiled sharded transformer, ranks on free cores). Every
+other check runs in a process of its own, one at a time, on one NeuronCore; this process never opens the device (T1,
+T2). Elsewhere it runs on `neuron-emulated` with the tiny
 model (the NKI gate is then a prediction from the traced graph: 480 text tokens make 128x64 qualify, 64x64 not).
 It prints a verdict per check and writes a JSON report (`--report`) to attach to an issue.
 """
@@ -34,10 +35,6 @@ DEVICE_MODEL, DEVICE_SHAPES, DEVICE_TILES = (
     ["1024x1024", "1152x896"],
     [256, 384, 512],
 )
-#: TP=2 against TP=1: the guide's snippet, tiny-shapes on the emulator (a wrong shard: about 18 dB; bf16 rounding
-#: of two partial sums: above 40 dB, measured at 64x64), the PSNR the two images must reach.
-GUIDE_TP = Path(__file__).resolve().parent.parent / "examples" / "guide_tp.py"
-TP_EMULATED_MODEL, TP_PSNR_DB = Path(__file__).resolve().parent / "models" / "tiny-shapes", 30.0
 #: On the emulator: the tiny model, 480 text tokens (128x64: 32 + 480 = 512, the kernel; 64x64: 496, not).
 EMULATED_SHAPES, EMULATED_TILES, EMULATED_TEXT = ["128x64", "64x64"], [256, 384, 512], 480
 #: The LoRA switch with the tiny model: two random adapters of ranks 4 and 8 (slots padded to the larger).
@@ -255,48 +252,11 @@ def check_nki_sdpa(device: str, model: str, shape: str, cache_dir: Path) -> Verd
     return Verdict("NKI SDPA on/off", "pass", found + f"; PSNR {psnr(got[0]['png'], got[1]['png']):.1f} dB")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def check_tp(device: str, model: str, cache_dir: Path) -> Verdict:
-    """N4d/N11: the guide's tensor-parallel snippet under torchrun with 2 ranks against 1 rank, as a user runs it
-    (on the emulator under `python -m neuron_app emulate`, with tiny-shapes: the random tiny model's image hardly
-    depends on its transformer); on the emulator each rank must also hold half of every sharded weight."""
-    name = "TP=2 equals TP=1"
-    if not GUIDE_TP.is_file():
-        return Verdict(name, "skip", "examples/guide_tp.py is not here: run the selftest from a checkout")
-    emulated = device != "neuron"
-    guide = {"GUIDE_MODEL": str(TP_EMULATED_MODEL) if emulated else model, "GUIDE_SIZE": "64" if emulated else "1024"}
-    pngs, shares, seconds = [], [], []
-    for ranks in (1, 2):
-        out = cache_dir / f"tp-{ranks}.png"
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}"]
-        command += ["--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
-        command += ["-m", "neuron_app", "emulate", str(GUIDE_TP)] if emulated else [str(GUIDE_TP)]
-        env = os.environ | guide | {"GUIDE_OUTPUT": str(out), "TORCH_NEURONX_NEFF_CACHE_DIR": str(cache_dir / "neff")}
-        env.pop("NEURON_RT_VISIBLE_CORES", None)  # rank N takes core N (LOCAL_RANK): free while no check runs (T1)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GUIDE_TP.parent.parent), env.get("PYTHONPATH")]))
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        done = subprocess.run(command, cwd=cache_dir, env=env, capture_output=True, text=True, timeout=7200)
-        seconds.append(time.perf_counter() - start)
-        if done.returncode != 0 or not out.is_file():
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            return Verdict(name, "fail", f"torchrun with {ranks} rank(s) exited {done.returncode}: {tail}")
-        pngs.append(str(out))
-        held = [line for line in done.stderr.splitlines() if "tensor parallel:" in line]
-        shares.append([line.split("elements, ")[-1].split(")")[0] for line in held])
-    value = psnr(pngs[0], pngs[1])
-    found = f"{guide['GUIDE_SIZE']} px, 1 rank {seconds[0]:.0f} s, 2 ranks {seconds[1]:.0f} s; PSNR {value:.1f} dB"
-    sharded = not emulated or shares[1] == ["0.50", "0.50"]
-    if emulated:
-        found += f"; each rank's share of the sharded weights: {', '.join(shares[1]) or 'none'}"
-    return Verdict(name, "pass" if value >= TP_PSNR_DB and sharded else "fail", found)
+    """The compiled sharded transformer, 2 ranks against 1, on free cores (`scale/tp_check.py`)."""
+    from neuron_app.scale.tp_check import check_tp as run_check
+
+    return Verdict("TP=2 equals TP=1", *run_check(device, model, cache_dir))
 
 
 def run(device: str, model: str, cache_dir: Path, loras: dict[str, str] | None = None) -> list[Verdict]:

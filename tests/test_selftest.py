@@ -61,3 +61,27 @@ def test_a_check_started_beside_a_process_holding_the_cores_cannot_start(make_se
     assert parent.backend.cores == [0, 1, 2, 3]
     assert "NeuronCore 0 of the emulated trn2.3xlarge is held by process" in got.get("error", ""), got
     assert f"held by process {os.getpid()} (NEURON_RT_VISIBLE_CORES=0)" in got["error"], got
+
+
+@pytest.mark.slow
+def test_the_tp_check_runs_the_compiled_sharded_path_on_free_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """U2 and U9: the TP check runs the guide's TP set-up with the compiled sharded transformer
+    (examples/guide_tp_compiled.py), 2 ranks against 1, beside a process that holds core 0 (a server): its ranks
+    take free cores from the emulator's registry, each holding half of every sharded weight."""
+    from neuron_app.backends.emulator import cores
+    from neuron_app.scale.tp_check import check_tp
+
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0")
+    assert cores.acquire() == [0]  # held by this process until it exits: the "server"
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES")
+    verdict, found = check_tp("neuron-emulated", "tiny", tmp_path)
+    assert verdict == "pass", found
+    assert found.startswith("compiled sharded transformer, 64 px, 1 rank ") and "(core 1)" in found, found
+    assert "(cores 1, 2)" in found and "each rank's share of the sharded weights: 0.50, 0.50" in found, found
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "3")  # one core given: too few for 2 ranks, said so
+    assert check_tp("neuron-emulated", "tiny", tmp_path) == (
+        "skip",
+        "TP=2 needs 2 NeuronCores; NEURON_RT_VISIBLE_CORES=3 gives 1",
+    )

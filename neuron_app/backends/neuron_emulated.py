@@ -148,16 +148,18 @@ class NeuronEmulatedBackend(NeuronBackend):
         """The guide's `DeviceMesh("neuron", ...)` over gloo, with the emulated device as torch's accelerator, so
         that diffusers' TensorParallelConfig really shards (as under `python -m neuron_app emulate`)."""
         from neuron_app.backends.emulator import device as emulator_device
+        from neuron_app.backends.emulator.numbering import on_process_group
 
         emulator_device.register_accelerator()
         emulator_device.register_dist_backend()
+        on_process_group()  # the group is gloo here: TorchNeuron's numbering as its own group sets it (neuron:<rank>)
         return super().tp_mesh(world_size)
 
     @contextlib.contextmanager
     def sharded_load(self, mesh: Any) -> Iterator[None]:
-        """diffusers places each shard on `neuron:0` (the accelerator, which says available for this load): the
-        emulator makes those CPU tensors on the device. DTensor then computes on the mesh's device type, so the
-        mesh says `cpu` after diffusers has checked it, and compiled graphs trace shards and inputs on one device."""
+        """diffusers places each shard on the current device (the accelerator, which says available for this
+        load): the emulator makes those CPU tensors on the device. Inside a device graph the mesh says `cpu`, as
+        under `python -m neuron_app emulate` (`emulator/numbering.py:meshes_on_host`, every script gets it)."""
         from neuron_app.backends.emulator.device import _DeviceModule
 
         _DeviceModule.available = True
@@ -166,7 +168,6 @@ class NeuronEmulatedBackend(NeuronBackend):
                 yield
         finally:
             _DeviceModule.available = False
-            mesh._device_type = "cpu"  # DeviceMesh has no setter: the emulated device's tensors are CPU tensors
 
     def wrap_graph(self, fn: Any, name: str) -> Any:
         return fn if hasattr(fn, "neuron_graph") else self.emulator.graph(fn, name)

@@ -106,3 +106,82 @@ def test_two_neuron_emulated_apps_on_the_same_cores_cannot_both_start(run_app_py
     third = run_app_py(device="neuron-emulated", env={"NEURON_RT_VISIBLE_CORES": "1"})
     third.wait_up()
     assert first.proc.poll() is None and third.proc.poll() is None
+
+
+def test_a_planted_link_in_the_core_folder_is_refused_and_its_target_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team row 34: a symbolic link (or a hard link) planted as a core file made `acquire()` truncate its target
+    and write a pid into it. Now the core file is opened without following links and must be a plain file."""
+    from neuron_app.backends.emulator import cores
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the victim's data\n")
+    planted = tmp_path / "cores" / "trn2.3xlarge"
+    planted.mkdir(parents=True)
+    (planted / "core-0").symlink_to(victim)
+    os.link(victim, planted / "core-1")
+    monkeypatch.setenv("NEURON_EMULATOR_CORES_DIR", str(tmp_path / "cores"))
+    for core, why in (("0", "is a symbolic link: refused"), ("1", "is not a plain file of its own")):
+        monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", core)
+        with pytest.raises(DeviceUnavailable, match=why):
+            cores.acquire()
+    assert victim.read_text() == "the victim's data\n"
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "2")
+    assert cores.acquire() == [2] and (planted / "core-2").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_default_core_folder_is_private_to_its_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row 34's other half: the default folder was a predictable path another local user could make first. It is
+    now per uid, made 0700, and refused when it is a link, someone else's or writable by others."""
+    import stat
+    import tempfile
+
+    from neuron_app.backends.emulator import cores
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = tmp_path / f"neuron-emulator-cores-{os.getuid()}"
+    assert cores.folder({}) == root / "trn2.3xlarge"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    root.chmod(0o777)  # as if another user had made it first, open to all
+    with pytest.raises(DeviceUnavailable, match="is not a private folder of this user's"):
+        cores.folder({})
+    root.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    root.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DeviceUnavailable, match="is not a private folder of this user's"):
+        cores.folder({})
+
+
+READER = (
+    "import fcntl, os, sys\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "fcntl.lockf(fd, fcntl.LOCK_SH)\n"  # a reader's shared lock on a read-only descriptor
+    "print('locked', flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
+
+def test_a_core_locked_by_a_reader_names_the_reader_not_the_pid_in_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red-team row 35: a read-only shared lock denies the core (as any lock does), and the message used to name
+    the pid written in the file (a dead holder's). It names the process the kernel says holds the lock."""
+    from neuron_app.backends.emulator import cores
+
+    where = tmp_path / "cores" / "trn2.3xlarge"
+    where.mkdir(parents=True)
+    (where / "core-1").write_text("999999")  # a dead holder's pid, left behind
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(where / "core-1")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "locked"
+        monkeypatch.setenv("NEURON_EMULATOR_CORES_DIR", str(tmp_path / "cores"))
+        monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "1")
+        with pytest.raises(DeviceUnavailable) as info:
+            cores.acquire()
+        assert f"NeuronCore 1 of the emulated trn2.3xlarge is held by process {reader.pid} " in str(info.value)
+        assert "999999" not in str(info.value)
+    finally:
+        reader.communicate("\n", timeout=60)

@@ -72,7 +72,7 @@ def test_a_users_pytest_suite_runs_under_emulate_and_a_broken_rule_fails_the_scr
         "    assert out.device.type == 'neuron' and out.cpu().device.type == 'cpu'\n"
         "    torch.neuron.synchronize()\n"
     )
-    suite = emulate(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"], tmp_path)
+    suite = emulate(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"], tmp_path, NEURON_RT_NUM_CORES="1")
     assert suite.returncode == 0 and "1 passed" in suite.stdout, suite.stdout + suite.stderr[-2000:]
     (tmp_path / "broken.py").write_text("import torch\n\ntorch.randn(3, device='neuron')\n")
     broken = emulate(["broken.py"], tmp_path)
@@ -142,7 +142,8 @@ def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transforme
         assert "this rank holds 638976 of their 1277952 elements, 0.50)" in line, line
     assert done.stderr.count("violations 0") == 2, done.stderr[-3000:]
     if script == "guide_tp_compiled.py":
-        assert done.stderr.count("graphs compiled 1;") == 2, done.stderr[-3000:]  # each rank its shard's graph
+        # Each rank traces its shard's graph (the second finds the first's artifact in the shared cache folder).
+        assert done.stderr.count("graph 0: 4 attention call(s)") == 2, done.stderr[-3000:]
         for rank in (0, 1):
             assert f"rank {rank}: compiled sharded transformer on neuron:{rank}, image made" in done.stdout
 

@@ -15,9 +15,11 @@ under the system's temp folder), so that tests can give each test a machine of i
 
 from __future__ import annotations
 
+import errno
 import fcntl
-import getpass
 import os
+import stat
+import struct
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -74,10 +76,30 @@ def lnc(env: Mapping[str, str] | None = None) -> int:
 
 
 def folder(env: Mapping[str, str] | None = None) -> Path:
-    """The machine's core files for this instance (one folder per machine and instance)."""
+    """The machine's core files for this instance (one folder per machine and instance). The default is private
+    to this user (`neuron-emulator-cores-<uid>` in the temp folder, 0700, checked to be ours: another local user
+    cannot plant links or files there first; red-team row 34); NEURON_EMULATOR_CORES_DIR is the user's choice."""
     env = os.environ if env is None else env
-    root = env.get(CORES_DIR_VAR) or str(Path(tempfile.gettempdir()) / f"neuron-emulator-cores-{getpass.getuser()}")
-    return Path(root) / instance(env).name
+    given = env.get(CORES_DIR_VAR)
+    root = Path(given) if given else Path(tempfile.gettempdir()) / f"neuron-emulator-cores-{os.getuid()}"
+    if not given:
+        _private(root)
+    return root / instance(env).name
+
+
+def _private(root: Path) -> None:
+    """Make (0700) or accept the default folder only when it is a real folder of this user's that no one else can
+    write into."""
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(root)
+    except OSError as exc:
+        raise DeviceUnavailable(f"the emulator's core folder {root} cannot be made: {exc}") from exc
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise DeviceUnavailable(
+            f"the emulator's core folder {root} is not a private folder of this user's (a link, someone else's, "
+            f"or writable by others): remove it or set {CORES_DIR_VAR}"
+        )
 
 
 def requested(env: Mapping[str, str] | None = None) -> tuple[list[int] | None, int]:
@@ -109,22 +131,53 @@ def requested(env: Mapping[str, str] | None = None) -> tuple[list[int] | None, i
     return list(range(total)), total
 
 
+#: Core file -> the pid the kernel names as holding the lock that refused us (0: it cannot tell).
+_BLOCKERS: dict[Path, int] = {}
+_FLOCK = "hhqqi"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
+
+
 def _holder(path: Path) -> str:
+    """The live holder as the kernel names it (F_GETLK: a reader's shared lock too, red-team row 35), not the pid
+    a holder once wrote into the file."""
+    pid = _BLOCKERS.get(path, 0)
+    return str(pid) if pid > 0 else "that this process cannot tell (the lock's owner is not named)"
+
+
+def _blocker(fd: int) -> int:
     try:
-        return path.read_text().strip() or "unknown"
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, 0, 0, 0, 0))
     except OSError:
-        return "unknown"
+        return 0
+    kind, *_, pid = struct.unpack(_FLOCK, answer[: struct.calcsize(_FLOCK)])
+    return pid if kind != fcntl.F_UNLCK else 0
+
+
+def _open(path: Path) -> int:
+    """A core's file, never through a symbolic link (red-team row 34: a planted link to someone's file had it
+    truncated) and only a plain file of one name (a hard link to another file is refused too)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DeviceUnavailable(f"{path} is a symbolic link: refused (core files are plain files)") from exc
+        raise DeviceUnavailable(f"{path} cannot be opened: {exc.strerror}") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise DeviceUnavailable(f"{path} is not a plain file of its own (a hard link or a device): refused")
+    return fd
 
 
 def _try(path: Path) -> int | None:
     """Lock one core's file for this process; its descriptor, or None when a live process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open(path)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        _BLOCKERS[path] = _blocker(fd)
         os.close(fd)
         return None
-    os.ftruncate(fd, 0)
+    os.ftruncate(fd, 0)  # our own plain file (checked above), never a link's target
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
 
@@ -187,19 +240,25 @@ def _numbered(cores: list[int], env: Mapping[str, str]) -> list[int]:
     return cores
 
 
-def free_count(env: Mapping[str, str] | None = None) -> int:
-    """How many cores of the emulated instance no live process holds (this one's own count as taken)."""
+def free_cores(env: Mapping[str, str] | None = None) -> list[int]:
+    """The cores of the emulated instance no live process holds now (this one's own count as taken)."""
     env = os.environ if env is None else env
-    where, free = folder(env), 0
-    for n in range(instance(env).cores):
-        path = where / f"core-{n}"
-        if path in _HELD:
-            continue
-        fd = _try(path)
-        if fd is not None:
-            free += 1
-            os.close(fd)  # not ours before: closing drops only this probe's lock
+    where, free = folder(env), []
+    where.mkdir(parents=True, exist_ok=True)
+    with _LOCK:
+        for n in range(instance(env).cores):
+            path = where / f"core-{n}"
+            if path in _HELD:
+                continue
+            fd = _try(path)
+            if fd is not None:
+                free.append(n)
+                os.close(fd)  # not ours before: closing drops only this probe's lock
     return free
+
+
+def free_count(env: Mapping[str, str] | None = None) -> int:
+    return len(free_cores(env))
 
 
 def held() -> list[int]:

@@ -41,6 +41,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from neuron_app.backends.emulator import lifecycle
 from neuron_app.backends.emulator.cache import ArtifactStore
 from neuron_app.backends.emulator.device import (
     _MIXED_OK,
@@ -53,6 +54,7 @@ from neuron_app.backends.emulator.device import (
 )
 from neuron_app.backends.emulator.modes import _PlacementMode, _returns_view, _RulesMode
 from neuron_app.backends.emulator.placement import DeviceMemory
+from neuron_app.backends.emulator.standin import named_failure
 from neuron_app.errors import NeuronRuleViolation
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,7 @@ class NeuronEmulator:
 
     def __init__(self, folder: Path, mode: str = "enforce", hbm_gib: float | None = None) -> None:
         _register_device()
+        lifecycle.register()  # TorchNeuron's fork rule (`lifecycle.py`)
         self.mode = mode
         self.store = ArtifactStore(folder)
         self.eager_compiles = 0  # new eager signatures met by this process (persistent misses)
@@ -169,6 +172,8 @@ class NeuronEmulator:
     def place(self, value: Any, on_device: bool, weight: bool = False) -> Any:
         """Put every tensor in `value` on the device (its storage: HBM it takes from now on, past the capacity an
         out-of-memory failure) or take it off."""
+        if on_device:
+            lifecycle.use()  # the first device use starts the runtime; a forked child's is refused
         for leaf in pytree.tree_leaves(value):
             if not isinstance(leaf, torch.Tensor):
                 continue
@@ -225,6 +230,7 @@ class NeuronEmulator:
             self._latched = f"neuron rule: a latched device error surfaced here: {text}"
 
     def raise_latched(self) -> None:
+        lifecycle.use()
         with self._lock:
             message, self._latched = self._latched, None
         if message is not None:
@@ -312,8 +318,9 @@ class NeuronEmulator:
         ]
         if dynamic:
             self.violate(
-                f"a compiled graph has dynamic shapes (inputs {sorted(set(dynamic))}): the neuron backend needs "
-                "static shapes (dynamic=False, no mark_dynamic); each shape is its own graph"
+                f"a compiled graph has dynamic shapes (inputs {sorted(set(dynamic))}): the neuron backend rejects "
+                "dynamic=True and mark_dynamic (AWS: 'dynamic=True is rejected during compilation'); with the default "
+                "dynamic (or dynamic=False) each new shape recompiles as a graph of its own"
             )
         for node in gm.graph.nodes:
             val = node.meta.get("example_value", node.meta.get("val"))
@@ -351,7 +358,13 @@ class NeuronEmulator:
                 if self.is_host(leaf) and leaf.dim() > 0:
                     self.violate(f"host tensor {_spec(leaf)} passed to the compiled device graph {name}")
             with _disable_current_modes(), torch._C.DisableTorchFunction(), _dtypes_as_on_neuron():
-                out = fn(*args, **kwargs)
+                try:
+                    out = fn(*args, **kwargs)
+                except Exception as exc:  # the stand-in compiler's own failure is named as such (standin.py)
+                    named = named_failure(exc, fn, args, kwargs, name)
+                    if named is exc:
+                        raise
+                    raise named from exc
             return self.place(out, True)
 
         run_graph.neuron_graph = name  # type: ignore[attr-defined]

@@ -106,7 +106,9 @@ def _patch_spawn(mode: str) -> None:
     def get_command_line(**kwds: Any) -> list[str]:
         line = original(**kwds)
         at = line.index("-c") + 1
-        line[at] = f"import sys; sys.path.insert(0, {root!r}); import {__name__} as e; e.spawn_child({mode!r}); {line[at]}"
+        line[at] = (
+            f"import sys; sys.path.insert(0, {root!r}); import {__name__} as e; e.spawn_child({mode!r}); {line[at]}"
+        )
         return line
 
     get_command_line.neuron_emulated = True  # type: ignore[attr-defined]

@@ -229,7 +229,7 @@ try:
     call(torch.compile(load(), backend="neuron", dynamic=True), 16)
     print("dynamic=True ran")
 except Exception as e:
-    print("dynamic=True refused:", str(e).splitlines()[0])
+    print("dynamic=True refused:", " ".join(str(e).split())[:600])
 """
 
 

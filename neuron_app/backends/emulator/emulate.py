@@ -94,8 +94,8 @@ def _patch_threads(em: Any) -> None:
 
 
 def _patch_spawn(mode: str) -> None:
-    """A `spawn` (or `forkserver`-free) multiprocessing child starts the emulator before it unpickles its target,
-    as a spawned child on a device starts a runtime of its own (a forked one may not: `lifecycle.py`)."""
+    """A `spawn` multiprocessing child starts the emulator before it unpickles its target, as a spawned child on a
+    device starts a runtime of its own (a forked one may not: `lifecycle.py`; `forkserver` is not covered)."""
     from multiprocessing import spawn
 
     original = spawn.get_command_line

@@ -19,8 +19,9 @@ FROM ${BASE_IMAGE}
 ARG NEURON_STACK=install
 ARG NEURON_SDK=2.34
 ARG NEURON_REQUIREMENTS=
-# The runtime packages' versions: empty takes the release's own (docs/deploy-trn.md, "Versions"); the driver is on
-# the host. The Neuron apt suite: empty is the base's codename.
+# The runtime packages' versions: empty takes the release's own from scripts/install-neuron.sh (2.34: runtime-lib
+# and collectives 2.36.*, tools 2.34.*; 2.33: 2.35.30.0, 2.35.43.0, 2.33.38.0; docs/deploy-trn.md, "Versions");
+# the driver is on the host. The Neuron apt suite: empty is the base's codename.
 ARG NEURON_RUNTIME_VERSION=
 ARG NEURON_COLLECTIVES_VERSION=
 ARG NEURON_TOOLS_VERSION=

@@ -18,15 +18,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from neuron_app.environment import dist_version
+from neuron_app.environment import PRODUCT_NAME, dist_version
 from neuron_app.errors import RequestError
 
 Verdict = Literal["ok", "problem", "info"]
 
 SUPPORTED_PYTHON = ((3, 12), (3, 14))
 SUPPORTED_INSTANCES = ("trn2", "trn3")
-#: Where EC2 Nitro instances expose their type without a network call (IMDS is not used: it can hang).
-PRODUCT_NAME = Path("/sys/devices/virtual/dmi/id/product_name")
 VOLATILE_FS = ("tmpfs", "ramfs", "overlay")
 EXIT_OK, EXIT_PROBLEM = 0, 1
 #: How long `import torch_neuronx` may take in its own process (torch alone takes seconds on a slow disk).

@@ -40,6 +40,10 @@ VISIBLE_CORES_VAR = "NEURON_RT_VISIBLE_CORES"
 NEFF_KEY_DISTS = ("torch-neuronx", "neuronx-cc", "nki", "torch")
 NEFF_KEY_VARS = ("NEURON_CC_FLAGS", "NEURON_LOGICAL_NC_CONFIG", "TORCH_NEURONX_ENABLE_NKI_SDPA")
 MARK_VAR = "_NEURON_APP_EXPORTED"
+#: The chip a NEFF is compiled for is part of the folder's name (U10): the Neuron stack's own override, else the
+#: instance family from the type EC2 Nitro instances expose without a network call (IMDS is not used: it can hang).
+PLATFORM_TARGET_VAR = "NEURON_PLATFORM_TARGET_OVERRIDE"
+PRODUCT_NAME = Path("/sys/devices/virtual/dmi/id/product_name")
 #: One item of NEURON_RT_VISIBLE_CORES: a core index or an inclusive range. The runtime takes a comma list of
 #: items (`3,4,5,6`, `3-6`, `3-5,6`; Ray writes comma lists) whose cores form one contiguous range.
 CORES_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -145,13 +149,30 @@ def dist_version(name: str) -> str | None:
         return None
 
 
+def platform_target(product_name: Path = PRODUCT_NAME) -> str:
+    """The chip this host compiles NEFFs for (`trn2`, `trn3`): NEURON_PLATFORM_TARGET_OVERRIDE when set, else the
+    instance's family (`trn2.48xlarge`, `trn2u.48xlarge` -> trn2), else `unknown` (not a Trainium host). Torch-free:
+    the NEFF folder is named before torch loads."""
+    override = os.environ.get(PLATFORM_TARGET_VAR, "").strip().lower()
+    if override:
+        return re.sub(r"[^a-z0-9]+", "-", override)
+    try:
+        family = product_name.read_text(errors="replace").strip().split(".")[0].lower()
+    except OSError:
+        return "unknown"
+    match = re.match(r"(trn\d+|inf\d+)", family)
+    return match.group(1) if match else "unknown"
+
+
 def neff_key() -> str:
-    """The NEFF folder's name for this SDK and these flags (T12): whether TorchNeuron's own disk key covers the
-    compiler's version and NEURON_CC_FLAGS is unconfirmed, so NEFFs of another release or flag set never meet."""
+    """The NEFF folder's name for this SDK, these flags and this chip (T12, U10): whether TorchNeuron's own disk key
+    covers the compiler's version, NEURON_CC_FLAGS and the target is unconfirmed, so NEFFs of another release,
+    flag set or chip (a cache shared by a trn2 and a trn3 fleet) never meet."""
     found = {name: dist_version(name) or "absent" for name in NEFF_KEY_DISTS}
     found |= {name: os.environ.get(name, "") for name in NEFF_KEY_VARS}
+    found["platform_target"] = platform_target()
     digest = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:12]
-    return f"torch-neuronx-{found['torch-neuronx']}-{digest}"
+    return f"torch-neuronx-{found['torch-neuronx']}-{found['platform_target']}-{digest}"
 
 
 def neff_cache_dir(cache_dir: Path) -> Path:

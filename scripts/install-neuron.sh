@@ -4,8 +4,8 @@
 #
 #   NEURON_STACK=install (default): Ubuntu 26.04 (2.33 and 2.34) or 24.04 (2.34 only, see below).
 #     - the Neuron runtime from the Neuron apt repository (aws-neuronx-runtime-lib, aws-neuronx-collectives,
-#       aws-neuronx-tools): 2.33 pinned to its component versions; 2.34 at the repository's newest, since no
-#       source read for this project lists 2.34's component versions (unconfirmed), and what was installed is
+#       aws-neuronx-tools): 2.33 pinned to its component versions; 2.34 pinned to its release's series (no
+#       source read for this project lists 2.34's exact versions: see the 2.34 row), and what was installed is
 #       written to $VENV/neuron-sdk.txt;
 #     - a virtual environment in $VENV (default /opt/venv) from Ubuntu's own python3 (3.14 on 26.04, 3.12 on
 #       24.04) with $NEURON_REQUIREMENTS (default: requirements-neuron.txt for 2.34, requirements-neuron-2.33.txt
@@ -28,9 +28,13 @@ export DEBIAN_FRONTEND=noninteractive
 # Per release: the apt versions (empty: the repository's newest) and the Ubuntu releases with wheels.
 case "$NEURON_SDK" in
 2.34)
-    # 2.34.0 (2026-11-30): versions unconfirmed; 24.04 wheels promised by TorchNeuron 2.33's notes for "the next
-    # release" (unconfirmed for 2.34 by a stored source: doctor --stack fails the build if the wheel does not load).
-    SDK_RUNTIME="" SDK_COLLECTIVES="" SDK_TOOLS="" SDK_DRIVER="" SDK_UBUNTU="24.04 26.04"
+    # 2.34.0 (2026-11-30). Its package list was in no source this project could read, so each package is pinned
+    # to its 2.34 series: every release from 2.30 to 2.33 shipped runtime-lib and collectives as 2.(N+2).*, tools
+    # as 2.N.* and the driver as 2.(N-2).* (AWS's release content pages, docs/deploy-trn.md "Versions"), so 2.34's
+    # are 2.36.*, 2.36.*, 2.34.* and 2.32.*: never 2.35's. A series the repository lacks stops the install with
+    # the versions it has (check_pins). 24.04 wheels promised by TorchNeuron 2.33's notes for "the next release"
+    # (unconfirmed for 2.34 by a stored source: doctor --stack fails the build if the wheel does not load).
+    SDK_RUNTIME=2.36. SDK_COLLECTIVES=2.36. SDK_TOOLS=2.34. SDK_DRIVER=2.32. SDK_UBUNTU="24.04 26.04"
     SDK_REQUIREMENTS=requirements-neuron.txt
     ;;
 2.33)
@@ -51,6 +55,21 @@ NEURON_REQUIREMENTS="${NEURON_REQUIREMENTS:-$SDK_REQUIREMENTS}"
 
 # "name=version*" for apt, or the bare name (the repository's newest) when no version is pinned.
 apt_pin() { if [[ -n "$2" ]]; then echo "$1=$2*"; else echo "$1"; fi; }
+# Each pinned package must have a version in its pin's series in the repository, else stop naming what it has and
+# the variable that overrides the pin (apt's own "not found" names neither). Lines: "package variable version"
+# (the version last: an empty one, the repository's newest, is then no check).
+check_pins() {
+    local package variable pin found
+    while read -r package variable pin; do
+        [[ -n "$pin" ]] || continue
+        found="$(apt-cache madison "$package" | awk -F'|' '{gsub(/ /, "", $2); print $2}')"
+        if ! grep -qxF -- "$pin" <<<"$(cut -c1-${#pin} <<<"$found")"; then
+            echo "error: Neuron $NEURON_SDK pins $package to $pin*, the repository has: $(tr '\n' ' ' <<<"$found")" \
+                "- set $variable to one of them (docs/deploy-trn.md, \"Versions\")" >&2
+            exit 2
+        fi
+    done
+}
 
 if [[ "$NEURON_STACK" == present ]]; then
     PY="$VENV/bin/python"
@@ -105,6 +124,7 @@ echo "deb [signed-by=/etc/apt/keyrings/neuron.gpg] https://apt.repos.neuron.amaz
 apt-get update
 
 if [[ "$NEURON_STACK" == host ]]; then
+    check_pins <<<"aws-neuronx-dkms NEURON_DRIVER_VERSION $NEURON_DRIVER_VERSION"
     # The package lists stay: `apt-get install aws-neuronx-dkms` later, or an upgrade, needs them.
     apt-get install -y --no-install-recommends "linux-headers-$(uname -r)" \
         "$(apt_pin aws-neuronx-dkms "$NEURON_DRIVER_VERSION")"
@@ -112,6 +132,11 @@ if [[ "$NEURON_STACK" == host ]]; then
     exit 0
 fi
 
+check_pins <<EOF
+aws-neuronx-runtime-lib NEURON_RUNTIME_VERSION $NEURON_RUNTIME_VERSION
+aws-neuronx-collectives NEURON_COLLECTIVES_VERSION $NEURON_COLLECTIVES_VERSION
+aws-neuronx-tools NEURON_TOOLS_VERSION $NEURON_TOOLS_VERSION
+EOF
 apt-get install -y --no-install-recommends python3 python3-venv g++ \
     "$(apt_pin aws-neuronx-runtime-lib "$NEURON_RUNTIME_VERSION")" \
     "$(apt_pin aws-neuronx-collectives "$NEURON_COLLECTIVES_VERSION")" \
@@ -131,7 +156,7 @@ fi
 if [[ "${WITH_REPLICAS:-0}" == 1 ]]; then
     "$VENV/bin/python" -m pip install --no-cache-dir -r requirements-replicas.txt
 fi
-# What this release resolved to (2.34's versions come from the repositories, not from this script):
+# What this release resolved to (2.34's exact builds come from the repository, within the pinned series):
 # `python -m neuron_app doctor` shows the file's first line.
 {
     echo "Neuron SDK $NEURON_SDK on Ubuntu ${VERSION_ID:-?} ($NEURON_REQUIREMENTS)"

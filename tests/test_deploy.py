@@ -153,6 +153,82 @@ def test_the_image_the_install_script_and_the_guide_describe_one_sdk_release() -
     assert "release-notes/2.34.0" in guide  # the notes 2.34 was built from
 
 
+#: 2.34's apt series (U9): each release 2.N from 2.30 to 2.33 shipped runtime-lib and collectives 2.(N+2), tools 2.N
+#: and the driver 2.(N-2) (AWS's release content pages); 2.34's own list is in no readable source.
+SDK_2_34_SERIES = {
+    "NEURON_RUNTIME_VERSION": "2.36.",
+    "NEURON_COLLECTIVES_VERSION": "2.36.",
+    "NEURON_TOOLS_VERSION": "2.34.",
+    "NEURON_DRIVER_VERSION": "2.32.",
+}
+#: Per earlier release: (runtime-lib, collectives, tools, driver) as the guide cites them.
+EARLIER_RELEASES = {
+    30: ("2.32.31.0", "2.32.28.0", "2.30.10.0", "2.28.0.0"),
+    31: ("2.33.10.0", "2.33.10.0", "2.31.13.0", "2.29.0.0"),
+    32: ("2.34.10.0", "2.34.10.0", "2.32.28.0", "2.30.2.0"),
+    33: ("2.35.30.0", "2.35.43.0", "2.33.38.0", "2.31.7.0"),
+}
+
+
+def check_pins(pins: str, versions: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The install script's own `check_pins`, against an apt-cache that offers `versions` (a fake: no apt here)."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    rows = "".join(
+        f"echo 'pkg | {v} | https://apt.repos.neuron.amazonaws.com fake/main amd64 Packages'\n" for v in versions
+    )
+    (fake / "apt-cache").write_text(f"#!/bin/sh\n{rows}")
+    (fake / "apt-cache").chmod(0o755)
+    script = ROOT / "scripts" / "install-neuron.sh"
+    program = (
+        f'NEURON_SDK=2.34; source <(sed -n "/^check_pins()/,/^}}/p" {script}); check_pins <<<"{pins}"; echo PASSED'
+    )
+    env = os.environ | {"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", "-c", program], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_2_34_apt_packages_are_pinned_to_their_release_series(tmp_path: Path) -> None:
+    """U9 (T7's rest): 2.34's runtime, collectives, tools and driver are pinned to the series its predecessors'
+    pattern gives (never 2.35's), the guide cites the four releases it is read off and says it is derived, the image
+    leaves them to the script, and a series the repository lacks stops the install naming what it has."""
+    for minor, (runtime, collectives, tools, driver) in EARLIER_RELEASES.items():
+        assert runtime.startswith(f"2.{minor + 2}.") and collectives.startswith(f"2.{minor + 2}.")
+        assert tools.startswith(f"2.{minor}.") and driver.startswith(f"2.{minor - 2}.")
+    script = (ROOT / "scripts" / "install-neuron.sh").read_text()
+    guide = DEPLOY_DOC.read_text()
+    row = re.search(r"^2\.34\)\n(.*?);;", script, re.DOTALL | re.MULTILINE)
+    assert row, "no 2.34 row in the install script"
+    args = {k: v for k, v in (a.split("=", 1) for kw, a in dockerfile_instructions() if kw == "ARG" and "=" in a)}
+    for name, series in SDK_2_34_SERIES.items():
+        short = name.removeprefix("NEURON_").removesuffix("_VERSION")
+        assert f"SDK_{short}={series} " in row.group(1), name
+        assert f"{series.rstrip('.')}.\\*" in guide, name
+        assert args.get(name, "") == "", name  # the image takes the release's own from the script
+    for minor, versions in EARLIER_RELEASES.items():
+        assert f"en/v2.{minor}.0/release-notes/releasecontent.html" in guide
+        assert all(v in guide for v in versions), minor
+    assert "the repository's newest" not in guide and "**unconfirmed**: derived" in guide
+    dockerfile = " ".join(line.lstrip("# ") for line in DOCKERFILE.read_text().splitlines())
+    assert "2.34: runtime-lib and collectives 2.36.*, tools 2.34.*" in dockerfile
+    ok = check_pins("aws-neuronx-runtime-lib NEURON_RUNTIME_VERSION 2.36.", ["2.36.12.0-ab", "2.35.30.0-cd"], tmp_path)
+    assert ok.returncode == 0 and "PASSED" in ok.stdout, ok.stderr
+    drift = check_pins(
+        "aws-neuronx-runtime-lib NEURON_RUNTIME_VERSION 2.36.", ["2.37.2.0-ab", "2.35.30.0-cd"], tmp_path
+    )
+    assert drift.returncode == 2 and "PASSED" not in drift.stdout
+    assert "pins aws-neuronx-runtime-lib to 2.36.*, the repository has: 2.37.2.0-ab 2.35.30.0-cd" in drift.stderr
+    assert "set NEURON_RUNTIME_VERSION" in drift.stderr
+    unpinned = check_pins("aws-neuronx-tools NEURON_TOOLS_VERSION ", [], tmp_path)  # an empty override: no check
+    assert unpinned.returncode == 0 and "PASSED" in unpinned.stdout
+
+
+def test_the_guide_says_the_sharded_transformer_compiles_regionally() -> None:
+    """U9: since T8 the app compiles the sharded transformer one graph per block class, not whole."""
+    text = " ".join(DEPLOY_DOC.read_text().split())
+    assert "compiles the sharded transformer whole" not in text
+    assert "compiles the sharded transformer regionally" in text
+
+
 def fake_os_release(tmp_path: Path, version_id: str) -> str:
     path = tmp_path / "os-release"
     path.write_text(f'VERSION_ID="{version_id}"\nVERSION_CODENAME=fake\nPRETTY_NAME="Ubuntu {version_id} (FAKE)"\n')

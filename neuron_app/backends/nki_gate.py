@@ -11,6 +11,7 @@ Imports nothing heavy: it reads the FX nodes' example values, whatever the backe
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,17 @@ def gate(query: tuple[int, ...], key: tuple[int, ...], value: tuple[int, ...], m
     return "; ".join(reasons)
 
 
+#: TorchNeuron's switch for the kernel, read at every SDPA decomposition (its `_getenv_bool(..., True)`), so a
+#: value set after start (diffusers' integration test sets it in a fixture) counts from the next compiled graph.
+NKI_SDPA_VAR = "TORCH_NEURONX_ENABLE_NKI_SDPA"
+NKI_SDPA_OFF = f"{NKI_SDPA_VAR}=0"
+
+
+def nki_sdpa_enabled() -> bool:
+    """The kernel is allowed now: unset or true; `0`, `false`, `no`, `off` turn it off (read at each call)."""
+    return os.environ.get(NKI_SDPA_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def _shape(node: Any) -> tuple[int, ...] | None:
     meta = getattr(node, "meta", None) or {}
     val = meta.get("example_value", meta.get("val"))
@@ -65,7 +77,9 @@ def _shape(node: Any) -> tuple[int, ...] | None:
 
 
 def attentions(gm: Any) -> list[Attention]:
-    """Every `scaled_dot_product_attention` call in an FX graph, judged by the gate."""
+    """Every `scaled_dot_product_attention` call in an FX graph, judged by the gate (and TorchNeuron's switch, read
+    now: with `TORCH_NEURONX_ENABLE_NKI_SDPA=0` none takes the kernel)."""
+    enabled = nki_sdpa_enabled()
     found = []
     for node in getattr(getattr(gm, "graph", None), "nodes", []):
         name = getattr(node.target, "__name__", str(node.target))
@@ -80,6 +94,7 @@ def attentions(gm: Any) -> list[Attention]:
         mask = given[3]
         dropout = given[4] if given[4] is not None else 0.0
         why = gate(q, k, v, mask is not None, float(dropout) if isinstance(dropout, (int, float)) else 1.0)
+        why = why if enabled else NKI_SDPA_OFF
         found.append(Attention(q, k, not why, why))
     return found
 
@@ -134,6 +149,8 @@ def nki_verdict(gate: bool | None, failures_before: int | None, failures_now: in
     graph compiled), elsewhere the gate only predicts it ("eligible"). True: a failed kernel, worth a warning."""
     if gate is None:
         return "no attention graph", False
+    if not nki_sdpa_enabled():  # TorchNeuron never calls the kernel: no failure is logged, none is measured (U4)
+        return f"no ({NKI_SDPA_OFF}: attention decomposed, the kernel never called)", False
     if not gate:
         return "no (decomposed attention: the gate is not met)", False
     if failures_now is None or failures_before is None:

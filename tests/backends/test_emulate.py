@@ -286,3 +286,152 @@ def test_emulate_takes_the_cores_a_process_asks_for_and_is_refused_beside_a_hold
     assert first.returncode == 0 and first.stderr.startswith(
         "neuron-emulated: this process holds NeuronCore(s) 0-3 of the emulated trn2.3xlarge"
     ), first.stderr[-2000:]
+
+
+#: The review's fork probe as a user writes it (turn 6, p_probe.py): a worker on the device, started with `fork`
+#: before and after the parent used the device, and with `spawn` after.
+FORK_SCRIPT = """import multiprocessing as mp
+import torch
+
+
+def child(q):
+    try:
+        q.put("ok " + str((torch.ones(2, 2, device="neuron") + 1).device))
+    except Exception as e:
+        q.put(f"FAILED {type(e).__name__}: {e}")
+
+
+def run(method):
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    answer = q.get(timeout=600)
+    p.join()
+    return answer
+
+
+if __name__ == "__main__":
+    print("fork before device use:", run("fork"))
+    x = torch.ones(4, 4, device="neuron") * 2
+    print("fork after device use:", run("fork"))
+    print("spawn after device use:", run("spawn"))
+    print("parent still on the device:", (x + 1).device)
+"""
+
+
+@pytest.mark.slow
+def test_a_forked_child_after_device_use_is_refused_with_torchneurons_message_and_a_spawned_one_runs(
+    tmp_path: Path,
+) -> None:
+    """U7a: TorchNeuron marks a child forked after the runtime started and refuses its first device use with
+    "Cannot re-initialize Neuron runtime in forked subprocess ..." (`_after_fork` / `_lazy_init`); a child forked
+    before any device use starts a runtime of its own, and a `spawn` child (which starts the emulator itself
+    under `emulate`) runs."""
+    (tmp_path / "workers.py").write_text(FORK_SCRIPT)
+    done = emulate(["workers.py"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    assert lines["fork before device use"] == "ok neuron:0", done.stdout
+    assert lines["fork after device use"] == (
+        "FAILED RuntimeError: Cannot re-initialize Neuron runtime in forked subprocess. "
+        "To use Neuron with multiprocessing, use the 'spawn' start method"
+    ), done.stdout
+    assert lines["spawn after device use"] == "ok neuron:0", done.stdout + done.stderr[-2000:]
+    assert lines["parent still on the device"] == "neuron:0"
+
+
+#: The review's s2, second part (turn 6): `torch.compile(transformer, backend="neuron")` with the default `dynamic`
+#: at three sequence lengths, then `dynamic=True` on a fresh module.
+DYNAMIC_SCRIPT = """import os, sys, torch
+from diffusers import Flux2Transformer2DModel
+
+def load():
+    return Flux2Transformer2DModel.from_pretrained(
+        os.environ["GUIDE_MODEL"], subfolder="transformer", dtype=torch.bfloat16).to("neuron")
+
+def call(ct, tokens):
+    return ct(hidden_states=torch.zeros(1, tokens, 16, dtype=torch.bfloat16, device="neuron"),
+              encoder_hidden_states=torch.zeros(1, 8, 96, dtype=torch.bfloat16, device="neuron"),
+              timestep=torch.ones(1, device="neuron"),
+              img_ids=torch.zeros(1, tokens, 4, dtype=torch.int32, device="neuron"),
+              txt_ids=torch.zeros(1, 8, 4, dtype=torch.int32, device="neuron"), return_dict=False)
+
+ct = torch.compile(load(), backend="neuron")
+for tokens in (16, 32, 48):
+    call(ct, tokens)
+    print("default dynamic, tokens", tokens, "ok")
+try:
+    call(torch.compile(load(), backend="neuron", dynamic=True), 16)
+    print("dynamic=True ran")
+except Exception as e:
+    print("dynamic=True refused:", " ".join(str(e).split())[:600])
+"""
+
+
+@pytest.mark.slow
+def test_the_default_dynamic_recompiles_per_shape_and_dynamic_true_is_refused(tmp_path: Path) -> None:
+    """U5: AWS's reference says `dynamic=True` is rejected and "shapes that vary between steps run, recompiling per
+    new shape": three sequence lengths are three graphs (torch alone would trace a symbolic one at the second)."""
+    (tmp_path / "dynamic.py").write_text(DYNAMIC_SCRIPT)
+    model = str(ROOT / "neuron_app" / "models" / "tiny-shapes")
+    done = emulate(["dynamic.py"], tmp_path, GUIDE_MODEL=model, HF_HUB_OFFLINE="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for tokens in (16, 32, 48):
+        assert f"default dynamic, tokens {tokens} ok" in done.stdout, done.stdout + done.stderr[-2000:]
+    refused = next(line for line in done.stdout.splitlines() if line.startswith("dynamic=True"))
+    assert "neuron rule: a compiled graph has dynamic shapes" in refused and "rejects dynamic=True" in refused
+    summary = done.stderr[done.stderr.index("neuron-emulated summary") :]
+    assert "graphs compiled 3;" in summary and "violations 1" in summary, summary
+
+
+#: The review's s2' (turn 6): the VAE's decode compiled as a function, where aot_eager (the stand-in) fails.
+DECODE_SCRIPT = """import os, torch
+from diffusers import Flux2KleinPipeline
+pipe = Flux2KleinPipeline.from_pretrained(os.environ["GUIDE_MODEL"], dtype=torch.bfloat16)
+pipe.to("neuron")
+pipe.vae.decode = torch.compile(pipe.vae.decode, backend="neuron", fullgraph=True, dynamic=False)
+image = pipe(prompt="a green square", height=64, width=64, num_inference_steps=2,
+             generator=torch.Generator("cpu").manual_seed(0)).images[0]
+print("decoded", image.size)
+"""
+
+
+@pytest.mark.slow
+def test_a_stand_in_compiler_failure_is_named_as_the_emulators_not_the_scripts(tmp_path: Path) -> None:
+    """U8b: aot_eager's `Expected X.is_contiguous(memory_format)` on the compiled decode (the same on plain CPU with
+    `backend="aot_eager"`, nothing suggests it on a device) says it is the emulator's CPU compiler, shows the CPU
+    error, that it is no Neuron rule, and that the call passes eagerly; the `eager` stand-in runs the script."""
+    (tmp_path / "decode.py").write_text(DECODE_SCRIPT)
+    model = str(ROOT / "neuron_app" / "models" / "tiny-shapes")
+    failed = emulate(["decode.py"], tmp_path, GUIDE_MODEL=model, HF_HUB_OFFLINE="1")
+    assert failed.returncode == 1, failed.stdout + failed.stderr[-2000:]
+    message = next(line for line in failed.stderr.splitlines() if line.startswith("neuron_app.backends.emulator"))
+    assert message.startswith("neuron_app.backends.emulator.standin.StandInCompilerFailed: the emulator's CPU compiler")
+    assert "(aot_eager, standing in for neuronx-cc) failed on the compiled device graph decode" in message
+    assert "RuntimeError: Expected X.is_contiguous(memory_format)" in message and "This is not a Neuron rule" in message
+    assert "the same call passes with the `eager` stand-in" in message and "violations 0" in failed.stderr
+    passed = emulate(["decode.py"], tmp_path, GUIDE_MODEL=model, HF_HUB_OFFLINE="1", NEURON_EMULATOR_COMPILER="eager")
+    assert passed.returncode == 0 and "decoded (64, 64)" in passed.stdout, passed.stderr[-3000:]
+
+
+#: diffusers' integration test sets TORCH_NEURONX_ENABLE_NKI_SDPA in a fixture, after start.
+NKI_SCRIPT = """import os
+import torch
+import torch.nn.functional as F
+
+attend = torch.compile(lambda q: F.scaled_dot_product_attention(q, q, q), backend="neuron", fullgraph=True)
+os.environ["TORCH_NEURONX_ENABLE_NKI_SDPA"] = "0"
+attend(torch.ones(1, 2, 512, 16, device="neuron"))
+os.environ["TORCH_NEURONX_ENABLE_NKI_SDPA"] = "1"
+attend(torch.ones(1, 2, 1024, 16, device="neuron"))
+"""
+
+
+def test_nki_sdpa_set_after_start_decides_each_graph_under_emulate(tmp_path: Path) -> None:
+    """U4: the variable is read at each compiled graph, as TorchNeuron reads it at each decomposition."""
+    (tmp_path / "nki.py").write_text(NKI_SCRIPT)
+    done = emulate(["nki.py"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "graph 0: 1 attention call(s), NKI attention no (TORCH_NEURONX_ENABLE_NKI_SDPA=0)" in done.stderr
+    assert "graph 1: 1 attention call(s), NKI attention yes" in done.stderr, done.stderr[-2000:]

@@ -380,3 +380,22 @@ def test_every_entry_exports_the_environment_before_torch_is_imported(
     seen = json.loads(lines[0][len("PROBE ") :])
     assert Path(seen[environment.NEFF_CACHE_VAR]).parent == cache / "neff"  # keyed by the SDK it sees (T12)
     assert all(seen[name] == "1" for name in FALLBACKS), seen
+
+
+def test_the_neff_folder_is_keyed_by_the_chip_it_compiles_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """U10: a cache folder shared by a trn2 and a trn3 fleet never mixes their NEFFs: the folder's name carries the
+    platform target (the Neuron stack's NEURON_PLATFORM_TARGET_OVERRIDE, else the instance family from the DMI
+    product name), read without torch before the folder is named."""
+    monkeypatch.delenv(environment.NEFF_CACHE_VAR, raising=False)
+    products = {"trn2.48xlarge": "trn2", "trn2u.48xlarge": "trn2", "trn3.48xlarge": "trn3", "m7i.large": "unknown"}
+    for product, family in products.items():
+        (tmp_path / "product_name").write_text(product + "\n")
+        assert environment.platform_target(tmp_path / "product_name") == family, product
+    assert environment.platform_target(tmp_path / "absent") == "unknown"
+    folders = {}
+    for target in ("trn2", "trn3"):
+        monkeypatch.setenv(environment.PLATFORM_TARGET_VAR, target)
+        folders[target] = environment.neff_cache_dir(tmp_path / "cache")
+        assert folders[target].parent == tmp_path / "cache" / "neff"
+        assert f"-{target}-" in folders[target].name, folders[target].name
+    assert folders["trn2"] != folders["trn3"]

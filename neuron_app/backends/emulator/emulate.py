@@ -13,7 +13,12 @@ NKI attention per graph). What is installed, so that the diffusers guide's code 
   `DeviceMesh("neuron", ...)` work under torchrun, and the emulated device as torch's accelerator, so diffusers'
   TensorParallelConfig shards the transformer (DTensor slices on each rank's device; the summary names them);
 - TORCH_NEURONX_NEFF_CACHE_DIR (its `emulated/` subfolder holds the artifacts, apart from real NEFFs) and
-  TORCH_NEURONX_ENABLE_NKI_SDPA=0 (attention then never takes the kernel), read as TorchNeuron reads them;
+  TORCH_NEURONX_ENABLE_NKI_SDPA=0 (attention then never takes the kernel), read as TorchNeuron reads them (the
+  latter at each compiled graph, so a fixture that sets it after start is obeyed);
+- TorchNeuron's fork rule (a child forked after the device was used is refused at its first device use;
+  `lifecycle.py`), `spawn` children that start the emulator themselves, and `dynamic` read as TorchNeuron reads it
+  (the default recompiles per shape, `dynamic=True` is refused); the stand-in compiler's failures named as its own
+  (`standin.py`).
 - an emulated `torch_neuronx` (`emulator/sdk.py`, version `...+emulated`), so code that looks for the SDK
   before it uses the device (diffusers' `is_torch_neuronx_available`, its `require_torch_neuron` tests) runs.
 Every thread the script starts runs under the rules too (a thread pool loading weights, a threaded server).
@@ -82,15 +87,14 @@ def install(mode: str = "enforce") -> Any:
     emulator_device._DeviceModule.synchronize_hook = lambda: (em.store.flush(), em.synchronize())  # counters land
     emulator_device.register_accelerator()
     sys.modules.setdefault("torch.neuron", emulator_device._DEVICE_MODULE)  # torch imports it as a module too
-    nki_off = os.environ.get("TORCH_NEURONX_ENABLE_NKI_SDPA", "1").strip().lower() in ("0", "false")
 
     def neuron_compiler(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         from torch._dynamo import lookup_backend
 
-        em.check_graph(gm, example_inputs)
-        if nki_off and em.graph_attention and em.graph_attention[-1]["sdpa"]:
-            em.graph_attention[-1].update(nki=False, why_not="TORCH_NEURONX_ENABLE_NKI_SDPA=0")
-        return lookup_backend("aot_eager")(gm, example_inputs, **kwargs)
+        from neuron_app.backends.emulator.standin import stand_in
+
+        em.check_graph(gm, example_inputs)  # the rules, and the NKI gate with TORCH_NEURONX_ENABLE_NKI_SDPA as now
+        return lookup_backend(stand_in())(gm, example_inputs, **kwargs)
 
     if "neuron" not in torch._dynamo.list_backends(exclude_tags=()):
         torch._dynamo.register_backend(compiler_fn=neuron_compiler, name="neuron")
@@ -98,6 +102,7 @@ def install(mode: str = "enforce") -> Any:
     _patch_module_to(em)
     _patch_compile(em)
     _patch_threads(em)
+    _patch_spawn(mode)
     if os.environ.get("NEURON_EMULATOR_SDK", "1") != "0":
         from neuron_app.backends.emulator import sdk
 
@@ -123,6 +128,39 @@ def _patch_threads(em: Any) -> None:
         start(self)
 
     threading.Thread.start = start_under_rules  # type: ignore[method-assign]
+
+
+def _patch_spawn(mode: str) -> None:
+    """A `spawn` multiprocessing child starts the emulator before it unpickles its target, as a spawned child on a
+    device starts a runtime of its own (a forked one may not: `lifecycle.py`; `forkserver` is not covered)."""
+    from multiprocessing import spawn
+
+    original = spawn.get_command_line
+    if getattr(original, "neuron_emulated", False):
+        return
+    root = str(Path(__file__).resolve().parents[3])
+
+    def get_command_line(**kwds: Any) -> list[str]:
+        line = original(**kwds)
+        at = line.index("-c") + 1
+        line[at] = (
+            f"import sys; sys.path.insert(0, {root!r}); import {__name__} as e; e.spawn_child({mode!r}); {line[at]}"
+        )
+        return line
+
+    get_command_line.neuron_emulated = True  # type: ignore[attr-defined]
+    spawn.get_command_line = get_command_line  # type: ignore[assignment]
+
+
+_CHILD_WORK: list[Any] = []
+
+
+def spawn_child(mode: str) -> None:
+    """In a spawned child of `emulate`: the emulated device installed and its rules on for the child's main thread,
+    before multiprocessing runs the target (no summary: the parent prints its own)."""
+    work = install(mode).device_work()
+    work.__enter__()  # for the rest of the process, as `main` does for the script
+    _CHILD_WORK.append(work)  # held: a collected context manager would leave the rules
 
 
 def _patch_module_to(em: Any) -> None:
@@ -166,6 +204,16 @@ def _device_graph(em: Any, fn: Any, name: str) -> Any:
     return run
 
 
+def static_by_default(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """TorchNeuron's reading of `dynamic` (AWS reference-torch-compile: "dynamic=True is rejected during compilation.
+    Shapes that vary between steps run, recompiling per new shape"): for the neuron backend the default `dynamic`
+    compiles each new shape statically, where torch would trace a symbolic graph at the second shape;
+    `dynamic=True` is passed on and the graph's rule refuses it."""
+    if kwargs.get("backend") == "neuron" and kwargs.get("dynamic") is None:
+        return kwargs | {"dynamic": False}
+    return kwargs
+
+
 def _patch_compile(em: Any) -> None:
     import torch
 
@@ -173,12 +221,14 @@ def _patch_compile(em: Any) -> None:
     torch_compile = torch.compile
 
     def compile_module(self: Any, *args: Any, **kwargs: Any) -> None:
-        module_compile(self, *args, **kwargs)
+        module_compile(self, *args, **static_by_default(kwargs))
         if kwargs.get("backend") == "neuron" and self._compiled_call_impl is not None:
             self._compiled_call_impl = _device_graph(em, self._compiled_call_impl, type(self).__name__)
 
     def compile_fn(model: Any = None, **kwargs: Any) -> Any:
-        out = torch_compile(model, **kwargs) if model is not None else torch_compile(**kwargs)
+        if model is None:  # `@torch.compile(backend="neuron")`: the decorator compiles what it is given
+            return lambda fn: compile_fn(fn, **kwargs)
+        out = torch_compile(model, **static_by_default(kwargs))
         if kwargs.get("backend") != "neuron" or not callable(out):
             return out
         if isinstance(out, torch.nn.Module):  # torch.compile(module): its OptimizedModule's forward is the graph

@@ -41,6 +41,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from neuron_app.backends.emulator import lifecycle
 from neuron_app.backends.emulator.cache import ArtifactStore
 from neuron_app.backends.emulator.device import (
     _MIXED_OK,
@@ -54,6 +55,7 @@ from neuron_app.backends.emulator.device import (
 from neuron_app.backends.emulator.modes import _dtypes_as_on_neuron, _PlacementMode, _returns_view, _RulesMode
 from neuron_app.backends.emulator.numbering import STATE, meshes_on_host
 from neuron_app.backends.emulator.placement import DeviceMemory
+from neuron_app.backends.emulator.standin import named_failure
 from neuron_app.errors import NeuronRuleViolation
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class NeuronEmulator:
 
     def __init__(self, folder: Path, mode: str = "enforce", hbm_gib: float | None = None) -> None:
         _register_device()
+        lifecycle.register()  # TorchNeuron's fork rule (`lifecycle.py`)
         self.mode = mode
         self.store = ArtifactStore(folder)
         self.eager_compiles = 0  # new eager signatures met by this process (persistent misses)
@@ -145,6 +148,8 @@ class NeuronEmulator:
         """Put every tensor in `value` on device `index` (default the current device; its storage: HBM it takes
         from now on, past its bank's capacity an out-of-memory failure) or take it off. A tensor on the device
         stays where it is."""
+        if on_device:
+            lifecycle.use()  # the first device use starts the runtime; a forked child's is refused
         where = STATE.current() if index is None else index
         for leaf in pytree.tree_leaves(value):
             if not isinstance(leaf, torch.Tensor):
@@ -206,6 +211,7 @@ class NeuronEmulator:
             self._latched = f"neuron rule: a latched device error surfaced here: {text}"
 
     def raise_latched(self) -> None:
+        lifecycle.use()
         with self._lock:
             message, self._latched = self._latched, None
         if message is not None:
@@ -300,8 +306,9 @@ class NeuronEmulator:
         ]
         if dynamic:
             self.violate(
-                f"a compiled graph has dynamic shapes (inputs {sorted(set(dynamic))}): the neuron backend needs "
-                "static shapes (dynamic=False, no mark_dynamic); each shape is its own graph"
+                f"a compiled graph has dynamic shapes (inputs {sorted(set(dynamic))}): the neuron backend rejects "
+                "dynamic=True and mark_dynamic (AWS: 'dynamic=True is rejected during compilation'); with the default "
+                "dynamic (or dynamic=False) each new shape recompiles as a graph of its own"
             )
         for node in gm.graph.nodes:
             val = node.meta.get("example_value", node.meta.get("val"))
@@ -341,7 +348,13 @@ class NeuronEmulator:
                     self.violate(f"host tensor {_spec(leaf)} passed to the compiled device graph {name}")
                 index = self.index_of(leaf) if index is None else index
             with _disable_current_modes(), torch._C.DisableTorchFunction(), _dtypes_as_on_neuron(), meshes_on_host():
-                out = fn(*args, **kwargs)
+                try:
+                    out = fn(*args, **kwargs)
+                except Exception as exc:  # the stand-in compiler's own failure is named as such (standin.py)
+                    named = named_failure(exc, fn, args, kwargs, name)
+                    if named is exc:
+                        raise
+                    raise named from exc
             return self.place(out, True, index=index)  # on its inputs' core
 
         run_graph.neuron_graph = name  # type: ignore[attr-defined]

@@ -349,20 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     train_tiny.add_argument("--lora-share", type=float, help="share of the budget for the outline LoRA (default 0.18)")
     train_tiny.set_defaults(func=cmd_train_tiny)
     plan = sub.add_parser("plan", help="before any compile: memory per NeuronCore, placement and floor per image")
-    plan.add_argument("--model", help="klein-4b, klein-9b (-random), or their Hub id (default: the configured model)")
-    plan.add_argument("--shape", action="append", metavar="WxH", help="repeatable (default: configured resolutions)")
-    plan.add_argument("--tp", action="append", metavar="N", help="tensor-parallel degree, repeatable (default 1)")
-    plan.add_argument("--instance", action="append", metavar="trn1|trn2|trn3", help="repeatable (default trn2)")
-    plan.add_argument(
-        "--instance-type", action="append", metavar="TYPE", help="the EC2 size each row's instance_view counts "
-        "(default the family's smallest: trn2.3xlarge); repeatable, one per family",
-    )  # fmt: skip
-    plan.add_argument("--references", action="append", metavar="N", help="rows for an edit with N references")
-    plan.add_argument(
-        "--placement", metavar="SETTING", help="plan this placement setting only (default auto: the first that fits)"
-    )
-    plan.add_argument("--hbm-gib", type=float, metavar="G", help="cores of G GiB (NEURON_EMULATOR_HBM_GIB)")
-    plan.add_argument("--json", action="store_true", help="one object per model x shape x TP x instance")
+    from neuron_app.engine.model.real.plan import add_arguments  # torch-free: the specs' names only
+
+    add_arguments(plan)
     plan.set_defaults(func=cmd_plan)
     usage = sub.add_parser("usage", help="usage per API key per day (the usage table and the job store)")
     usage.add_argument("--days", type=int, default=0, metavar="N", help="the last N days only (default: all)")

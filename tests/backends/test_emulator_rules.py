@@ -347,14 +347,9 @@ def test_a_meta_tensor_says_meta_under_the_rules(emulator: Any) -> None:
         assert torch.ones(2).device.type == "cpu" and on_device(emulator, torch.ones(2)).device.type == "neuron"
 
 
-#: Rows of the table that the Placement work (issue 51 item 2: device indices, `emulate` taking cores, the memory
-#: functions, LNC=1's shared bank) registers on its branch; tolerated in the table only while unregistered.
-PLACEMENT_ROWS = {"device-index", "cores-taken", "memory-functions", "lnc-shared-bank"}
-
-
 def test_the_docs_rule_table_names_exactly_the_registered_rules() -> None:
     """Item 5: docs/neuron-emulator.md's rule table has one row per rule in the emulator's registry and none
-    besides (the Placement rows while that work is unmerged), and each registered rule names a function that
+    besides, and each registered rule names a function that
     exists, so neither the table nor the registry can drift from the code."""
     import importlib
     import re
@@ -366,8 +361,7 @@ def test_the_docs_rule_table_names_exactly_the_registered_rules() -> None:
     section = doc[doc.index("## The rules\n") : doc.index("Not a rule, and named so")]
     rows = re.findall(r"^\| `([a-z0-9-]+)` \|", section, re.MULTILINE)
     assert len(rows) == len(set(rows)), rows
-    assert set(RULES) <= set(rows), set(RULES) - set(rows)
-    assert set(rows) - set(RULES) <= PLACEMENT_ROWS, set(rows) - set(RULES) - PLACEMENT_ROWS
+    assert set(RULES) == set(rows), set(RULES) ^ set(rows)
     for name, where in RULES.items():
         module, _, attribute = where.partition(":")
         found: object = importlib.import_module(module)

@@ -22,4 +22,8 @@ RULES: dict[str, str] = {
     "latched-error": f"{_E}.rules:NeuronEmulator.raise_latched",
     "forked-child": f"{_E}.lifecycle:use",
     "core-reservation": f"{_E}.cores:acquire",
+    "device-index": f"{_E}.numbering:DeviceState.check",
+    "cores-taken": f"{_E}.emulate:take_cores",
+    "memory-functions": f"{_E}.device:_DeviceModule.memory_allocated",
+    "lnc-shared-bank": f"{_E}.placement:DeviceMemory.bank_in_use",
 }

@@ -97,7 +97,7 @@ class _DeviceModule:
         if cls.synchronize_hook is not None:
             cls.synchronize_hook()
 
-    # --- memory (TorchNeuron exports these; torch.accelerator's ask them too: `memory_api.py`) -----------------
+    # --- memory (TorchNeuron exports these; torch.accelerator's ask them too: `numbering.py`) -----------------
     @classmethod
     def _index(cls, device: Any) -> int:
         return STATE.current() if device is None else STATE.resolve(device)

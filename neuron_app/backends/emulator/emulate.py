@@ -75,7 +75,7 @@ def install(mode: str = "enforce") -> Any:
     import torch
 
     from neuron_app.backends.emulator import device as emulator_device
-    from neuron_app.backends.emulator import memory_api
+    from neuron_app.backends.emulator import numbering as memory_api
     from neuron_app.backends.emulator.rules import NeuronEmulator
 
     take_cores()

@@ -243,6 +243,24 @@ def _view(view: dict[str, Any]) -> str:
     return f"{view['instance_type']}: {view['replicas']}, {view['images_per_s_floor']:g}/s"
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's arguments (`python -m neuron_app plan --help`)."""
+    parser.add_argument("--model", help="klein-4b, klein-9b (-random), or their Hub id (default: the configured model)")
+    parser.add_argument("--shape", action="append", metavar="WxH", help="repeatable (default: configured resolutions)")
+    parser.add_argument("--tp", action="append", metavar="N", help="tensor-parallel degree, repeatable (default 1)")
+    parser.add_argument("--instance", action="append", metavar="trn1|trn2|trn3", help="repeatable (default trn2)")
+    parser.add_argument(
+        "--instance-type", action="append", metavar="TYPE", help="the EC2 size each row's instance_view counts "
+        "(default the family's smallest: trn2.3xlarge); repeatable, one per family",
+    )  # fmt: skip
+    parser.add_argument("--references", action="append", metavar="N", help="rows for an edit with N references")
+    parser.add_argument(
+        "--placement", metavar="SETTING", help="plan this placement setting only (default auto: the first that fits)"
+    )
+    parser.add_argument("--hbm-gib", type=float, metavar="G", help="cores of G GiB (NEURON_EMULATOR_HBM_GIB)")
+    parser.add_argument("--json", action="store_true", help="one object per model x shape x TP x instance")
+
+
 def main_args(args: argparse.Namespace, render: Any) -> int:
     """The command: checked arguments, the measured plan, JSON or a table (`render(headers, rows)`)."""
     request = parse(args)

@@ -55,7 +55,9 @@ def prepare_replica_environment(settings: Settings) -> None:
     if settings.device == "neuron-emulated" and not os.environ.get("NEURON_RT_VISIBLE_CORES"):
         # Ray knows no emulated NeuronCores, so it sets no NEURON_RT_VISIBLE_CORES: each replica asks the emulated
         # runtime for its number of free cores instead of every core (which a second replica would find held).
-        os.environ.setdefault("NEURON_RT_NUM_CORES", str(settings.cores_per_replica))
+        from neuron_app.scale.serve_app import replica_cores
+
+        os.environ.setdefault("NEURON_RT_NUM_CORES", str(replica_cores(settings)))
     tracing.setup(settings)  # the replica's spans join the front end's traces
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import resource
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from neuron_app.bench import markdown as md
 from neuron_app.bench import script
 
 TITLE = "Real size: klein-4B's architecture with random weights on neuron-emulated"
+TITLE_PLACED = "Real size on 10 GiB cores: placement auto puts the text encoder on a core of its own"
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -32,6 +35,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     fields |= {"compile_backend": "aot_eager", "max_steps": max(args.steps, 4)}
     if args.cache_dir:
         fields["cache_dir"] = args.cache_dir
+    if args.hbm_gib:  # a smaller emulated core over two: `placement = "auto"` chooses (issue 50, klein-9B's case)
+        os.environ["NEURON_EMULATOR_HBM_GIB"] = f"{args.hbm_gib:g}"
+        os.environ["NEURON_RT_VISIBLE_CORES"] = "0-1"
     settings = load_settings(**fields)
     prepare_process(settings)
     from neuron_app.engine.manager import PipelineManager
@@ -72,6 +78,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "hbm_in_use_gib": emulator.get("hbm_in_use_gib"),
         "hbm_peak_gib": emulator.get("hbm_peak_gib"),
         "hbm_gib_per_core": emulator.get("hbm_gib"),
+        "placement": manager.status().placement,
+        "devices": manager.backend.emulator.devices(),
         "plan": _plan(args.model, args.shape),
     }
 
@@ -107,6 +115,13 @@ def render(results: dict[str, Any], command: str) -> str:
         ],
         ["the plan's weights per core (trn2, TP 1)", f"{r['plan']['weights_gib']} GiB"],
     ]  # fmt: skip
+    if r.get("placement"):
+        placed = r["placement"]
+        rows.append(["placement (setting)", f"`{placed['name']}` ({placed['setting']}: {placed['why']})"])
+        rows.append([
+            "per core: in use / peak",
+            "; ".join(f"neuron:{d['index']} {d['in_use_gib']} / {d['peak_gib']} GiB" for d in r.get("devices", [])),
+        ])  # fmt: skip
     return md.table(["", "measured"], rows) + f"\n\nCommand: `{command}`.\n"
 
 
@@ -122,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     found.add_argument("--steps", type=int, default=4)
     found.add_argument("--text-tokens", type=int, default=16)
     found.add_argument(
+        "--hbm-gib", type=float, default=None, help="emulated HBM per core over two cores (placement auto chooses)"
+    )
+    found.add_argument(
         "--cache-dir", type=Path, default=None, help="where the random folder is built (default: the settings')"
     )
-    return script.main("studies.real_size", TITLE, found, measure, render, argv)
+    placed = "--hbm-gib" in (sys.argv if argv is None else argv)
+    return script.main("studies.real_size", TITLE_PLACED if placed else TITLE, found, measure, render, argv)
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ class ReplicaSettings(BaseModel):
         1,
         ge=1,
         description="Cores each replica asks Ray for: NeuronCores (the neuron_cores resource) on Neuron, "
-        "GPUs on CUDA, CPUs (and torch threads) on CPU. Keep 1 on Neuron: a replica runs on one core.",
+        "GPUs on CUDA, CPUs (and torch threads) on CPU. On Neuron a replica asks for at least the cores its "
+        "placement holds (text-encoder-apart: 2).",
     )
 
     @property

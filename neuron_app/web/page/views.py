@@ -186,8 +186,21 @@ def status_markdown(status: ManagerStatus) -> str:
 
 
 def plan_markdown(status: ManagerStatus) -> str:
-    """What the real model needs per core and how fast it can be, from `plan`, before any compile."""
-    return f"\n\n**Plan** (trn2, TP {status.tp_degree}) {status.plan}" if status.plan else ""
+    """What the real model needs per core and how fast it can be, from `plan`, before any compile; which core
+    holds which component (the `placement` setting)."""
+    plan = f"\n\n**Plan** (trn2, TP {status.tp_degree}) {status.plan}" if status.plan else ""
+    return plan + placement_markdown(status.placement)
+
+
+def placement_markdown(placement: dict[str, Any]) -> str:
+    """ "**Placement** text-encoder-apart: transformer on NeuronCore 0, text encoder on 1, VAE on 0"."""
+    if not placement or not placement.get("cores", {}).get("transformer"):
+        return ""
+    held = ", ".join(
+        f"{name.replace('_', ' ')} on {'/'.join(map(str, cores))}" for name, cores in placement["cores"].items()
+    )
+    setting = "" if placement["setting"] == placement["name"] else f" ({placement['setting']})"
+    return f"\n\n**Placement** {placement['name']}{setting}: cores {held}"
 
 
 #: Answers show the cache folder as `/@cache` (the door rewrites server paths on the way out): say what it is.

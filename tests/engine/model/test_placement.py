@@ -47,8 +47,12 @@ def test_text_encoder_apart_draws_what_it_is_asked_with_the_encoder_on_its_own_c
     to the transformer on neuron:0 (the emulator refuses an op that mixes two cores), the judge reads the scenes,
     and the status and each record name the cores."""
     apart = _manager(tmp_path, shared_models, placement="text-encoder-apart")
+    from neuron_app.web.page.views import status_markdown
+
     status = apart.status().placement
     assert status["name"] == "text-encoder-apart" and status["setting"] == "text-encoder-apart"
+    page = status_markdown(apart.status())
+    assert "**Placement** text-encoder-apart: cores transformer on 0, text encoder on 1, vae on 0" in page
     assert status["cores"] == {"transformer": [0], "text_encoder": [1], "vae": [0]}
     both = 0
     for i, scene in enumerate(SCENES):
@@ -126,3 +130,12 @@ def test_tp_serves_together_only(make_settings: Any) -> None:
     with pytest.raises(SettingsError, match="TP serves placement=together only"):
         make_settings(tp_degree=2, placement="text-encoder-apart")
     assert make_settings(tp_degree=2, placement="together").placement == "together"
+
+
+def test_a_replica_asks_ray_for_the_cores_its_placement_holds(make_settings: Any) -> None:
+    from neuron_app.scale.serve_app import actor_options
+
+    for placement, cores in [("together", 1), ("text-encoder-apart", 2), ("text-encoder-and-vae-apart", 3)]:
+        options = actor_options(make_settings(device="neuron", placement=placement))
+        assert options["resources"] == {"neuron_cores": cores}, placement
+    assert actor_options(make_settings(device="neuron", cores_per_replica=4))["resources"] == {"neuron_cores": 4}

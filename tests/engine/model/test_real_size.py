@@ -92,3 +92,34 @@ def test_a_second_klein_4b_on_the_same_core_runs_out_of_device_memory(real_manag
     gc.collect()
     assert emulator.hbm_bytes_in_use() == before  # what the second load placed died with it
     assert real_manager.generate("a blue square", SHAPE, 1, 3).resolution == SHAPE
+
+
+def test_klein_4b_random_on_10_gib_cores_chooses_the_text_encoder_apart_by_itself_and_serves(
+    real_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50: with NEURON_EMULATOR_HBM_GIB=10 (klein-9B's squeeze on a trn2, rehearsed at 4B's size on this
+    host), everything on one core is 13.2 GiB and does not fit; `placement = "auto"` asks the plan, puts the text
+    encoder on neuron:1 and the transformer and VAE on neuron:0, and serves an image, each core within its 10 GiB.
+    Runs last in the module: the first manager's 13 GiB of host memory are let go first."""
+    import gc
+
+    from neuron_app.engine.manager import PipelineManager
+
+    real_manager._pipe = None  # the module's first manager gives its weights back (one real-size copy at a time)
+    gc.collect()
+    monkeypatch.setenv("NEURON_EMULATOR_HBM_GIB", "10")
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-1")
+    manager = PipelineManager(real_manager.settings)
+    assert manager.settings.placement == "auto" and manager.status().placement["name"] is None
+    record = manager.generate("a red circle", SHAPE, 1, 3)
+    placed = manager.status().placement
+    assert placed["name"] == "text-encoder-apart" and placed["setting"] == "auto", placed
+    assert "fitting 10 GiB per core" in placed["why"]
+    assert placed["cores"] == {"transformer": [0], "text_encoder": [1], "vae": [0]}
+    assert record.placement == {"name": "text-encoder-apart", "cores": placed["cores"]}
+    devices = {d["index"]: d for d in manager.backend.emulator.devices()}
+    assert 5.5 < devices[1]["in_use_gib"] < 6.2, devices  # the cut Qwen3-4B, 5.8 GiB
+    assert 7.2 < devices[0]["in_use_gib"] < 10 and devices[0]["peak_gib"] < 10, devices  # transformer + VAE
+    assert manager.status().neuron_rules["violation_count"] == 0
+    manager._pipe = None
+    gc.collect()

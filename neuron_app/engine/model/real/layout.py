@@ -127,9 +127,13 @@ def _with_bank(inst: Instance, gib: float) -> Instance:
     return replace(inst, bank_gib=gib)
 
 
-def instance_view(loads_gib: list[float], inst: Instance, floor_s: float, type_name: str | None) -> dict[str, Any]:
+def instance_view(
+    loads_gib: list[float], inst: Instance, floor_s: float, type_name: str | None, tp: int = 1
+) -> dict[str, Any]:
     """How many copies of this placement an EC2 instance holds (each on consecutive cores, a bank's neighbours
-    sharing it at LNC=1), and its floor in images per second (each copy serves one image at a time)."""
+    sharing it at LNC=1), and its floor in images per second (each copy serves one image at a time). A TP group
+    always runs on cores 0..N-1 (torchrun rank N takes core N), so an instance serves one group: copies at TP 1
+    are replicas (Ray Serve, one process each)."""
     from neuron_app.engine.model.real.catalog import instance_types
 
     if type_name is None:
@@ -144,6 +148,7 @@ def instance_view(loads_gib: list[float], inst: Instance, floor_s: float, type_n
             core += len(loads_gib)
         else:  # the next copy starts on the next bank
             core = (core // inst.cores_per_bank + 1) * inst.cores_per_bank
+    replicas = min(replicas, 1) if tp > 1 else replicas
     return {
         "instance_type": type_name,
         "cores": total,

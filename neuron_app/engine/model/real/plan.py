@@ -168,7 +168,7 @@ def plan_one(
         "cores_per_bank": inst.cores_per_bank,
         "fits": placed["fits"],
         "placement": placed["placement"],
-        "instance_view": layout.instance_view(placed["loads_gib"], inst, floor, type_name),
+        "instance_view": layout.instance_view(placed["loads_gib"], inst, floor, type_name, tp),
         "tflop_per_step": round(whole_step / 1e12, 3),
         "tflop_per_image": round(image_flops / 1e12, 3),
         "floor_s_per_step": round(step_s, 4),

@@ -53,6 +53,9 @@ RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_serve_app"})
 #: default orders them by test count), so under `-n` these start first and the short ones fill in around them.
 HEAVY_GROUPS = {
     "test_bench": 285,
+    "test_hardening_lows": 240,  # the queue ETA over loopback: a 128x128 compile and 40 steps
+    "test_plan": 200,  # three plan processes on fake tensors (4B with edits, 9B, LNC=1) and the status line
+    "test_emulate": 200,  # user scripts under emulate, the guide's TP snippets under torchrun (eager, compiled)
     "test_diffusers_klein": 240,  # diffusers' klein tests twice (plain CPU, emulate), when fetched
     "ray": 200,
     "test_remote_cache": 200,
@@ -60,6 +63,9 @@ HEAVY_GROUPS = {
     "test_train": 180,  # a real 2-minute train-tiny
     "test_real_size": 180,  # klein-4B at its real size: 15 GiB written, 14 GiB resident, one image
     "test_tiny_shapes": 150,  # two tiny-shapes managers (cpu, neuron-emulated), ~60 judged images
+    "test_placement": 120,  # tiny-shapes placed over two and three emulated cores, judged
+    "test_bodies": 120,  # slow bodies, a promised body that never comes (the 20 s deadline)
+    "test_page_stop": 100,  # four browser runs of Stop
     "test_neuron_emulated": 90,
     "test_browser": 70,
     "test_distributed": 63,

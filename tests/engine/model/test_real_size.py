@@ -87,7 +87,7 @@ def test_a_second_klein_4b_on_the_same_core_runs_out_of_device_memory(real_manag
     second = PipelineManager(real_manager.settings)
     with pytest.raises(Exception, match="Failed to allocate") as refused:
         second.ensure_loaded()
-    assert "GiB of HBM per logical core" in str(refused.value)
+    assert "GiB of HBM per bank" in str(refused.value)
     del second, refused
     gc.collect()
     assert emulator.hbm_bytes_in_use() == before  # what the second load placed died with it

@@ -112,12 +112,14 @@ def test_the_eta_follows_the_requests_shape_and_steps(app: Any) -> None:
     for _ in range(3):
         _eta_and_run(app, "64x64", 1)
     _eta_and_run(app, "128x128", LONG)  # compiles it, then one timed run
-    long_eta, long_run = _eta_and_run(app, "128x128", LONG)
+    _eta_and_run(app, "128x128", LONG)
+    # Compared with what the lane recorded, not with a clock: the machine may be busy (no timed assertions).
+    recorded = app.manager.status().stages["device"]["shape_s"]
+    long_recorded, short_recorded = recorded["128x128"]["by_steps"][str(LONG)], recorded["64x64"]["by_steps"]["1"]
+    long_eta, _ = _eta_and_run(app, "128x128", LONG)
     short_eta, _ = _eta_and_run(app, "64x64", 1)
-    assert long_eta >= 0.5 * long_run, (long_eta, long_run)
-    assert short_eta < 0.25 * long_eta, (short_eta, long_eta)
-    shapes = app.manager.status().stages["device"]["shape_s"]
-    assert shapes["128x128"]["by_steps"][str(LONG)] > 0 and shapes["64x64"]["by_steps"]["1"] > 0
+    assert long_eta >= 0.5 * long_recorded, (long_eta, long_recorded)  # its own shape's and steps' run
+    assert short_eta < long_eta and short_recorded < long_recorded, (short_eta, long_eta, recorded)
 
 
 def test_the_eta_counts_what_the_request_on_the_device_has_left_and_scales_a_shape_never_run(app: Any) -> None:

@@ -327,9 +327,11 @@ def test_a_forked_child_after_device_use_is_refused_with_torchneurons_message_an
     """U7a: TorchNeuron marks a child forked after the runtime started and refuses its first device use with
     "Cannot re-initialize Neuron runtime in forked subprocess ..." (`_after_fork` / `_lazy_init`); a child forked
     before any device use starts a runtime of its own, and a `spawn` child (which starts the emulator itself
-    under `emulate`) runs."""
+    under `emulate`, taking a core of its own) runs."""
     (tmp_path / "workers.py").write_text(FORK_SCRIPT)
-    done = emulate(["workers.py"], tmp_path)
+    # One core each, as on a device: the spawned child is a runtime of its own and takes a free core (with every
+    # core held by the parent it would get the runtime's refusal).
+    done = emulate(["workers.py"], tmp_path, NEURON_RT_NUM_CORES="1")
     assert done.returncode == 0, done.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
     assert lines["fork before device use"] == "ok neuron:0", done.stdout

@@ -298,8 +298,8 @@ def test_the_backend_places_a_component_on_the_second_core_it_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 50's placement on neuron-emulated: a process holding cores 0-1 has `neuron:0` and `neuron:1`
-    (`backend.device_count()`, `device_for(i)`); `place_module(module, 1)` puts a component's weights on core 1's
-    account (before or after `adopt`), a tensor moved with `.to(device_for(1))` feeds it, one left on neuron:0 is
+    (`backend.core_ids()`); `adopt_module(module, 1)` puts a component's weights on core 1's
+    account (before or after `adopt`), a tensor moved with `.to("neuron:1")` feeds it, one left on neuron:0 is
     refused with torch's message, and an index past the cores held fails as TorchNeuron's does."""
     import torch
 
@@ -311,26 +311,25 @@ def test_the_backend_places_a_component_on_the_second_core_it_holds(
     try:
         backend.check_device()
         backend.prepare_cache(tmp_path)
-        assert backend.cores == [2, 3] and backend.device_count() == 2
-        assert (backend.device_for(0), backend.device_for(1)) == ("neuron:0", "neuron:1")
+        assert backend.cores == [2, 3] and backend.core_ids() == [2, 3]
         with pytest.raises(RuntimeError, match=r"^Device index 2 is out of range\. Valid range is 0 to 1 for this"):
-            backend.device_for(2)
+            STATE.check(2)
         memory = backend.emulator.memory  # one per process: other managers' weights may be on it already
         before = (memory.in_use_of(0), memory.in_use_of(1))
         encoder, transformer = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
-        backend.adopt_module(encoder)  # adopt first (the whole pipeline on the current core), then moved
-        backend.place_module(encoder, 1)
-        backend.place_module(transformer, 0)
+        backend.adopt_module(encoder)  # adopt first (the whole pipeline on the first core), then moved
+        backend.adopt_module(encoder, 1)
+        backend.adopt_module(transformer, 0)
         devices = {d["index"]: d for d in backend.rules_status()["devices"]}
         assert (devices[0]["core"], devices[1]["core"]) == (2, 3)
         weights = 8 * 8 * 4 + 8 * 4  # one Linear(8, 8) in float32, each on its own core's account
         assert (memory.in_use_of(0) - before[0], memory.in_use_of(1) - before[1]) == (weights, weights)
         with backend.device_work():
             assert encoder.weight.device == torch.device("neuron", 1)
-            embedding = encoder(torch.ones(1, 8).to(backend.device_for(1)))
+            embedding = encoder(torch.ones(1, 8).to("neuron:1"))
             assert embedding.device.index == 1
             with pytest.raises(NeuronRuleViolation, match="found at least two devices, neuron:0 and neuron:1!"):
                 transformer(embedding)
-            assert transformer(embedding.to(backend.device_for(0))).device.index == 0
+            assert transformer(embedding.to("neuron:0")).device.index == 0
     finally:
         STATE.hold([0])

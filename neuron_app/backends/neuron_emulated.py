@@ -124,17 +124,17 @@ class NeuronEmulatedBackend(NeuronBackend):
         em = self.emulator
         for name, component in pipe.components.items():
             if hasattr(component, "parameters"):
-                index = placement.index_of(name) if placement is not None and placement.name else 0
-                self.adopt_module(component, index)
+                apart = placement is not None and placement.name not in (None, "together")
+                self.adopt_module(component, placement.index_of(name) if apart else None)
         for module in host_modules:
             em.place(list(module.parameters()) + list(module.buffers()), False)
         decoder = getattr(getattr(pipe.vae, "decode", None), "__self__", None)
         if getattr(decoder, "compiled", False):
             decoder._tile_fn = self.wrap_graph(decoder._tile_fn, "vae_tile")
 
-    def adopt_module(self, module: Any, index: int = 0) -> None:
-        """`module.to("neuron:N")`: its weights on that core (moved there from another), its compiled callables
-        (`module.compile`) device graphs."""
+    def adopt_module(self, module: Any, index: int | None = None) -> None:
+        """`module.to("neuron:N")`: its weights on that core (moved there from another; None: the current device,
+        a torchrun rank's own), its compiled callables (`module.compile`) device graphs."""
         self.emulator.adopt(module, index)
         self._wrap_compiled(module)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a real-size CPU decode beside another worker
 
 SHAPE = "64x64"
 
@@ -39,6 +39,7 @@ def real_manager(real_cache: Path) -> Iterator[Any]:
         default_resolution=SHAPE,
         max_sequence_length=16,
         compile_backend="aot_eager",
+        placement="together",  # one core: what the first tests measure (the last one lets `auto` choose)
     )
     prepare_process(settings)
     from neuron_app.engine.manager import PipelineManager
@@ -109,7 +110,7 @@ def test_klein_4b_random_on_10_gib_cores_chooses_the_text_encoder_apart_by_itsel
     gc.collect()
     monkeypatch.setenv("NEURON_EMULATOR_HBM_GIB", "10")
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-1")
-    manager = PipelineManager(real_manager.settings)
+    manager = PipelineManager(real_manager.settings.model_copy(update={"placement": "auto"}))
     assert manager.settings.placement == "auto" and manager.status().placement["name"] is None
     record = manager.generate("a red circle", SHAPE, 1, 3)
     placed = manager.status().placement

@@ -370,3 +370,33 @@ def test_the_docs_rule_table_names_exactly_the_registered_rules() -> None:
         assert callable(found), (name, where)
     for name in ("compiled-graph memory", "NEFF scratchpad", "collectives"):
         assert f"**{name}**" in doc[doc.index("What the emulator cannot know") :], name
+
+
+def test_bfloat16_convolutions_sum_in_float32_in_graphs_and_eagerly(emulator: Any) -> None:
+    """A bfloat16 convolution on the device is summed in float32 and rounded once, as the TensorEngine does, in a
+    device graph and eagerly alike: on a CPU without bfloat16 instructions torch's own took 250x as long (klein-4B's
+    VAE tile timed CI out), and on one with them oneDNN sums in float32 too."""
+    import torch
+    import torch.nn.functional as F
+
+    from neuron_app.engine.compile.compiler import CountingBackend
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(32, 32, 3, padding=1).to(torch.bfloat16)
+    emulator.adopt(conv)
+    seen: list[str] = []
+
+    def check(gm: Any, example_inputs: Any, component: str = "transformer") -> None:
+        emulator.check_graph(gm, example_inputs, component)
+        seen.append(gm.code)
+
+    counter = CountingBackend("aot_eager", check=check)
+    graph = emulator.graph(torch.compile(lambda x: conv(x), backend=counter, fullgraph=True, dynamic=False), "conv")
+    x = on_device(emulator, torch.randn(1, 32, 16, 16).to(torch.bfloat16))
+    with torch.no_grad(), emulator.device_work():
+        from_graph, eager = graph(x), conv(x)
+    wide = F.conv2d(x.float(), conv.weight.float(), conv.bias.float(), padding=1)
+    assert len(seen) == 1 and "accumulate_in_float32" in seen[0]
+    assert from_graph.dtype == eager.dtype == torch.bfloat16
+    assert torch.equal(from_graph, wide.to(torch.bfloat16)) and torch.equal(eager, wide.to(torch.bfloat16))
+    assert emulator.is_device(from_graph) and emulator.is_device(eager)

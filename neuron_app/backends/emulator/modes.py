@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from neuron_app.backends.emulator import device as dev
 from neuron_app.backends.emulator.device import _RANDOM_FUNCTIONS, _is_neuron, _spec
 from neuron_app.backends.emulator.numbering import STATE
+from neuron_app.backends.emulator.standin import accumulate_in_float32
 
 
 def _returns_view(func: Any) -> bool:
@@ -39,7 +40,10 @@ class _RulesMode(TorchDispatchMode):
         index = next((i for i in map(em.index_of, tensors) if i is not None), None)
         if index is not None:
             em.check_op(func, args, kwargs, tensors)
-        out = func(*args, **kwargs)
+        if index is not None and func is torch.ops.aten.convolution.default:
+            out = accumulate_in_float32(func, *args, **kwargs)  # as a device graph's (standin.py)
+        else:
+            out = func(*args, **kwargs)
         if index is not None:
             em.place(out, True, index=index)  # new storages are device memory on the inputs' core (HBM until they die)
         return out

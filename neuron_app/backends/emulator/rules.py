@@ -294,7 +294,8 @@ class NeuronEmulator:
 
     def check_graph(self, gm: Any, example_inputs: list[Any], component: str = "transformer") -> None:
         """Before a graph goes to the stand-in compiler: static shapes and no float64, the NKI attention gate,
-        then its NEFF-style artifact (memory, then disk)."""
+        then its NEFF-style artifact (memory, then disk); convolutions summed as the TensorEngine does (standin.py)."""
+        from neuron_app.backends.emulator.standin import lower_convolutions
         from neuron_app.backends.nki_gate import attentions, summary
 
         self.raise_latched()
@@ -327,6 +328,7 @@ class NeuronEmulator:
         if self.store.record("graph", f"{gm.code}\n{inputs}"):
             with self._lock:
                 self.graph_compiles += 1
+        lower_convolutions(gm)
 
     # --- running ---------------------------------------------------------------------------------
     @contextlib.contextmanager

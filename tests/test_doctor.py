@@ -30,7 +30,10 @@ def persistent() -> Path | None:
 
 def doctor(*args: str, pythonpath: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in WATCHED and not k.startswith(("NEURON_APP_", "_NEURON"))}
-    base |= {"NEURON_APP_CACHE_DIR": str(persistent() or ROOT / ".cache" / "doctor-tests")} | env
+    base |= {"NEURON_APP_CACHE_DIR": str(persistent() or ROOT / ".cache" / "doctor-tests")}
+    # The tiny model: the plan check of klein-4B's seven default shapes takes 25 s a run on 2 cores (measured on
+    # fake tensors); what the plan says of a real model is tested in-process below (test_the_plan_check...).
+    base |= {"NEURON_APP_MODEL": "tiny"} | env
     if pythonpath is not None:
         base["PYTHONPATH"] = str(pythonpath)
     return subprocess.run(

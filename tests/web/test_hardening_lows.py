@@ -118,8 +118,11 @@ def test_the_eta_follows_the_requests_shape_and_steps(app: Any) -> None:
     long_recorded, short_recorded = recorded["128x128"]["by_steps"][str(LONG)], recorded["64x64"]["by_steps"]["1"]
     long_eta, _ = _eta_and_run(app, "128x128", LONG)
     short_eta, _ = _eta_and_run(app, "64x64", 1)
-    assert long_eta >= 0.5 * long_recorded, (long_eta, long_recorded)  # its own shape's and steps' run
-    assert short_eta < long_eta and short_recorded < long_recorded, (short_eta, long_eta, recorded)
+    # Each ETA is its own shape's and steps' run (the header has one decimal). Which of the two runs is longer is
+    # the machine's business: on a busy 2-core host a 1-step 64x64 run (text encoder, VAE) once took longer than
+    # 40 tiny 128x128 steps, so the two are not compared with each other.
+    for eta, own in ((long_eta, long_recorded), (short_eta, short_recorded)):
+        assert 0.5 * own - 0.05 <= eta <= 2 * own + 0.05, (eta, own, recorded)
 
 
 def test_the_eta_counts_what_the_request_on_the_device_has_left_and_scales_a_shape_never_run(app: Any) -> None:

@@ -110,14 +110,16 @@ def render(results: dict[str, Any], command: str) -> str:
         ["peak RSS of the process", f"{r['peak_rss_gib']} GiB"],
         ["weights: transformer / text encoder / VAE", " / ".join(f"{v} GiB" for v in r["weights_gib"].values())],
         [
-            "emulator HBM per core: in use, peak, capacity",
+            "emulator HBM: in use, peak (every core together); capacity per core"
+            if r.get("placement")
+            else "emulator HBM per core: in use, peak, capacity",
             f"{r['hbm_in_use_gib']} / {r['hbm_peak_gib']} / {r['hbm_gib_per_core']} GiB",
         ],
-        ["the plan's weights per core (trn2, TP 1)", f"{r['plan']['weights_gib']} GiB"],
+        ["the plan's weights, every component (trn2, TP 1)", f"{r['plan']['weights_gib']} GiB"],
     ]  # fmt: skip
     if r.get("placement"):
         placed = r["placement"]
-        rows.append(["placement (setting)", f"`{placed['name']}` ({placed['setting']}: {placed['why']})"])
+        rows.append(["placement", f"`{placed['name']}` ({placed['why']})"])
         rows.append([
             "per core: in use / peak",
             "; ".join(f"neuron:{d['index']} {d['in_use_gib']} / {d['peak_gib']} GiB" for d in r.get("devices", [])),

@@ -55,10 +55,16 @@ def prepare_replica_environment(settings: Settings) -> None:
     if settings.device == "neuron-emulated" and not os.environ.get("NEURON_RT_VISIBLE_CORES"):
         # Ray knows no emulated NeuronCores, so it sets no NEURON_RT_VISIBLE_CORES: each replica asks the emulated
         # runtime for its number of free cores instead of every core (which a second replica would find held).
-        from neuron_app.scale.serve_app import replica_cores
-
         os.environ.setdefault("NEURON_RT_NUM_CORES", str(replica_cores(settings)))
     tracing.setup(settings)  # the replica's spans join the front end's traces
+
+
+def replica_cores(settings: Settings) -> int:
+    """The cores one replica asks for (Ray's `neuron_cores`, or the emulated runtime's): `cores_per_replica`, and at
+    least what its placement holds (`auto` chooses within the cores it is given, so it asks for one)."""
+    from neuron_app.engine.model.placement import needed
+
+    return max(settings.cores_per_replica, needed(settings.placement))
 
 
 # --- the status board (a plain Ray actor) ----------------------------------------------------------------------

@@ -52,27 +52,19 @@ def deployment_scale(settings: Settings) -> dict[str, Any]:
     }
 
 
-def replica_cores(settings: Settings) -> int:
-    """The cores one replica asks for: `cores_per_replica`, and at least what its placement holds (`auto` chooses
-    within the cores it is given, so it asks for one)."""
-    from neuron_app.engine.model.real.layout import layout
-
-    placed = 1 if settings.placement == "auto" else layout(settings.placement).cores
-    return max(settings.cores_per_replica, placed)
-
-
 def actor_options(settings: Settings) -> dict[str, Any]:
-    """Each replica asks Ray for its own cores: NeuronCores as the `neuron_cores` resource (as many as its placement
-    holds), else GPUs or CPUs."""
-    cores = settings.cores_per_replica
+    """Each replica asks Ray for its own cores, as many as its placement holds: NeuronCores as the `neuron_cores`
+    resource, GPUs (a placement apart uses `cuda:N`), else CPUs."""
+    from neuron_app.scale.replica_server import replica_cores
+
     device = settings.device
     if device == "auto":  # without importing torch here: the Neuron SDK's presence decides; set cuda explicitly
         device = "neuron" if importlib.util.find_spec("torch_neuronx") else "cpu"
     if device == "neuron":
         return {"num_cpus": 1, "resources": {"neuron_cores": replica_cores(settings)}}
     if device == "cuda":
-        return {"num_cpus": 1, "num_gpus": cores}
-    return {"num_cpus": cores}
+        return {"num_cpus": 1, "num_gpus": replica_cores(settings)}
+    return {"num_cpus": settings.cores_per_replica}
 
 
 def deployment_options(settings: Settings) -> dict[str, Any]:

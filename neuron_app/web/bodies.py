@@ -20,16 +20,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from neuron_app.settings import Settings
 
-if TYPE_CHECKING:
-    from neuron_app.web.guard import Guard
-
 log = logging.getLogger(__name__)
+
+
+class Ledger(Protocol):
+    """What a body's watch charges and reads: the Guard's per-address bytes and the bodies still arriving (the
+    Guard wraps every route and imports this module, so this one names only what it needs)."""
+
+    body_bytes: Counter[str]  # a missing address reads 0
+    arriving: dict[int, Any]
+    address_body_cap: int
+    body_timeout_s: float
+
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -133,7 +142,7 @@ class Watch:
     """One request's body: its cap, its deadline and its address's bytes in flight, checked as each chunk arrives."""
 
     def __init__(
-        self, guard: Guard, scope: Scope, receive: Receive, send: Send, cap: int, address: str, deadline: float
+        self, guard: Ledger, scope: Scope, receive: Receive, send: Send, cap: int, address: str, deadline: float
     ):
         self.guard, self.path, self.inner, self.raw_send = guard, scope.get("path", ""), receive, send
         self.cap, self.address, self.deadline = cap, address, deadline

@@ -138,4 +138,5 @@ def test_a_replica_asks_ray_for_the_cores_its_placement_holds(make_settings: Any
     for placement, cores in [("together", 1), ("text-encoder-apart", 2), ("text-encoder-and-vae-apart", 3)]:
         options = actor_options(make_settings(device="neuron", placement=placement))
         assert options["resources"] == {"neuron_cores": cores}, placement
+        assert actor_options(make_settings(device="cuda", placement=placement))["num_gpus"] == cores, placement
     assert actor_options(make_settings(device="neuron", cores_per_replica=4))["resources"] == {"neuron_cores": 4}

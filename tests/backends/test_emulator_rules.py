@@ -400,3 +400,12 @@ def test_bfloat16_convolutions_sum_in_float32_in_graphs_and_eagerly(emulator: An
     assert from_graph.dtype == eager.dtype == torch.bfloat16
     assert torch.equal(from_graph, wide.to(torch.bfloat16)) and torch.equal(eager, wide.to(torch.bfloat16))
     assert emulator.is_device(from_graph) and emulator.is_device(eager)
+
+    # As a script writes it too: the functional call with its bias as a keyword.
+    keyword = emulator.graph(
+        torch.compile(lambda x, w, b: F.conv2d(x, w, bias=b, padding=1), backend=counter, fullgraph=True), "keyword"
+    )
+    with torch.no_grad(), emulator.device_work():
+        by_keyword = keyword(x, conv.weight, conv.bias)
+    assert torch.equal(by_keyword, wide.to(torch.bfloat16))
+    assert len(seen) == 2 and "accumulate_in_float32" in seen[1]

@@ -91,9 +91,6 @@ def named_failure(exc: BaseException, fn: Callable[..., Any], args: tuple, kwarg
 
 
 # --- what the stand-in computes as the TensorEngine does ----------------------------------------------------------
-_LOW = ("bfloat16", "float16")
-
-
 def accumulate_in_float32(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """A convolution of bfloat16 (or float16) operands, computed as a NeuronCore's TensorEngine does: the products
     summed in float32, the result rounded once to the operands' dtype. On a CPU without bfloat16 instructions
@@ -102,11 +99,15 @@ def accumulate_in_float32(op: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     On a CPU with them, oneDNN sums in float32 too: the same numbers on every host."""
     import torch
 
-    low = next((a.dtype for a in args if isinstance(a, torch.Tensor) and str(a.dtype).split(".")[-1] in _LOW), None)
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    low = next((t.dtype for t in tensors if t.dtype in (torch.bfloat16, torch.float16)), None)
     if low is None:
         return op(*args, **kwargs)
-    wide = [a.float() if isinstance(a, torch.Tensor) and a.dtype == low else a for a in args]
-    return op(*wide, **kwargs).to(low)
+
+    def wide(a: Any) -> Any:  # `bias=` too, as a script may pass it
+        return a.float() if isinstance(a, torch.Tensor) and a.dtype == low else a
+
+    return op(*map(wide, args), **{k: wide(v) for k, v in kwargs.items()}).to(low)
 
 
 def convolutions() -> frozenset[Any]:

@@ -41,11 +41,12 @@ def main() -> None:
         raise SystemExit(serve_distributed(serve_page, prepare_page))
 
     from neuron_app import tracing
+    from neuron_app.scale.topology import settle
     from neuron_app.settings import get_settings
     from neuron_app.web.server import build_app, check_port, configure_logging, launch
 
-    settings = get_settings()
-    check_single_process(settings)  # tp_degree > 1 needs torchrun
+    settings = settle(get_settings())  # the topology, chosen once, before any replica starts (scale/topology.py)
+    check_single_process(settings)  # one TP group without replicas needs torchrun
     configure_logging(settings)
     prepare_process(settings)  # NEFF cache, fallback switches, cores: before anything imports torch
     prepare_page(settings)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from neuron_app.environment import PRODUCT_NAME, dist_version
-from neuron_app.errors import RequestError
+from neuron_app.errors import RequestError, SettingsError
 
 Verdict = Literal["ok", "problem", "info"]
 
@@ -352,22 +352,22 @@ def run_checks(stack_only: bool = False) -> list[Check]:
 
 
 def check_plan(settings: Any) -> Check:
-    """`plan` for the served model, shapes, TP and placement on this instance (trn2 when not one) at its LNC, before
-    any compile; when it does not fit, the fix names the placement setting that would (the fifth review's U1)."""
-    from neuron_app.engine.model.real.served import served
+    """The topology the app would serve (scale/topology.py): the plan for the served model, shapes, TP and placement
+    on this instance (trn2 when not one) at its LNC, laid out on the cores this process holds (V4: a placement that
+    needs 2 cores is a problem with 1), before any compile."""
+    from neuron_app.engine.model.real.plan import topology_words
+    from neuron_app.engine.model.real.served import planned
+    from neuron_app.scale.topology import choose, held_cores
 
-    family = (read_instance_type() or "").split(".")[0].lower()
-    family = family[:4] if family.startswith(SUPPORTED_INSTANCES) else "trn2"
-    try:  # RequestError: a NEURON_LOGICAL_NC_CONFIG the chip does not take
-        found = served(settings.model, list(settings.resolutions), settings.tp_degree, family, settings.placement)
+    if planned(settings.model) is None:
+        return Check("plan", "info", f"{settings.model}: not a model the plan knows (python -m neuron_app plan)")
+    try:  # RequestError: a NEURON_LOGICAL_NC_CONFIG the chip does not take; SettingsError: it does not fit
+        found = choose(settings, held_cores(settings, "neuron"), in_process=True)  # doctor holds no core
     except RequestError as exc:
         return Check("plan", "problem", str(exc), "set NEURON_LOGICAL_NC_CONFIG to 1 or 2 (2 is the default)")
-    if found is None:
-        return Check("plan", "info", f"{settings.model}: not a model the plan knows (python -m neuron_app plan)")
-    words, would = f"{found['words']} (placement={settings.placement})", found["would"]
-    fix = "raise tp_degree, or serve fewer or smaller shapes (python -m neuron_app plan --tp N)"
-    fix = fix if would is None else f"set NEURON_APP_PLACEMENT={would} (or auto)"
-    return Check("plan", "ok", words) if found["fits"] else Check("plan", "problem", words, fix)
+    except SettingsError as exc:
+        return Check("plan", "problem", f"{settings.model}: {exc}", "python -m neuron_app plan --best shows what fits")
+    return Check("plan", "ok", f"{settings.model}: {topology_words(found.view())}")
 
 
 def render(checks: list[Check]) -> str:

@@ -217,30 +217,36 @@ def test_precompile_cores_reserves_them_before_torch_loads_and_bad_ranges_are_re
     assert bad.returncode == 2 and "visible_cores" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_the_doctor_says_before_any_compile_whether_the_served_model_fits_and_its_floor() -> None:
-    """`plan`'s figures for the served model and shapes (issue 43): klein-4B at 1024x1024 on a trn2 core fits in
-    14.7 of 24 GiB with a floor under a second per image; a model the plan does not know is said to be so."""
+def test_the_doctor_says_before_any_compile_whether_the_served_model_fits_and_its_floor(monkeypatch: Any) -> None:
+    """The topology the app would serve (issues 43, 56): klein-4B at 1024x1024 on a trn2.3xlarge's 4 cores is 4
+    copies of TP 1 (together, 14.9 of 24 GiB each), a floor under a second per image; a model the plan does not know
+    is said to be so."""
     from neuron_app.doctor import check_plan
     from neuron_app.settings import load_settings
 
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
     real = load_settings(model="black-forest-labs/FLUX.2-klein-4B", resolutions=["1024x1024"])
     check = check_plan(real)
-    assert check.verdict == "ok" and "on trn2 at TP 1" in check.found, check
-    assert "1024x1024: fits, 14.9 of 24 GiB per core (together)" in check.found and "floor 0.9" in check.found
+    assert check.verdict == "ok" and "1 copy of TP 1 (together) on cores [0]" in check.found, check
+    assert "s per image" in check.found and "floor 0." not in check.found
     tiny = check_plan(load_settings(model="tiny", device="cpu"))
     assert tiny.verdict == "info" and "not a model the plan knows" in tiny.found
 
 
-def test_the_doctor_says_problem_for_a_placement_that_does_not_fit_and_names_the_one_that_would() -> None:
-    """The fifth review's U1: klein-9B with everything on one trn2 core is 27.9 GiB of weights. `doctor` said ok
-    (the plan placed the text encoder apart, which the app could not do); now the configured placement is what is
-    planned, a problem when it does not fit, with the setting that would; `auto` serves that one and is ok."""
+def test_the_doctor_says_problem_when_the_placement_needs_more_cores_than_held(monkeypatch: Any) -> None:
+    """The fifth review's U1 and the seventh's V4: klein-9B with everything on one trn2 core is 27.9 GiB of weights,
+    so the plan places the text encoder apart, on a second core; with one core held (NEURON_RT_VISIBLE_CORES=0)
+    that is a problem naming the cores it needs; with two it is ok."""
     from neuron_app.doctor import check_plan
     from neuron_app.settings import load_settings
 
     nine = {"model": "black-forest-labs/FLUX.2-klein-9B", "resolutions": ["1024x1024"]}
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0")
+    one = check_plan(load_settings(**nine))
+    assert one.verdict == "problem" and "of TP 1 (text-encoder-apart) needs 2 NeuronCores" in one.found, one
+    assert "this host holds 1 (cores 0-0)" in one.found and "NEURON_RT_VISIBLE_CORES=0-1" in one.found
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-1")
+    two = check_plan(load_settings(**nine))
+    assert two.verdict == "ok" and "1 copy of TP 1 (text-encoder-apart) on cores [0, 1]" in two.found, two
     together = check_plan(load_settings(**nine, placement="together"))
-    assert together.verdict == "problem" and "does NOT fit" in together.found, together
-    assert together.fix == "set NEURON_APP_PLACEMENT=text-encoder-apart (or auto)"
-    auto = check_plan(load_settings(**nine))
-    assert auto.verdict == "ok" and "(text-encoder-apart)" in auto.found and "placement=auto" in auto.found
+    assert together.verdict == "problem" and "nothing fits" in together.found, together

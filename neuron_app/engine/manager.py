@@ -69,8 +69,7 @@ class PipelineManager(ShapeCompiler, Admitted):
         self.source: ModelSource = resolve_source(settings)
         tp = settings.tp_degree
         self.core_ids = None if tp > 1 else self.backend.core_ids()  # under torchrun: one core per rank
-        held = None if self.core_ids is None else len(self.core_ids)
-        self.placement = placement.resolve(settings.placement, held, self.core_ids, tp)  # refused here if short
+        self.placement = placement.resolve(settings, self.core_ids)  # the topology's; refused here if short
         self.vae_on_host = settings.vae_device == "cpu"  # decode on the host: no VAE graph, no tiles
         tiles_by_default = self.backend.tiles_vae_by_default
         self.vae_compiled = not self.vae_on_host and vae_compiled(settings.vae_compile, tiles_by_default)

@@ -260,6 +260,9 @@ class ManagerStatus:
     #: The `placement` setting at work: {"name", "setting", "cores": {"transformer": [..], "text_encoder": [..],
     #: "vae": [..]}, "why"}; name None while `auto` has not chosen (it chooses at load).
     placement: dict[str, Any] = field(default_factory=dict)
+    #: How the instance is laid out (scale/topology.py): {"tp", "placement", "copies", "core_blocks",
+    #: "images_per_s_floor", "floor_s_per_image", "goal", "why", "cores_held"}; empty where none was chosen.
+    topology: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -90,6 +90,7 @@ def build_status(manager: Any) -> ManagerStatus:
             stages=manager.post.snapshot(manager._device_lock),
             plan=_plan_line(manager).text(),
             placement=manager.placement.view(),
+            topology=dict(manager.settings.topology or {}),
         )
 
 

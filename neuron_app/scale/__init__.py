@@ -30,8 +30,12 @@ def set_router_env() -> None:
 
 
 def make_manager(settings: Settings) -> Manager:
-    """The app's manager for `settings`: Ray Serve replicas when `replicas > 1` or `ray_address` is set, else the
-    in-process `PipelineManager` (Ray is not imported on that path)."""
+    """The app's manager for `settings` (its topology chosen first, once: scale/topology.py): Ray Serve replicas
+    when `replicas > 1` or `ray_address` is set, each one copy (a TP group at TP > 1), else the in-process
+    `PipelineManager` (Ray is not imported on that path)."""
+    from neuron_app.scale.topology import settle
+
+    settings = settle(settings)
     if settings.uses_replicas:
         from neuron_app.scale.replicas import start_replicas
 

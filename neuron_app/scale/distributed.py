@@ -18,6 +18,7 @@ shard (no accelerator), so every rank runs the whole pipeline and only the proto
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -79,8 +80,9 @@ def describe_call(call: PipelineCall) -> str:
 
 # --- start-up checks ---------------------------------------------------------------------------------
 def check_single_process(settings: Settings) -> None:
-    """`tp_degree > 1` needs one process per NeuronCore: refuse to start as one process."""
-    if settings.tp_degree > 1 and not launched_by_torchrun():
+    """`tp_degree > 1` needs one process per NeuronCore: refuse to start as one process (replicas start their
+    groups themselves, `start_group`)."""
+    if settings.tp_degree > 1 and not launched_by_torchrun() and not settings.uses_replicas:
         n = settings.tp_degree
         raise SettingsError(
             f"tp_degree={n} needs {n} processes, one per NeuronCore: start `torchrun --nproc_per_node={n} app.py` "
@@ -272,15 +274,21 @@ class Lockstep:
         return box[0]
 
 
-def init_group(backend: Any, info: RankInfo, timeout_s: float = DIST_TIMEOUT_S) -> Lockstep:
-    """Join the process group (`backend.dist_backend`), a gloo group for commands, and the TP mesh."""
+def init_group(backend: Any, info: RankInfo, timeout_s: float = DIST_TIMEOUT_S, store: Any = None) -> Lockstep:
+    """Join the process group (`backend.dist_backend`; `store`: rank 0's own rendezvous, else torchrun's env://),
+    a gloo group for commands, and the TP mesh."""
     import torch
     import torch.distributed as dist
 
     if backend.name == "cuda":
         torch.cuda.set_device(info.local_rank)
     timeout = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend=backend.dist_backend, timeout=timeout)
+    if store is None:
+        dist.init_process_group(backend=backend.dist_backend, timeout=timeout)
+    else:
+        dist.init_process_group(
+            backend=backend.dist_backend, timeout=timeout, store=store, rank=info.rank, world_size=info.world_size
+        )
     control = None if backend.dist_backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     return Lockstep(info.rank, info.world_size, control, backend.tp_mesh(info.world_size))
 
@@ -358,34 +366,135 @@ def configure_rank_logging(settings: Settings, info: RankInfo) -> None:
 
 def serve_distributed(serve: Serve, prepare_leader: Callable[[Settings], None] = lambda settings: None) -> int:
     """Entry point of every torchrun process (app.py calls it when WORLD_SIZE > 1, with its page: `serve`, and
-    `prepare_leader`, rank 0's checks before anything loads); the exit code."""
+    `prepare_leader`, rank 0's checks before anything loads); the exit code. The group is the topology's first
+    copy: rank r takes core r of its block (scripts/launch-trn.sh chose the topology and exported it)."""
     info = RankInfo.from_env()
     settings = settings_for_world(info.world_size)
     configure_rank_logging(settings, info)
     log.info("rank %d of %d started (pid %d)", info.rank, info.world_size, os.getpid())
-    from neuron_app.environment import prepare_process
-
-    prepare_process(settings)  # before the tiny model, torch.distributed or TorchNeuron import torch
+    settings = rank_settings(settings, info)
     check_tp_degree(info.world_size, transformer_heads(settings))
     if info.rank == 0:
         prepare_leader(settings)  # e.g. refuse an unprotected public link before loading anything
+    manager, lockstep = join_group(settings, info)
+    try:
+        return lead(manager, lockstep, serve) if info.rank == 0 else follow(manager, lockstep)
+    finally:
+        leave(lockstep)
 
-    import torch.distributed as dist
 
+def rank_settings(settings: Settings, info: RankInfo, block: list[int] | None = None) -> Settings:
+    """A rank's settings and environment, before torch touches the device: the topology (chosen by the launcher,
+    else here from the settings as given), and this rank's one core of its block (NEURON_RT_VISIBLE_CORES, the
+    group's NEURON_RT_ROOT_COMM_ID), exported by `prepare_process`."""
+    from neuron_app.environment import prepare_process
+    from neuron_app.scale import topology
+
+    settings = topology.settle(settings)
+    found = topology.of(settings)
+    if found is not None and found.core_blocks:
+        block = block or found.block(0)
+        topology.apply_rank_env(block, info.local_rank)
+        settings = settings.model_copy(update={"visible_cores": str(block[info.local_rank])})
+    prepare_process(settings)  # before the tiny model, torch.distributed or TorchNeuron import torch
+    return settings
+
+
+def join_group(settings: Settings, info: RankInfo, store: Any = None) -> tuple[Any, Lockstep]:
+    """Join the group and load: (this rank's manager, its lockstep). Every rank loads at start, in the same order
+    (a sharded load may talk to the other ranks)."""
     from neuron_app.backends import resolve_backend
     from neuron_app.engine.manager import PipelineManager
 
     backend = resolve_backend(settings.device, settings.cache_dir, check_device=False)
-    lockstep = init_group(backend, info)
+    lockstep = init_group(backend, info, store=store)
     try:
         check_loras_unsharded(settings, lockstep.mesh)
         backend.check_device()  # TorchNeuron asserts its runtime is not started before init_process_group
         manager = PipelineManager(settings, lockstep=lockstep)
-        # Every rank loads at start, in the same order: a sharded load may talk to the other ranks.
         start = time.perf_counter()
         manager.ensure_loaded()
         log.info("rank %d: pipeline ready in %.1fs", info.rank, time.perf_counter() - start)
-        return lead(manager, lockstep, serve) if info.rank == 0 else follow(manager, lockstep)
+    except BaseException:
+        leave(lockstep)
+        raise
+    return manager, lockstep
+
+
+def leave(lockstep: Lockstep) -> None:
+    import torch.distributed as dist
+
+    if lockstep.broken is None and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- a TP group as one replica (Ray Serve): rank 0 in the replica, the other ranks its children -----------------
+def start_group(settings: Settings, block: list[int]) -> tuple[Any, Lockstep, list[Any]]:
+    """Rank 0 of a TP group on `block`, in this process (a Ray replica): its own rendezvous store on a port the
+    kernel picks (no probe to race), the other ranks started as children (`python -m neuron_app.scale.group_rank`,
+    the settings on their stdin), each exporting its own core before torch; (manager, lockstep, children)."""
+    import pickle
+    import subprocess
+
+    from neuron_app.scale import topology
+
+    world = len(block)
+    topology.apply_rank_env(block, 0)  # before torch: this process is rank 0, on the block's first core
+    settings = settings.model_copy(update={"visible_cores": str(block[0])})
+    from neuron_app.environment import prepare_process
+
+    prepare_process(settings)
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    children = []
+    for rank in range(1, world):
+        env = {
+            **os.environ,
+            **topology.rank_env(block, rank),
+            **_rank_vars(rank, world),
+            "MASTER_PORT": str(store.port),
+        }
+        command = [sys.executable, "-m", "neuron_app.scale.group_rank"]
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, env=env)
+        child.stdin.write(pickle.dumps(settings.model_copy(update={"visible_cores": str(block[rank])})))
+        child.stdin.close()
+        children.append(child)
+    os.environ.update(_rank_vars(0, world))
+    manager, lockstep = join_group(settings, RankInfo(0, world, 0), store=store)
+    lockstep.start_heartbeat()
+    return manager, lockstep, children
+
+
+def _rank_vars(rank: int, world: int) -> dict[str, str]:
+    """What torchrun would set for a rank of a one-node group (TorchNeuron reads LOCAL_RANK, LOCAL_WORLD_SIZE)."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+    }
+
+
+def follow_group(settings: Settings) -> int:
+    """A child rank of `start_group`: its environment is set; join, load, follow rank 0; dies with its parent."""
+    info = RankInfo.from_env()
+    configure_rank_logging(settings, info)
+    _die_with_parent()
+    from neuron_app.environment import prepare_process
+
+    prepare_process(settings)
+    manager, lockstep = join_group(settings, info)
+    try:
+        return follow(manager, lockstep)
     finally:
-        if lockstep.broken is None:
-            dist.destroy_process_group()
+        leave(lockstep)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this rank when its replica dies (a killed group leaves no rank holding a core)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

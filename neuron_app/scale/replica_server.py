@@ -47,24 +47,51 @@ def graph_ids(settings: Settings, per_orientation: bool) -> dict[str, str]:
 def prepare_replica_environment(settings: Settings) -> None:
     """`prepare_process` in the replica's own worker: on a joined cluster (`ray start` on each node) the
     worker does not descend from the front end, so the fail-fast switches and the NEFF cache folder are
-    exported here too (`runtime_env` carries the front end's values). The cores are Ray's: it sets
-    NEURON_RT_VISIBLE_CORES for each replica, so the front end's `visible_cores` is not applied here."""
+    exported here too (`runtime_env` carries the front end's values). The cores are the topology's block
+    (`take_block`), not Ray's IDs nor the front end's `visible_cores`."""
     from neuron_app.environment import prepare_process
 
     prepare_process(settings.model_copy(update={"visible_cores": None}))
-    if settings.device == "neuron-emulated" and not os.environ.get("NEURON_RT_VISIBLE_CORES"):
-        # Ray knows no emulated NeuronCores, so it sets no NEURON_RT_VISIBLE_CORES: each replica asks the emulated
-        # runtime for its number of free cores instead of every core (which a second replica would find held).
-        os.environ.setdefault("NEURON_RT_NUM_CORES", str(replica_cores(settings)))
     tracing.setup(settings)  # the replica's spans join the front end's traces
 
 
 def replica_cores(settings: Settings) -> int:
-    """The cores one replica asks for (Ray's `neuron_cores`, or the emulated runtime's): `cores_per_replica`, and at
-    least what its placement holds (`auto` chooses within the cores it is given, so it asks for one)."""
-    from neuron_app.engine.model.placement import needed
+    """The cores one replica reserves (Ray's `neuron_cores`, GPUs): its topology block, whole (a TP group's other
+    ranks are this replica's children, so one actor's reservation covers the group, on one node)."""
+    from neuron_app.scale.topology import of
 
-    return max(settings.cores_per_replica, needed(settings.placement))
+    found = of(settings)
+    return len(found.core_blocks[0]) if found is not None and found.core_blocks else max(1, settings.tp_degree)
+
+
+def take_block(settings: Settings) -> tuple[list[int], Any] | None:
+    """The first block of the topology no other replica on this host holds: an exclusive lock file per block in the
+    cache folder (host-named), which the kernel drops when the replica's process dies, so a replacement takes the
+    block its killed predecessor held. (block, lock), or None where the topology has no blocks (CPU, CUDA)."""
+    import socket
+
+    from filelock import FileLock, Timeout
+
+    from neuron_app.errors import DeviceUnavailable
+    from neuron_app.scale.topology import of
+
+    found = of(settings)
+    if found is None or not found.core_blocks:
+        return None
+    folder = settings.cache_dir / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    for block in found.core_blocks:
+        lock = FileLock(str(folder / f"cores-{host}-{block[0]}-{block[-1]}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        return block, lock
+    raise DeviceUnavailable(
+        f"every core block of the topology ({found.core_blocks}) is held by another replica on {host}: "
+        "more replicas than the topology's copies"
+    )
 
 
 # --- the status board (a plain Ray actor) ----------------------------------------------------------------------
@@ -110,9 +137,20 @@ class ReplicaServer:
         self._warmup = asyncio.get_running_loop().create_task(self._warm())
         log.info("replica %s ready (pid %d)", self.replica_id, os.getpid())
 
-    @staticmethod
-    def _load(settings: Settings) -> Any:
+    def _load(self, settings: Settings) -> Any:
         prepare_replica_environment(settings)  # first: nothing in this worker has imported torch yet
+        taken = take_block(settings)
+        self.block, self._block_lock = taken if taken else (None, None)
+        self._ranks: list[Any] = []
+        if self.block is not None and settings.tp_degree > 1:  # one TP group: rank 0 here, the others children
+            from neuron_app.scale.distributed import start_group
+
+            manager, _lockstep, self._ranks = start_group(settings, self.block)
+            return manager
+        if self.block is not None:
+            from neuron_app.scale.topology import apply_rank_env
+
+            apply_rank_env(self.block, None)  # the block's cores, before torch touches the device
         from neuron_app.engine.manager import PipelineManager
 
         manager = PipelineManager(settings)
@@ -192,6 +230,7 @@ class ReplicaServer:
         return {
             "id": self.replica_id,
             "pid": os.getpid(),
+            "cores": self.block,
             "in_flight": self.manager.in_flight,
             "graph_ids": self.ids,
             "status": self.manager.status(),

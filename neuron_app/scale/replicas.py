@@ -241,6 +241,7 @@ class ReplicaClient(Admitted):
                     "in_flight": data["in_flight"],
                     "ready_shapes": status.ready,
                     "pid": data["pid"],
+                    "cores": data.get("cores"),  # its topology block
                     "seen_s_ago": round(age, 1),
                 }
             )

@@ -52,16 +52,23 @@ def deployment_scale(settings: Settings) -> dict[str, Any]:
     }
 
 
+#: Ray sets NEURON_RT_VISIBLE_CORES to the first free `neuron_cores` IDs it assigns, with no chip alignment; this
+#: turns that off (ray/_private/accelerators/neuron.py): a replica exports its topology block's cores itself.
+NOSET_CORES_VAR = "RAY_EXPERIMENTAL_NOSET_NEURON_RT_VISIBLE_CORES"
+
+
 def actor_options(settings: Settings) -> dict[str, Any]:
-    """Each replica asks Ray for its own cores, as many as its placement holds: NeuronCores as the `neuron_cores`
-    resource, GPUs (a placement apart uses `cuda:N`), else CPUs."""
+    """Each replica reserves its whole topology block from Ray, on one node: NeuronCores as the `neuron_cores`
+    resource (Ray's own IDs ignored: NOSET_CORES_VAR), GPUs on CUDA, else CPUs. A TP group's other ranks are the
+    replica's children, so the one actor's reservation covers the group (docs/replicas.md: why not bundles)."""
     from neuron_app.scale.replica_server import replica_cores
 
     device = settings.device
     if device == "auto":  # without importing torch here: the Neuron SDK's presence decides; set cuda explicitly
         device = "neuron" if importlib.util.find_spec("torch_neuronx") else "cpu"
     if device == "neuron":
-        return {"num_cpus": 1, "resources": {"neuron_cores": replica_cores(settings)}}
+        env = {"env_vars": {NOSET_CORES_VAR: "1"}}
+        return {"num_cpus": 1, "resources": {"neuron_cores": replica_cores(settings)}, "runtime_env": env}
     if device == "cuda":
         return {"num_cpus": 1, "num_gpus": replica_cores(settings)}
     return {"num_cpus": settings.cores_per_replica}
@@ -110,11 +117,12 @@ def app(args: dict[str, Any] | None = None) -> Any:
 
     `args` (the config's `args:`) are not used: every value comes from the settings, so that the front end and
     the replicas read one source."""
+    from neuron_app.scale.topology import settle
     from neuron_app.settings import load_settings
 
     if args:
         log.warning("serveConfigV2 args are ignored (%s): set NEURON_APP_* variables", ", ".join(sorted(args)))
-    return replicas_app(load_settings(), named_board())
+    return replicas_app(settle(load_settings()), named_board())
 
 
 def attach(settings: Settings) -> tuple[Any, Any]:

@@ -72,6 +72,8 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         eager_compiles=sum(s.eager_compiles for s in statuses),
         neuron_rules=_merged_rules([s.neuron_rules for s in statuses if s.neuron_rules]),
         plan=next((s.plan for s in statuses if s.plan), None),  # one model, one plan: any replica's line
+        placement=base.placement if base else {},
+        topology=dict(settings.topology or {}),  # the front process chose it; every replica holds one block
     )
 
 

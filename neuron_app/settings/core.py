@@ -77,11 +77,6 @@ class Settings(
                 )
             if any(k.key.get_secret_value() == self.api_key.get_secret_value() for k in self.api_keys.values()):
                 raise ValueError("api_key is also one of api_keys: give each caller one key")
-        if self.replicas > 1 and self.tp_degree > 1:
-            raise ValueError(
-                f"replicas={self.replicas} with tp_degree={self.tp_degree} is not supported: replicas are data "
-                "parallel with one model copy each; use torchrun for tensor parallelism, or set replicas=1"
-            )
         if self.tp_degree > 1 and self.placement not in ("auto", "together"):
             raise ValueError(
                 f"placement={self.placement} with tp_degree={self.tp_degree} is not served: under torchrun each rank "

@@ -38,13 +38,18 @@ def test_one_replica_never_imports_ray(tmp_path: Path, shared_models: Path) -> N
     assert out.stdout.split() == ["PipelineManager", "False"]
 
 
-def test_replicas_with_tensor_parallel_are_refused_in_one_line() -> None:
+def test_replicas_of_tp_groups_are_laid_on_aligned_blocks_and_refused_in_one_line_when_they_do_not_fit() -> None:
+    """Issue 56: replicas > 1 with tp_degree > 1 are TP groups, each on its own aligned block; more than the cores
+    held is refused at start in one line naming both."""
     from neuron_app.errors import SettingsError
+    from neuron_app.scale.topology import choose
     from neuron_app.settings import load_settings
 
-    with pytest.raises(SettingsError, match="replicas=2 with tp_degree=2 is not supported") as err:
-        load_settings(**TINY_OVERRIDES, replicas=2, tp_degree=2)
-    assert "\n" not in str(err.value)
+    two = load_settings(**TINY_OVERRIDES | {"device": "neuron-emulated"}, replicas=2, tp_degree=2)
+    assert choose(two, [0, 1, 2, 3]).core_blocks == [[0, 1], [2, 3]]
+    with pytest.raises(SettingsError, match=r"2 copies of TP 2 \(together\) need 4 NeuronCores") as err:
+        choose(two, [0, 1, 2])
+    assert "\n" not in str(err.value) and "this host holds 3 (cores 0-2)" in str(err.value)
 
 
 @pytest.mark.timeout(1800)  # Ray, two replicas and the model: 7 min to come up beside two CPU hogs and the suite

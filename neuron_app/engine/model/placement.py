@@ -36,34 +36,26 @@ class Placement:
         return layout(self.name or "together").core_of(component)
 
 
-def needed(setting: str) -> int:
-    """Cores one copy holds under a named placement (auto: 1, it never asks for more than the process holds)."""
-    return 1 if setting == "auto" else layout(setting).cores
-
-
-def check_cores(setting: str, held: int | None, tp: int) -> None:
-    """Refuse at start, in one line naming both numbers, a placement that needs more cores than the process holds."""
-    if held is None or setting == "auto" or tp > 1:
-        return
-    want = needed(setting)
-    if want > held:
-        raise DeviceUnavailable(
-            f"placement={setting} needs {want} NeuronCores but this process holds {held}: give it {want} cores "
-            "(NEURON_RT_VISIBLE_CORES=0-%d, or NEURON_APP_VISIBLE_CORES) or set placement=together" % (want - 1)
-        )
-
-
-def resolve(setting: str, held: int | None, core_ids: list[int] | None, tp: int) -> Placement:
-    """The placement known at start: a named one (checked against the cores held), `together` where placement does
-    not apply (CPU, TP > 1); `auto` stays undecided until the load (`choose`)."""
-    if held is None:
+def resolve(settings: Any, core_ids: list[int] | None) -> Placement:
+    """The placement known at start: the topology's (chosen in the front process, scale/topology.py), else a named
+    one; `together` where placement does not apply (CPU, TP > 1). Refused in one line when it needs more cores than
+    the process holds. Without a topology (a manager built directly) `auto` stays undecided until the load."""
+    tp, setting = settings.tp_degree, settings.placement
+    if core_ids is None:
         return _placed("together", setting, None, "this device has no core indices: placement does not apply")
     if tp > 1:
         return _placed("together", setting, core_ids, f"TP {tp}: each rank holds its shard, text encoder and VAE")
-    check_cores(setting, held, tp)
-    if setting == "auto":
+    chosen = settings.topology
+    name, why = (chosen["placement"], f"topology: {chosen['why']}") if chosen else (setting, "as set")
+    if name == "auto":
         return Placement(None, setting, why="auto: chosen at load from the plan")
-    return _placed(setting, setting, core_ids, "as set")
+    want = layout(name).cores
+    if want > len(core_ids):
+        raise DeviceUnavailable(
+            f"placement={name} needs {want} NeuronCores but this process holds {len(core_ids)}: give it {want} cores "
+            f"(NEURON_APP_VISIBLE_CORES=0-{want - 1}, or NEURON_APP_REPLICAS=auto) or set placement=together"
+        )
+    return _placed(name, setting, core_ids, why)
 
 
 def choose(settings: Any, core_ids: list[int], backend: Any) -> Placement:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, WrapValidator, field_validator
+
+from neuron_app.settings.groups.replicas import auto_count
 
 
 class DeviceSettings(BaseModel):
@@ -36,8 +38,13 @@ class DeviceSettings(BaseModel):
         "index (neuron:0, neuron:1, ...; cuda:N); CPU ignores it. With TP > 1 only together is served.",
     )
 
-    tp_degree: int = Field(
-        1, ge=1, description="Tensor-parallel degree (NeuronCores per model); set by torchrun's WORLD_SIZE."
+    tp_degree: Annotated[int, WrapValidator(auto_count)] = Field(
+        1,
+        ge=1,
+        validate_default=True,
+        description='Tensor-parallel degree (NeuronCores per model copy, one process each); "auto": the '
+        "topology's (python -m neuron_app plan --best). With replicas > 1 each replica is one TP group on its own "
+        "aligned block of cores.",
     )
 
     visible_cores: str | None = Field(

@@ -7,14 +7,39 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, WrapValidator
 
 
-class ReplicaRange(int):
+class Auto(int):
+    """A count the topology may choose (`replicas`, `tp_degree` = "auto"): 1 until the front process settles it
+    (scale/topology.py), and it knows it was not given."""
+
+    auto: bool
+
+    def __new__(cls, value: int = 1, auto: bool = False) -> Auto:
+        obj = super().__new__(cls, value)
+        obj.auto = auto
+        return obj
+
+    def __getnewargs__(self) -> tuple[int, bool]:  # pickled to the replicas with the settings
+        return (int(self), self.auto)
+
+
+def auto_count(value: Any, handler: Any) -> Auto:
+    """ "auto" (the topology's), else the field's own int checks."""
+    if isinstance(value, Auto):
+        return value
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return Auto(1, auto=True)
+    return Auto(handler(value))
+
+
+class ReplicaRange(Auto):
     """`replicas` as an int (its maximum, what every caller sizes by: lanes, Ray CPUs) that also knows its minimum:
-    "1-4" scales between 1 and 4 replicas with the queue (Ray Serve autoscaling); a plain 2 is min = max = 2."""
+    "1-4" scales between 1 and 4 replicas with the queue (Ray Serve autoscaling); a plain 2 is min = max = 2;
+    "auto" is the topology's copies (1 until it is chosen)."""
 
     min: int
 
-    def __new__(cls, maximum: int, minimum: int | None = None) -> ReplicaRange:
-        obj = super().__new__(cls, maximum)
+    def __new__(cls, maximum: int, minimum: int | None = None, auto: bool = False) -> ReplicaRange:
+        obj = super().__new__(cls, maximum, auto)
         obj.min = maximum if minimum is None else minimum
         return obj
 
@@ -22,14 +47,16 @@ class ReplicaRange(int):
     def max(self) -> int:
         return int(self)
 
-    def __getnewargs__(self) -> tuple[int, int]:  # pickled to the replicas with the settings
-        return (int(self), self.min)
+    def __getnewargs__(self) -> tuple[int, int, bool]:  # type: ignore[override]
+        return (int(self), self.min, self.auto)
 
 
 def _replica_range(value: Any, handler: Any) -> ReplicaRange:
-    """An int, or "MIN-MAX" (each checked by the field's bounds); MIN above MAX is refused."""
+    """An int, "MIN-MAX" (each checked by the field's bounds; MIN above MAX is refused), or "auto"."""
     if isinstance(value, ReplicaRange):
         return value
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return ReplicaRange(1, auto=True)
     if isinstance(value, str) and "-" in value.strip().lstrip("-"):
         low, _, high = value.strip().partition("-")
         minimum, maximum = handler(low.strip()), handler(high.strip())
@@ -49,7 +76,20 @@ class ReplicaSettings(BaseModel):
         validate_default=True,
         description="Model replicas serving in parallel, each with its own cores, behind Ray Serve; "
         '1 (and no ray_address) serves in this process without Ray; "MIN-MAX" (e.g. "1-4") scales between '
-        "them with the queue (Ray Serve autoscaling).",
+        'them with the queue (Ray Serve autoscaling); "auto": as many copies as the topology lays on the cores '
+        "held (python -m neuron_app plan --best).",
+    )
+
+    topology_goal: Literal["throughput", "latency"] = Field(
+        "throughput",
+        description='What replicas = "auto" and tp_degree = "auto" maximise: the instance\'s images per second '
+        "(throughput), or the shortest time per image (latency).",
+    )
+
+    topology: dict[str, Any] | None = Field(
+        None,
+        description="The topology the front process chose (scale/topology.py), passed to its replicas and ranks; "
+        "set by the app, not by hand.",
     )
 
     autoscale_target_ongoing: float = Field(
@@ -88,9 +128,8 @@ class ReplicaSettings(BaseModel):
     cores_per_replica: int = Field(
         1,
         ge=1,
-        description="Cores each replica asks Ray for: NeuronCores (the neuron_cores resource) on Neuron, "
-        "GPUs on CUDA, CPUs (and torch threads) on CPU. On Neuron a replica asks for at least the cores its "
-        "placement holds (text-encoder-apart: 2).",
+        description="CPUs (and torch threads) each replica asks Ray for on CPU and neuron-emulated; GPUs on CUDA. "
+        "On Neuron a replica's cores are its topology block (TP x its placement's cores), not this setting.",
     )
 
     @property

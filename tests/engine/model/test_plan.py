@@ -136,7 +136,7 @@ def test_every_plan_row_names_a_placement_setting_the_app_accepts(runs: dict[str
             setting = row["placement"]["setting"]
             assert make_settings(placement=setting, tp_degree=row["tp"]).placement == setting
             view = row["instance_view"]
-            assert set(view) == {"instance_type", "cores", "replicas", "images_per_s_floor"}
+            assert set(view) == {"instance_type", "cores", "replicas", "tp", "images_per_s_floor"}
     nine = runs["9b"][("1024x1024", 1, "trn2")]
     assert nine["fits"] and nine["placement"]["setting"] == "text-encoder-apart"
     # trn2.48xlarge: 16 chips x 4 logical cores, 2 cores per copy: 32 copies, each at most one image per floor
@@ -145,8 +145,8 @@ def test_every_plan_row_names_a_placement_setting_the_app_accepts(runs: dict[str
     assert abs(view["images_per_s_floor"] - 32 / nine["floor_s_per_image"]) < 0.01
     four = runs["4b"][("1024x1024", 1, "trn2")]["instance_view"]
     assert four["instance_type"] == "trn2.3xlarge" and four["replicas"] == 4  # the family's default size
-    # A TP group runs on cores 0..N-1 (torchrun rank N takes core N): one group per instance, whatever is left
-    assert runs["4b"][("1024x1024", 2, "trn2")]["instance_view"]["replicas"] == 1
+    # Issue 56: a TP group is one copy on an aligned block (2k, 2k+1): a trn2.3xlarge's 4 cores hold 2 groups
+    assert runs["4b"][("1024x1024", 2, "trn2")]["instance_view"]["replicas"] == 2
 
 
 def test_an_edit_with_four_references_is_planned_as_the_tokens_it_attends_over(runs: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ so every row the plan prints is one the app can be told to serve (the fifth revi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,31 +128,51 @@ def _with_bank(inst: Instance, gib: float) -> Instance:
     return replace(inst, bank_gib=gib)
 
 
+def block_width(cores: int) -> int:
+    """The cores a copy's block spans: its cores rounded up to a power of two, so that every block starts at a
+    multiple of its width (pairs 2k..2k+1, quads 4k..4k+3): on one chip, the same core offsets on every chip (Trn2
+    collectives route only for such groups, docs/replicas.md)."""
+    width = 1
+    while width < cores:
+        width *= 2
+    return width
+
+
+def blocks(loads_gib: list[float], inst: Instance, cores: Sequence[int]) -> list[list[int]]:
+    """The disjoint copies of one placement among the `cores` held (core numbers): each on cores start..start+n-1
+    where start is a multiple of `block_width(n)`, inside one chip and the cores held, its banks fitting beside the
+    copies before it (at LNC=1 two neighbouring cores share a bank). Every core index of a topology comes from here."""
+    held = set(cores)
+    width = block_width(len(loads_gib))
+    found: list[list[int]] = []
+    used: dict[int, float] = {}  # bank -> GiB held
+    for start in range(0, max(held, default=-1) + 1, width):
+        block = list(range(start, start + len(loads_gib)))
+        if not held.issuperset(block) or start // inst.cores_per_chip != block[-1] // inst.cores_per_chip:
+            continue
+        if banks_fit(loads_gib, inst, start, used):
+            _take(loads_gib, inst, start, used)
+            found.append(block)
+    return found
+
+
 def instance_view(
     loads_gib: list[float], inst: Instance, floor_s: float, type_name: str | None, tp: int = 1
 ) -> dict[str, Any]:
-    """How many copies of this placement an EC2 instance holds (each on consecutive cores, a bank's neighbours
-    sharing it at LNC=1), and its floor in images per second (each copy serves one image at a time). A TP group
-    always runs on cores 0..N-1 (torchrun rank N takes core N), so an instance serves one group: copies at TP 1
-    are replicas (Ray Serve, one process each)."""
+    """How many copies of this placement an EC2 instance holds (`blocks`: aligned, disjoint, each on one chip; a TP
+    group is one copy on its block of `tp` cores, its own torchrun world), and its floor in images per second (each
+    copy serves one image at a time)."""
     from neuron_app.engine.model.real.catalog import instance_types
 
     if type_name is None:
         return {"instance_type": None, "replicas": None, "images_per_s_floor": None, "cores": None}
     _family, chips = instance_types()[type_name]
     total = chips * inst.cores_per_chip
-    replicas, core, used = 0, 0, {}  # bank -> GiB held
-    while core + len(loads_gib) <= total:
-        if banks_fit(loads_gib, inst, core, used):
-            _take(loads_gib, inst, core, used)
-            replicas += 1
-            core += len(loads_gib)
-        else:  # the next copy starts on the next bank
-            core = (core // inst.cores_per_bank + 1) * inst.cores_per_bank
-    replicas = min(replicas, 1) if tp > 1 else replicas
+    replicas = len(blocks(loads_gib, inst, range(total)))
     return {
         "instance_type": type_name,
         "cores": total,
         "replicas": replicas,
+        "tp": tp,
         "images_per_s_floor": round(replicas / floor_s, 3) if replicas and floor_s > 0 else 0.0,
     }

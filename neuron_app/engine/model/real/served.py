@@ -85,9 +85,43 @@ def run_plan(
     command += [word for shape in resolutions for word in ("--shape", shape)] + ["--placement", setting, "--json"]
     if hbm_gib is not None:
         command += ["--hbm-gib", f"{hbm_gib:g}"]
+    return json.loads(_child(command))
+
+
+def _child(command: list[str]) -> str:
+    """The plan's stdout, from a child whose torch does not autoload the Neuron backend: a planning process never
+    asks the runtime for the cores its parent may hold (the seventh review's V8); the plan needs no device."""
+    import os
+
     root = Path(__file__).resolve().parents[4]  # where `neuron_app` imports from, whatever the cwd
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=True, cwd=root)
-    return json.loads(done.stdout)
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=True, cwd=root, env=env)
+    return done.stdout
+
+
+def run_best(
+    model: str,
+    resolutions: list[str],
+    cores: list[int],
+    goal: str,
+    tp: int | None,
+    hbm_gib: float | None,
+    setting: str = "auto",
+    family: str = "trn2",
+) -> dict[str, Any]:
+    """`python -m neuron_app plan --best --json` for these cores, in a child (`_child`): the topology's fields."""
+    command = [sys.executable, "-m", "neuron_app", "plan", "--best", "--json", "--model", model, "--instance", family]
+    command += [word for shape in resolutions for word in ("--shape", shape)] + ["--placement", setting]
+    command += ["--cores", f"{cores[0]}-{cores[-1]}", "--goal", goal] + (["--tp", str(tp)] if tp else [])
+    if hbm_gib is not None:
+        command += ["--hbm-gib", f"{hbm_gib:g}"]
+    try:
+        return json.loads(_child(command))["topology"]
+    except subprocess.CalledProcessError as exc:  # a bad setting the plan refuses: its own line
+        lines = (exc.stderr or "").strip().splitlines()
+        from neuron_app.errors import SettingsError
+
+        raise SettingsError(f"the plan refused the topology: {lines[-1] if lines else exc}") from None
 
 
 def choose(model: str, resolutions: list[str], family: str, hbm_gib: float | None, most_cores: int) -> str:

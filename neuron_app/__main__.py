@@ -274,6 +274,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return main_args(args, _table)
 
 
+def cmd_topology(args: argparse.Namespace) -> int:
+    """The topology the app would serve with these settings on the cores this host holds (scale/topology.py):
+    scripts/launch-trn.sh exports it (NEURON_APP_TOPOLOGY) so that every torchrun rank reads the same one."""
+    import json
+
+    from neuron_app.engine.model.real.plan import topology_words
+    from neuron_app.scale.topology import settle
+    from neuron_app.settings import get_settings
+
+    chosen = settle(get_settings()).topology
+    print(json.dumps(chosen, separators=(",", ":")) if args.json else topology_words(chosen))
+    return EXIT_OK
+
+
 def cmd_serve(_args: argparse.Namespace) -> int:
     import app
 
@@ -353,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(plan)
     plan.set_defaults(func=cmd_plan)
+    topo = sub.add_parser("topology", help="the copies x TP x placement x cores the app would serve on this host")
+    topo.add_argument("--json", action="store_true", help="one line of JSON (NEURON_APP_TOPOLOGY's value)")
+    topo.set_defaults(func=cmd_topology)
     usage = sub.add_parser("usage", help="usage per API key per day (the usage table and the job store)")
     usage.add_argument("--days", type=int, default=0, metavar="N", help="the last N days only (default: all)")
     usage.add_argument("--json", action="store_true", help="machine-readable rows")

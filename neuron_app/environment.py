@@ -129,6 +129,14 @@ def parse_cores(text: str) -> tuple[int, int]:
     return unique[0], unique[-1]
 
 
+def _one_core(value: str) -> bool:
+    try:
+        first, last = parse_cores(value)
+    except ValueError:
+        return False
+    return first == last
+
+
 def _same_cores(value: str | None, cores: str) -> bool:
     """Two spellings of one reservation (`3,4,5,6` and `3-6`) are the same; an unparsable value is not."""
     try:
@@ -198,18 +206,19 @@ def prepare_process(settings: Any) -> list[EnvValue]:
         values += [set_unless_user(name, value) for name, value in FALLBACK_VARS.items()]
     cores = settings.visible_cores
     theirs = current(VISIBLE_CORES_VAR)
-    if launched_by_torchrun() and theirs.value is not None:
-        # TorchNeuron sets it per rank (to LOCAL_RANK) only when it is unset, and keeps a user's value for every
-        # rank: a range trips its one-device-per-rank assert, a single core puts every rank on that core.
+    if launched_by_torchrun() and theirs.value is not None and not _one_core(theirs.value):
+        # A rank holds exactly one core (TorchNeuron asserts it): its own, which the topology exports per rank
+        # (scale/topology.py rank_env); a range trips the one-device-per-rank assert.
         raise SettingsError(
-            f"{VISIBLE_CORES_VAR}={theirs.value} cannot be used under torchrun: TorchNeuron gives rank N core N "
-            f"(LOCAL_RANK), so a tensor-parallel group always takes cores 0..N-1; unset {VISIBLE_CORES_VAR}"
+            f"{VISIBLE_CORES_VAR}={theirs.value} cannot be used under torchrun: a rank holds exactly one NeuronCore "
+            f"(the app exports each rank's own from the topology); unset {VISIBLE_CORES_VAR} or name the cores "
+            "with NEURON_APP_VISIBLE_CORES"
         )
     if cores is not None:
-        if launched_by_torchrun():
+        if launched_by_torchrun() and not _one_core(cores):
             raise SettingsError(
-                f"visible_cores={cores} cannot be used under torchrun: TorchNeuron gives each rank one "
-                f"NeuronCore from LOCAL_RANK; unset NEURON_APP_VISIBLE_CORES (and {VISIBLE_CORES_VAR})"
+                f"visible_cores={cores} reached a torchrun rank: a rank holds exactly one NeuronCore, its own "
+                "core of the topology's block (scale/topology.py); this is the app's error, please report it"
             )
         if theirs.origin == "user" and not _same_cores(theirs.value, cores):
             raise SettingsError(

@@ -8,8 +8,9 @@
 #                 `python -m neuron_app precompile`; TP>1: the served ranks compile them at start, warmup=all)
 #   PRECOMPILE_RESOLUTIONS="1024x1024 768x1344"   only these shapes (default: every configured one)
 #
-#   NEURON_APP_VISIBLE_CORES=1-3  reserve only these NeuronCores (TP=1 only). With TP>1 any reservation is
-#                 refused: torchrun rank N gets core N from TorchNeuron, so a TP group always takes cores 0..TP-1
+#   NEURON_APP_VISIBLE_CORES=2-3  the NeuronCores this server lays its copy on. With TP>1 the group takes the
+#                 first aligned block of TP cores there, one core per rank (the topology: python -m neuron_app
+#                 topology); several TP groups per instance are replicas (NEURON_APP_REPLICAS, docs/replicas.md)
 #
 # Needs the TorchNeuron stack (Neuron SDK 2.34 or 2.33, torch-neuronx==2.13.* with torch==2.13.0, Python 3.12+):
 # the Docker image, a Neuron DLAMI's TorchNeuron environment, or scripts/install-neuron.sh. It is checked
@@ -33,11 +34,10 @@ if ! [[ "$TP" =~ ^[1-9][0-9]*$ ]]; then
     echo "error: TP must be a positive whole number, got '$TP'" >&2
     exit 2
 fi
-if ((TP > 1)) && [[ -n "${NEURON_RT_VISIBLE_CORES:-}${NEURON_APP_VISIBLE_CORES:-}" ]]; then
+if ((TP > 1)) && [[ -n "${NEURON_RT_VISIBLE_CORES:-}" ]]; then
     # TorchNeuron keeps a user's NEURON_RT_VISIBLE_CORES for every rank (a range trips its one-core-per-rank
-    # assert, one core puts every rank on it); the app refuses it too, but only after torchrun has started.
-    echo "error: TP=$TP uses NeuronCores 0..$((TP - 1)) (torchrun rank N gets core N): unset" \
-        "NEURON_RT_VISIBLE_CORES and NEURON_APP_VISIBLE_CORES" >&2
+    # assert); the app exports each rank's own core from the topology instead.
+    echo "error: TP=$TP: unset NEURON_RT_VISIBLE_CORES; name the cores with NEURON_APP_VISIBLE_CORES" >&2
     exit 2
 fi
 if [[ "$NEURON_APP_DEVICE" == neuron ]] && ! python -m neuron_app doctor --stack >&2; then
@@ -67,6 +67,10 @@ if [[ "$PRECOMPILE" == 1 ]]; then
 fi
 
 if ((TP > 1)); then
-    exec torchrun --nproc_per_node="$TP" app.py
+    # The topology, chosen once here (refused in one line when it does not fit the cores held): every rank reads
+    # it and takes its own core of the group's block, before torch touches the device.
+    NEURON_APP_TOPOLOGY="$(NEURON_APP_TP_DEGREE="$TP" python -m neuron_app topology --json)" || exit 2
+    export NEURON_APP_TOPOLOGY
+    exec torchrun --nproc_per_node="$TP" --master-port="${MASTER_PORT:-29500}" app.py
 fi
 exec python app.py

@@ -440,6 +440,7 @@ def start_group(settings: Settings, block: list[int]) -> tuple[Any, Lockstep, li
 
     world = len(block)
     topology.apply_rank_env(block, 0)  # before torch: this process is rank 0, on the block's first core
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # a group lives on one host: its control group on loopback
     settings = settings.model_copy(update={"visible_cores": str(block[0])})
     from neuron_app.environment import prepare_process
 

@@ -58,10 +58,14 @@ def prepare_replica_environment(settings: Settings) -> None:
 def replica_cores(settings: Settings) -> int:
     """The cores one replica reserves (Ray's `neuron_cores`, GPUs): its topology block, whole (a TP group's other
     ranks are this replica's children, so one actor's reservation covers the group, on one node)."""
+    from neuron_app.engine.model.real.layout import layout
     from neuron_app.scale.topology import of
 
     found = of(settings)
-    return len(found.core_blocks[0]) if found is not None and found.core_blocks else max(1, settings.tp_degree)
+    if found is not None and found.core_blocks:
+        return len(found.core_blocks[0])
+    placement = found.placement if found is not None else settings.placement  # CUDA: no core numbers, its GPUs
+    return settings.tp_degree if settings.tp_degree > 1 or placement == "auto" else layout(placement).cores
 
 
 def take_block(settings: Settings) -> tuple[list[int], Any] | None:

@@ -133,10 +133,18 @@ def test_tp_serves_together_only(make_settings: Any) -> None:
 
 
 def test_a_replica_asks_ray_for_the_cores_its_placement_holds(make_settings: Any) -> None:
-    from neuron_app.scale.serve_app import actor_options
+    """Issue 56: a replica's Ray resources cover its topology block (the placement's cores, or its TP group's),
+    with Ray's own core IDs turned off (the replica exports its block); `cores_per_replica` is CPUs only."""
+    from neuron_app.scale.serve_app import NOSET_CORES_VAR, actor_options
+    from neuron_app.scale.topology import settle
+
+    def options(**overrides: Any) -> dict[str, Any]:
+        return actor_options(settle(make_settings(visible_cores="0-3", **overrides)))
 
     for placement, cores in [("together", 1), ("text-encoder-apart", 2), ("text-encoder-and-vae-apart", 3)]:
-        options = actor_options(make_settings(device="neuron", placement=placement))
-        assert options["resources"] == {"neuron_cores": cores}, placement
-        assert actor_options(make_settings(device="cuda", placement=placement))["num_gpus"] == cores, placement
-    assert actor_options(make_settings(device="neuron", cores_per_replica=4))["resources"] == {"neuron_cores": 4}
+        neuron = options(device="neuron", placement=placement)
+        assert neuron["resources"] == {"neuron_cores": cores}, placement
+        assert neuron["runtime_env"] == {"env_vars": {NOSET_CORES_VAR: "1"}}
+        assert options(device="cuda", placement=placement)["num_gpus"] == cores, placement
+    assert options(device="neuron", cores_per_replica=4)["resources"] == {"neuron_cores": 1}
+    assert options(device="neuron", tp_degree=2, replicas=2)["resources"] == {"neuron_cores": 2}

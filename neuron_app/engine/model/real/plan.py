@@ -365,11 +365,12 @@ def table(rows: list[dict[str, Any]]) -> list[list[Any]]:
 def topology_words(t: dict[str, Any]) -> str:
     """A topology in one line: "32 copies of TP 2 (together) on cores [0, 1], [2, 3], ...: 31.9 images/s ..." """
     shown = ", ".join(str(b) for b in t["core_blocks"][:4]) + (", ..." if len(t["core_blocks"]) > 4 else "")
-    floor = f"{t['floor_s_per_image']:.3f} s per image" if t["floor_s_per_image"] else "no floor"
+    floor = f"{t['floor_s_per_image']:.3f} s per image" if t["floor_s_per_image"] else "no floor planned"
+    rate = f"{t['images_per_s_floor']:g} images/s floor, " if t["images_per_s_floor"] is not None else ""
     copies = f"{t['copies']} cop{'y' if t['copies'] == 1 else 'ies'}"
     return (
         f"{copies} of TP {t['tp']} ({t['placement']}) on cores {shown or '(none)'}: "
-        f"{t['images_per_s_floor']:g} images/s floor, {floor}; {t['why']}"
+        f"{rate}{floor}; {t['why']}"
     )
 
 

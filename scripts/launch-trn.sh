@@ -2,8 +2,10 @@
 # Start the FLUX.2-klein app on a Trainium instance: on a Neuron DLAMI (no Docker) or as the
 # Docker image's command. Settings are NEURON_APP_* variables (see settings.toml); this script adds:
 #
-#   TP=N          tensor-parallel degree: N > 1 starts `torchrun --nproc_per_node=N app.py`, one rank per
-#                 NeuronCore (N must divide the transformer's 24 heads: 2, 4, 6, 8); default 1 = `python app.py`
+#   TP=N|auto     tensor-parallel degree: one group (NEURON_APP_REPLICAS=1) of N > 1 starts
+#                 `torchrun --nproc_per_node=N app.py`, one rank per NeuronCore (N must divide the transformer's
+#                 heads); several copies (NEURON_APP_REPLICAS > 1 or auto) start `python app.py`, whose Ray Serve
+#                 replicas are the groups; auto: the plan's (python -m neuron_app topology); default 1
 #   PRECOMPILE=1  compile the configured shapes into the cache folder before serving (TP=1:
 #                 `python -m neuron_app precompile`; TP>1: the served ranks compile them at start, warmup=all)
 #   PRECOMPILE_RESOLUTIONS="1024x1024 768x1344"   only these shapes (default: every configured one)
@@ -30,8 +32,8 @@ export NEURON_APP_SERVER_PORT="${NEURON_APP_SERVER_PORT:-7860}"
 export GRADIO_ANALYTICS_ENABLED="${GRADIO_ANALYTICS_ENABLED:-False}"
 mkdir -p "$NEURON_APP_CACHE_DIR"
 
-if ! [[ "$TP" =~ ^[1-9][0-9]*$ ]]; then
-    echo "error: TP must be a positive whole number, got '$TP'" >&2
+if ! [[ "$TP" =~ ^([1-9][0-9]*|auto)$ ]]; then
+    echo "error: TP must be a positive whole number or auto, got '$TP'" >&2
     exit 2
 fi
 if ((TP > 1)) && [[ -n "${NEURON_RT_VISIBLE_CORES:-}" ]]; then
@@ -44,6 +46,16 @@ if [[ "$NEURON_APP_DEVICE" == neuron ]] && ! python -m neuron_app doctor --stack
     echo "error: the TorchNeuron stack is not ready in $(command -v python) (see the doctor's lines above):" \
         "use the Docker image, a Neuron DLAMI's TorchNeuron environment or scripts/install-neuron.sh" >&2
     exit 2
+fi
+
+# The topology (copies x TP x placement on aligned core blocks), chosen once here and exported: the app, its
+# replicas and every torchrun rank read it; one that does not fit the cores held stops here, in one line.
+NEURON_APP_TOPOLOGY="$(NEURON_APP_TP_DEGREE="$TP" python -m neuron_app topology --json)" || exit 2
+export NEURON_APP_TOPOLOGY
+read -r TP COPIES < <(python -c 'import json, os; t = json.loads(os.environ["NEURON_APP_TOPOLOGY"]); print(t["tp"], t["copies"])')
+GROUP=0 # one TP group without Ray: torchrun
+if ((TP > 1 && COPIES == 1)) && [[ -z "${NEURON_APP_RAY_ADDRESS:-}" ]]; then
+    GROUP=1
 fi
 
 if [[ "$PRECOMPILE" == 1 ]]; then
@@ -66,11 +78,9 @@ if [[ "$PRECOMPILE" == 1 ]]; then
     fi
 fi
 
-if ((TP > 1)); then
-    # The topology, chosen once here (refused in one line when it does not fit the cores held): every rank reads
-    # it and takes its own core of the group's block, before torch touches the device.
-    NEURON_APP_TOPOLOGY="$(NEURON_APP_TP_DEGREE="$TP" python -m neuron_app topology --json)" || exit 2
-    export NEURON_APP_TOPOLOGY
+if ((GROUP)); then
+    # Every rank reads the exported topology and takes its own core of the group's block before torch touches
+    # the device; the group's rendezvous port is MASTER_PORT (set one per group when several run on a host).
     exec torchrun --nproc_per_node="$TP" --master-port="${MASTER_PORT:-29500}" app.py
 fi
 exec python app.py

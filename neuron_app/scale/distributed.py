@@ -486,7 +486,11 @@ def follow_group(settings: Settings) -> int:
     from neuron_app.environment import prepare_process
 
     prepare_process(settings)
-    manager, lockstep = join_group(settings, info)
+    import torch.distributed as dist
+
+    # A client of rank 0's own store (not env://, which would prefix its keys "default_pg" where rank 0's do not).
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size, is_master=False)
+    manager, lockstep = join_group(settings, info, store=store)
     try:
         return follow(manager, lockstep)
     finally:

@@ -201,16 +201,16 @@ def _family() -> str:
 
 
 def settle(settings: Any) -> Any:
-    """The settings every later part reads: the topology chosen (once: a chosen one is kept), `replicas`,
-    `tp_degree` and, for `placement = "auto"`, its placement written from it."""
-    if settings.topology is not None:
-        return settings
-    found = choose(settings)
+    """The settings every later part reads: the topology (chosen here once; one already chosen, by the launcher or
+    the front process, is kept), with `tp_degree` and an "auto" `replicas` written from it."""
+    found = of(settings) or choose(settings)
     update: dict[str, Any] = {"topology": found.view(), "tp_degree": found.tp}
     if _is_auto(settings.replicas):
         from neuron_app.settings import ReplicaRange
 
         update["replicas"] = ReplicaRange(found.copies)
+    if settings.topology == update["topology"] and settings.tp_degree == found.tp and "replicas" not in update:
+        return settings
     return settings.model_copy(update=update)
 
 

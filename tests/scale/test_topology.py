@@ -120,6 +120,7 @@ def groups(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Any
     from neuron_app.scale import make_manager
 
     root = tmp_path_factory.mktemp("topology")
+    before = os.environ.get("NEURON_EMULATOR_CORES_DIR")
     os.environ["NEURON_EMULATOR_CORES_DIR"] = str(root / "cores")  # a machine of its own (4 cores, trn2.3xlarge)
     cache = link_models(root / "cache", shared_models)
     shape = {"resolutions": ["64x64"], "default_resolution": "64x64", "cache_dir": cache}
@@ -128,7 +129,8 @@ def groups(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Any
         yield manager
     finally:
         manager.close()
-        os.environ.pop("NEURON_EMULATOR_CORES_DIR", None)
+        if before is not None:
+            os.environ["NEURON_EMULATOR_CORES_DIR"] = before
 
 
 @pytest.mark.slow

@@ -368,10 +368,7 @@ def topology_words(t: dict[str, Any]) -> str:
     floor = f"{t['floor_s_per_image']:.3f} s per image" if t["floor_s_per_image"] else "no floor planned"
     rate = f"{t['images_per_s_floor']:g} images/s floor, " if t["images_per_s_floor"] is not None else ""
     copies = f"{t['copies']} cop{'y' if t['copies'] == 1 else 'ies'}"
-    return (
-        f"{copies} of TP {t['tp']} ({t['placement']}) on cores {shown or '(none)'}: "
-        f"{rate}{floor}; {t['why']}"
-    )
+    return f"{copies} of TP {t['tp']} ({t['placement']}) on cores {shown or '(none)'}: {rate}{floor}; {t['why']}"
 
 
 def _cores(count: int) -> str:

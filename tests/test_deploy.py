@@ -302,13 +302,21 @@ def test_image_runs_its_command_as_the_main_process() -> None:
     [
         ({"TP": "two"}, "TP must be a positive whole number"),
         ({"NEURON_APP_DEVICE": "neuron"}, "the TorchNeuron stack is not ready"),
-        ({"TP": "2", "NEURON_RT_VISIBLE_CORES": "4-5"}, "TP=2 uses NeuronCores 0..1"),
-        ({"TP": "4", "NEURON_APP_VISIBLE_CORES": "0"}, "unset NEURON_RT_VISIBLE_CORES and NEURON_APP_VISIBLE_CORES"),
+        ({"TP": "2", "NEURON_RT_VISIBLE_CORES": "4-5"}, "TP=2: unset NEURON_RT_VISIBLE_CORES"),
+        (
+            {
+                "TP": "4",
+                "NEURON_APP_VISIBLE_CORES": "0",
+                "NEURON_APP_DEVICE": "neuron-emulated",
+                "NEURON_APP_MODEL": "tiny-shapes",
+            },
+            "topology: 1 copy of TP 4 (together) needs 4 NeuronCores (1 aligned block(s) of 4), but this host holds 1",
+        ),
     ],
 )
 def test_launch_script_refuses_before_starting(tmp_path: Path, env: dict[str, str], message: str) -> None:
-    """A bad TP, a core reservation under TP or a missing Neuron SDK stops the script with exit code 2 and a
-    clear line."""
+    """A bad TP, a runtime core list under TP, a topology that does not fit the cores held (issue 56) or a missing
+    Neuron SDK stops the script with exit code 2 and a clear line."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "NEURON_RT_"))}
     base["NEURON_APP_CACHE_DIR"] = str(tmp_path / "cache")
     result = subprocess.run(

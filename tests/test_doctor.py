@@ -244,7 +244,7 @@ def test_the_doctor_says_problem_when_the_placement_needs_more_cores_than_held(m
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0")
     one = check_plan(load_settings(**nine))
     assert one.verdict == "problem" and "of TP 1 (text-encoder-apart) needs 2 NeuronCores" in one.found, one
-    assert "this host holds 1 (cores 0-0)" in one.found and "NEURON_RT_VISIBLE_CORES=0-1" in one.found
+    assert "this host holds 1 (cores 0-0)" in one.found and "NEURON_APP_VISIBLE_CORES=0-1" in one.found
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-1")
     two = check_plan(load_settings(**nine))
     assert two.verdict == "ok" and "1 copy of TP 1 (text-encoder-apart) on cores [0, 1]" in two.found, two

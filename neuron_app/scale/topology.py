@@ -154,7 +154,7 @@ def refusal(settings: Any, found: Topology, cores: list[int], wanted: int) -> st
     width = found.cores_per_copy or found.tp
     need = copies * width
     span = f"{len(cores)} (cores {cores[0]}-{cores[-1]})" if cores else "none"
-    give = f"NEURON_RT_VISIBLE_CORES=0-{need - 1}" if need > 1 else "one core"
+    give = f"NEURON_APP_VISIBLE_CORES=0-{need - 1}" if need > 1 else "one core"
     what = f"{copies} cop{'y' if copies == 1 else 'ies'} of TP {found.tp} ({found.placement})"
     return (
         f"topology: {what} need{'s' if copies == 1 else ''} {need} NeuronCores ({copies} aligned block(s) of "

@@ -18,7 +18,6 @@ shard (no accelerator), so every rank runs the whole pipeline and only the proto
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -498,8 +497,15 @@ def follow_group(settings: Settings) -> int:
 
 
 def _die_with_parent() -> None:
-    """Linux: the kernel kills this rank when its replica dies (a killed group leaves no rank holding a core)."""
-    import ctypes
+    """This rank exits as soon as its replica (rank 0, its parent) is gone, so a killed group leaves no rank holding
+    a core: a watcher sees the parent change (the orphan is re-parented). Not PR_SET_PDEATHSIG, which fires when
+    the parent's *thread* that started us ends (the replica starts its group on a worker thread)."""
+    parent = os.getppid()
 
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        log.error("rank %s: its replica (pid %d) is gone; exiting", os.environ.get("RANK", "?"), parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

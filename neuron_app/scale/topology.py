@@ -138,9 +138,10 @@ def choose(settings: Any, cores: list[int] | None = None, *, in_process: bool = 
         why = f"{settings.model}: not a model the plan knows; {placement} at TP {tp} on aligned blocks of {width}"
         found = Topology(tp, placement, len(laid), laid, None, None, goal, why, len(cores), width)
     wanted = found.copies if copies_auto else settings.replicas_max
-    if wanted < 1 or wanted > found.copies:
+    cluster = bool(settings.ray_address) and found.copies > 0  # every node has these blocks: Ray spreads the copies
+    if wanted < 1 or (wanted > found.copies and not cluster):
         raise SettingsError(refusal(settings, found, cores, wanted))
-    laid = found.core_blocks[:wanted]
+    laid = found.core_blocks if cluster else found.core_blocks[:wanted]  # a replica takes a free block of its node
     rate = round(wanted / found.floor_s_per_image, 3) if found.floor_s_per_image else None
     floor = found.floor_s_per_image
     return Topology(

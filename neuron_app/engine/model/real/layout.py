@@ -165,7 +165,7 @@ def instance_view(
     from neuron_app.engine.model.real.catalog import instance_types
 
     if type_name is None:
-        return {"instance_type": None, "replicas": None, "images_per_s_floor": None, "cores": None}
+        return {"instance_type": None, "replicas": None, "tp": tp, "images_per_s_floor": None, "cores": None}
     _family, chips = instance_types()[type_name]
     total = chips * inst.cores_per_chip
     replicas = len(blocks(loads_gib, inst, range(total)))

@@ -18,11 +18,22 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [headers, *[[("" if c is None else str(c)) for c in row] for row in rows]]
+    """Columns padded to their widest cell; every cell through `escape_cell` (a control character in a booked
+    `user` would act on the operator's terminal: row 23)."""
+    from neuron_app.errors import escape_cell
+
+    cells = [headers, *[[("" if c is None else escape_cell(str(c))) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _user_cell(user: str | None) -> str:
+    """An end user in quotes (so `-` or `(none)` sent as a user is told from no user at all), or NO_USER."""
+    from neuron_app.web.jobs.usage_book import NO_USER
+
+    return NO_USER if user is None else f'"{user}"'
 
 
 def _manager(cores: str | None = None) -> Any:
@@ -251,7 +262,8 @@ def cmd_usage(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(found, indent=2))
         else:
-            print(_table(list(found[0]), [list(r.values()) for r in found]) if found else "no images recorded yet")
+            cells = [[_user_cell(v) if k == "user" else v for k, v in r.items()] for r in found]
+            print(_table(list(found[0]), cells) if found else "no images recorded yet")
         return EXIT_OK
     rows = usage_table(get_settings().state_folder, since)
     if args.json:

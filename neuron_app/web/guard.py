@@ -29,6 +29,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
 from neuron_app.errors import AppError
 from neuron_app.settings import Settings
 from neuron_app.web.bodies import CLOSE_KEY, BodyRules, Watch, answer, declared_length, header
@@ -122,10 +124,10 @@ class Guard:
             self.places[id(watch)] = watch
         try:
             await self.app(scope, watch.receive, watch.send)
-        except Exception:
-            if not watch.cut:
+        except Exception as exc:
+            if not (watch.cut or isinstance(exc, ClientDisconnect)):
                 raise
-            log.debug("a request cut at the door ended with an error", exc_info=True)  # it was told the client left
+            log.debug("a request cut at the door, or left, ended with an error", exc_info=True)  # told the client left
         finally:
             watch.close()
             self.release(watch)
@@ -176,7 +178,8 @@ class Guard:
     def displace_slowest(self) -> bool:
         """At the cap: the slowest request for its size (bytes per second so far) that is blocked on its client,
         below DISPLACE_BELOW_BPS, is cut (a body still arriving gets a 408, an unread answer its connection
-        closed), and a new one takes its place. Ties go to the address with the most requests in progress."""
+        closed), and a new one takes its place: one younger than RATE_GRACE_S only when no older one is left, and
+        the address with the most requests in progress first (a flood's, not the one upload of a user)."""
         now = asyncio.get_running_loop().time()
         best, best_key = None, None
         for watch in self.places.values():
@@ -185,7 +188,7 @@ class Guard:
             rate = watch.rate(now, RATE_GRACE_S)
             if rate >= DISPLACE_BELOW_BPS:
                 continue
-            key = (now - watch.began < RATE_GRACE_S, rate, -self.by_address[watch.address], watch.began)
+            key = (now - watch.began < RATE_GRACE_S, -self.by_address[watch.address], rate, watch.began)
             if best_key is None or key < best_key:
                 best, best_key = watch, key
         if best is None:
@@ -277,6 +280,16 @@ def header_deadline(
             super().handle_events()
             if self.cycle is not before and self.cycle is not None:
                 self.cycle.scope[CLOSE_KEY] = self._close_now
+
+        def send_400_response(self, msg: str) -> None:  # h11 only: its own refusal (16 KiB of trailers among them)
+            cycle = self.cycle
+            if cycle is not None and cycle.response_started:
+                self._close_now()  # an answer already begun cannot be followed by a 400 (h11 raised)
+                return
+            if cycle is not None:  # its app sees the client leave; what it sends is dropped
+                cycle.disconnected = True
+                cycle.message_event.set()
+            super().send_400_response(msg)
 
         def data_received(self, data: bytes) -> None:
             if self._discarding or self._drained is not None:

@@ -9,13 +9,21 @@ nothing since: about 1,000 such sockets from one client made every request a 503
   turned off;
 - `Guard` (the outermost ASGI middleware) caps the requests in progress, that is connections whose headers
   are read: `max_connections` in all and `max_connections_per_address` per client address. Beyond either,
-  a 503 with Retry-After at once. `/healthz` is answered before both caps, whatever the load;
+  a 503 with Retry-After at once. `/healthz` and `/readyz` are answered before both caps, whatever the load;
 - every request body, on every route the server answers, meets one policy as its bytes arrive (web/bodies.py):
   a deadline for the whole body (`body_timeout_s`, then 408 and the connection closed), the route's size cap
   (`BodyRules`; a route the table does not know gets the smallest, 413) and a cap on the body bytes one address
   has in flight (`address_body_mb`, 429 before a byte is read when the body declares its length). At
-  `max_connections`, a new request takes the place of the oldest one still waiting for its body (which gets its
-  408) instead of a 503: slow bodies cannot starve requests that have theirs.
+  `max_connections`, a new request takes the place of the slowest one for its size that is blocked on its client
+  (a body still arriving gets its 408, an unread answer its connection closed) instead of a 503: slow bodies
+  cannot starve requests that have theirs, and an upload that makes progress is never cut (issue 57, row 33);
+- a place is held until the answer ends (issue 57, row 34): an answer the client does not read for
+  `send_timeout_s` closes its connection (the protocol's write pause), and long-lived answers (event streams:
+  Gradio's heartbeat and queue data, MCP, `stream=true`) are counted apart, `max_streams` in all and
+  `max_streams_per_address` per address, the oldest ended at the cap: they never take a request's place. With page
+  auth on, Gradio's heartbeat asks for the login here (Gradio asks none). `/readyz` is answered before the caps too;
+- a chunked body's trailer fields count against `max_header_kb` (row 35) and are dropped; the rest of a body left
+  unread after an early answer is drained for at most `header_timeout_s` and DRAIN_BYTES.
 
 The address is uvicorn's (X-Forwarded-For only from FORWARDED_ALLOW_IPS), as for every other per-address limit.
 """

@@ -95,7 +95,8 @@ class InterfaceSettings(BaseModel):
     max_connections: int = Field(
         1000,
         ge=8,
-        description="Requests in progress (headers read) the server takes at once; beyond it, 503 (/healthz excepted).",
+        description="Requests in progress (headers read, until their answer ends) the server takes at once; beyond "
+        "it, 503 (/healthz and /readyz excepted).",
     )
 
     max_connections_per_address: int = Field(
@@ -194,8 +195,8 @@ class InterfaceSettings(BaseModel):
     webhook_hosts: list[str] = Field(
         [],
         description="Hosts an asynchronous job's webhook_url may name (host names, IP addresses or networks such as "
-        "10.0.0.0/8); empty: webhook_url is refused. Private and loopback addresses must be listed; link-local "
-        "ones (169.254.169.254) never pass.",
+        "10.0.0.0/8, at most a /8; IPv6 a /32); empty: webhook_url is refused. Private and loopback addresses must "
+        "be listed; link-local ones and the clouds' metadata services (169.254.169.254, 100.100.100.200) never pass.",
     )
 
     webhook_secret: SecretStr | None = Field(

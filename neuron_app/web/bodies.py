@@ -176,13 +176,18 @@ class Watch:
     async def receive(self) -> MutableMapping[str, Any]:
         if self.cut:
             return DISCONNECT
-        if self.done:  # the app waits here for the client to leave (a stream): or for the Guard to end it
+        if self.done:  # the app waits here for the client to leave (a stream), or for the Guard to end it
+            if self.wake.done():
+                return DISCONNECT
+            if self.close_connection is not None:
+                return await self.inner()  # the Guard ends it by closing the connection: the client left
             inner = asyncio.ensure_future(self.inner())
-            await asyncio.wait((inner, self.wake), return_when=asyncio.FIRST_COMPLETED)
-            if inner.done():
-                return inner.result()
-            inner.cancel()
-            return DISCONNECT
+            try:
+                await asyncio.wait((inner, self.wake), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not inner.done():
+                    inner.cancel()  # also when this wait was cancelled (Starlette's is_disconnected)
+            return inner.result() if inner.done() and not inner.cancelled() else DISCONNECT
         self.blocked = True
         try:
             message = await self.next_message()

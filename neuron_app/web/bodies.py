@@ -161,6 +161,7 @@ class Watch:
         self.done = not has_body(scope)
         self.blocked = False  # waiting for the client's next bytes: what the Guard may cut at its cap
         self.writing = False  # waiting for the client to read what was sent: the same
+        self.write_since = 0.0  # when the send it waits in began
         self.sent = 0  # bytes of the response handed to the connection
         self.cut = False
         self.started = False
@@ -254,7 +255,7 @@ class Watch:
             kind = next((v for k, v in message.get("headers", []) if k.lower() == b"content-type"), b"")
             if EVENT_STREAM in kind.lower() and not self.stream:
                 self.guard.to_stream(self)
-        self.writing = True
+        self.writing, self.write_since = True, asyncio.get_running_loop().time()
         try:
             await self.raw_send(message)
         finally:

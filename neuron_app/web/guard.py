@@ -184,17 +184,23 @@ class Guard:
             self.open_stream(watch)
 
     def displace_slowest(self) -> bool:
-        """At the cap: the slowest request for its size (bytes per second so far) that is blocked on its client,
-        below DISPLACE_BELOW_BPS, is cut (a body still arriving gets a 408, an unread answer its connection
-        closed), and a new one takes its place: one younger than RATE_GRACE_S only when no older one is left, and
+        """At the cap: the slowest request for its size that is blocked on its client (a body arriving below
+        DISPLACE_BELOW_BPS since its headers, or an answer whose send has waited RATE_GRACE_S for the client to read)
+        is cut (a body still arriving gets a 408, an unread answer its connection closed), and a new one takes its
+        place: one younger than RATE_GRACE_S only when no older one is left, and
         the address with the most requests in progress first (a flood's, not the one upload of a user)."""
         now = asyncio.get_running_loop().time()
         best, best_key = None, None
         for watch in self.places.values():
-            if not ((watch.blocked and not watch.done) or watch.writing):
-                continue
-            rate = watch.rate(now, RATE_GRACE_S)
-            if rate >= DISPLACE_BELOW_BPS:
+            if watch.writing:  # the kernel's buffers took megabytes at once: a send blocked this long is a stall
+                if now - watch.write_since < RATE_GRACE_S:
+                    continue
+                rate = 0.0
+            elif watch.blocked and not watch.done:
+                rate = watch.rate(now, RATE_GRACE_S)
+                if rate >= DISPLACE_BELOW_BPS:
+                    continue
+            else:
                 continue
             key = (now - watch.began < RATE_GRACE_S, -self.by_address[watch.address], rate, watch.began)
             if best_key is None or key < best_key:

@@ -27,7 +27,7 @@ from tests.support import wait_for
 
 CAP, PER_ADDRESS = 40, 8
 STREAMS, STREAMS_PER_ADDRESS = 24, 6
-SEND_S = 3.0  # the write deadline, small so that a test sees it pass
+SEND_S = 15.0  # the write deadline: small, for a test to see it pass; past RATE_GRACE_S, to see a displacement first
 BACKSTOP_S = 120.0
 MB = 1 << 20
 
@@ -152,6 +152,35 @@ def test_an_answer_the_client_does_not_read_is_closed_at_the_write_deadline(app:
     finally:
         for sock in readers:
             sock.close()
+
+
+def test_slow_readers_at_the_cap_are_displaced_for_a_new_request(app: Any) -> None:
+    """Row 34's slow readers, at the cap: 5 addresses x 8 readers of the 4.6 MB asset that read nothing hold every
+    place; a sixth address is answered before the write deadline, taking the place of a stalled reader (its
+    connection closed), not refused."""
+    from neuron_app.web.guard import RATE_GRACE_S
+
+    guard, (path, _size) = guard_of(app), largest_asset()
+    readers = [connect(app.settings.server_port, f"127.0.0.{130 + i % 5}", rcvbuf=4096) for i in range(CAP)]
+    try:
+        for sock in readers:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * 3)
+
+        def stalled() -> bool:
+            now = time.monotonic()  # the server loop's clock (asyncio's and uvloop's are the monotonic one)
+            return guard.in_progress == CAP and all(
+                w.writing and now - w.write_since >= RATE_GRACE_S for w in guard.places.values()
+            )
+
+        wait_for(stalled, BACKSTOP_S, "every place held by a stalled reader")
+        evicted = guard.evicted
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.136"), timeout=BACKSTOP_S) as sixth:
+            assert sixth.get(app.url + "v1/models").status_code == 200
+        assert guard.evicted == evicted + 1
+    finally:
+        for sock in readers:
+            sock.close()
+    wait_for(lambda: not guard.places, BACKSTOP_S, "the readers' places given back")
 
 
 class SlowBodies:

@@ -18,8 +18,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    """Columns padded to their widest cell; every cell through `escape_cell` (a control character in a booked
-    `user` would act on the operator's terminal: row 23)."""
+    """Columns padded; every cell escaped (a booked `user`'s control characters would act on the terminal)."""
     from neuron_app.errors import escape_cell
 
     cells = [headers, *[[("" if c is None else escape_cell(str(c))) for c in row] for row in rows]]
@@ -27,13 +26,6 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def _user_cell(user: str | None) -> str:
-    """An end user in quotes (so `-` or `(none)` sent as a user is told from no user at all), or NO_USER."""
-    from neuron_app.web.jobs.usage_book import NO_USER
-
-    return NO_USER if user is None else f'"{user}"'
 
 
 def _manager(cores: str | None = None) -> Any:
@@ -254,7 +246,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
 def cmd_usage(args: argparse.Namespace) -> int:
     """Usage per API key per day, from the usage table and the job store in the cache folder (no server)."""
     from neuron_app.settings import get_settings
-    from neuron_app.web.jobs.usage_book import MEASURES, today, usage_table, users_table
+    from neuron_app.web.jobs.usage_book import MEASURES, NO_USER, today, usage_table, users_table
 
     since = today(time.time() - 86400 * (args.days - 1)) if args.days else None
     if args.users:  # per end user (OpenAI's `user` / `safety_identifier`), from each image's row
@@ -262,7 +254,8 @@ def cmd_usage(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(found, indent=2))
         else:
-            cells = [[_user_cell(v) if k == "user" else v for k, v in r.items()] for r in found]
+            quoted = [r | {"user": NO_USER if r["user"] is None else f'"{r["user"]}"'} for r in found]  # not "-"
+            cells = [list(r.values()) for r in quoted]
             print(_table(list(found[0]), cells) if found else "no images recorded yet")
         return EXIT_OK
     rows = usage_table(get_settings().state_folder, since)

@@ -1,29 +1,18 @@
-"""Slow clients cannot take the server's connections (issue 45, H1), nor its memory and disk through bodies (issue 52).
+"""Slow clients cannot take the server's places (issues 45, 52, 57), nor its memory and disk through bodies.
 
-uvicorn's `limit_concurrency` counts every open connection, including one that has sent half a request and
-nothing since: about 1,000 such sockets from one client made every request a 503, `/healthz` included. Here:
-
-- `header_deadline` gives uvicorn's protocol (httptools, or h11 when httptools is missing) a deadline for a
-  request's headers (`header_timeout_s`, from the connection's opening or from the first byte of its next request)
-  and a cap on their bytes (`max_header_kb`, else a 431): either way the connection is closed. uvicorn's own cap is
-  turned off;
-- `Guard` (the outermost ASGI middleware) caps the requests in progress, that is connections whose headers
-  are read: `max_connections` in all and `max_connections_per_address` per client address. Beyond either,
-  a 503 with Retry-After at once. `/healthz` and `/readyz` are answered before both caps, whatever the load;
-- every request body, on every route the server answers, meets one policy as its bytes arrive (web/bodies.py):
-  a deadline for the whole body (`body_timeout_s`, then 408 and the connection closed), the route's size cap
-  (`BodyRules`; a route the table does not know gets the smallest, 413) and a cap on the body bytes one address
-  has in flight (`address_body_mb`, 429 before a byte is read when the body declares its length). At
-  `max_connections`, a new request takes the place of the slowest one for its size that is blocked on its client
-  (a body still arriving gets its 408, an unread answer its connection closed) instead of a 503: slow bodies
-  cannot starve requests that have theirs, and an upload that makes progress is never cut (issue 57, row 33);
-- a place is held until the answer ends (issue 57, row 34): an answer the client does not read for
-  `send_timeout_s` closes its connection (the protocol's write pause), and long-lived answers (event streams:
-  Gradio's heartbeat and queue data, MCP, `stream=true`) are counted apart, `max_streams` in all and
-  `max_streams_per_address` per address, the oldest ended at the cap: they never take a request's place. With page
-  auth on, Gradio's heartbeat asks for the login here (Gradio asks none). `/readyz` is answered before the caps too;
-- a chunked body's trailer fields count against `max_header_kb` (row 35) and are dropped; the rest of a body left
-  unread after an early answer is drained for at most `header_timeout_s` and DRAIN_BYTES.
+- `header_deadline` gives uvicorn's protocol (httptools, or h11 without it) a deadline for a request's headers
+  (`header_timeout_s`) and a cap on their bytes and on a chunked body's trailers (`max_header_kb`, else a 431):
+  either way the connection is closed. An answer the client does not read for `send_timeout_s` closes it too, and
+  a body left unread after an early answer is drained for at most `header_timeout_s` and DRAIN_BYTES;
+- `Guard` (the outermost ASGI middleware) caps the requests in progress, headers read until the answer ends:
+  `max_connections` in all, `max_connections_per_address` per address, else a 503 with Retry-After. Long-lived
+  answers (event streams: Gradio's heartbeat and queue data, MCP, `stream=true`) are counted apart,
+  `max_streams` and `max_streams_per_address`, the oldest ended at the cap: they never take a request's place.
+  `/healthz` and `/readyz` are answered before the caps; with page auth on, the heartbeat asks for the login;
+- every request body meets one policy as its bytes arrive (web/bodies.py): `body_timeout_s` (408 and a close),
+  the route's cap (`BodyRules`, 413), the bytes one address has in flight (`address_body_mb`, 429). At
+  `max_connections` a new request takes the place of the slowest one for its size that is blocked on its client
+  (a body gets its 408, an unread answer its connection closed): an upload that makes progress is never cut.
 
 The address is uvicorn's (X-Forwarded-For only from FORWARDED_ALLOW_IPS), as for every other per-address limit.
 """
@@ -31,7 +20,6 @@ The address is uvicorn's (X-Forwarded-For only from FORWARDED_ALLOW_IPS), as for
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -39,9 +27,9 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from neuron_app.errors import AppError
 from neuron_app.settings import Settings
-from neuron_app.web.bodies import CLOSE_KEY, BodyRules, Watch, answer, declared_length, header
+from neuron_app.web.access import gradio_login
+from neuron_app.web.bodies import CLOSE_KEY, BodyRules, Watch, answer, declared_length
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +96,7 @@ class Guard:
                 "a request came through a proxy (X-Forwarded-For) while the app counts itself as reachable only "
                 "from this host: set NEURON_APP_BEHIND_PROXY=true so the page limit and the safety checker are on"
             )
-        if self.login_required and path.startswith(HEARTBEAT) and not logged_in(scope):
+        if self.login_required and path.startswith(HEARTBEAT) and not gradio_login(scope):
             await answer(send, path, 401, "Not authenticated")  # Gradio asks no login of its heartbeat (row 34)
             return
         stream = scope.get("method") == "GET" and path.startswith(STREAM_PATHS)
@@ -216,24 +204,6 @@ class Guard:
     async def refuse(self, send: Send, message: str) -> None:
         self.refused += 1
         await answer(send, "", 503, message, retry_after=RETRY_AFTER_S)
-
-
-def logged_in(scope: Scope) -> bool:
-    """The request carries Gradio's login cookie for a known session (its own check, `get_current_user`, which
-    its heartbeat route does not ask for). Starlette put Gradio's app in the scope before any middleware."""
-    app = scope.get("app")
-    tokens, cookie_id = getattr(app, "tokens", None), getattr(app, "cookie_id", None)
-    if not isinstance(tokens, dict) or cookie_id is None:
-        return False  # a Gradio upgrade moved them: the heartbeat stays behind the login, closed
-    from http.cookies import SimpleCookie
-
-    jar = SimpleCookie()
-    with contextlib.suppress(Exception):
-        jar.load(header(scope, b"cookie"))
-    for name in (f"access-token-{cookie_id}", f"access-token-unsecure-{cookie_id}"):
-        if name in jar and tokens.get(jar[name].value) is not None:
-            return True
-    return False
 
 
 def header_deadline(
@@ -421,7 +391,6 @@ DRAIN_BYTES = 16 << 20
 #: What one chunk's framing may take beside the headers' cap (its size line, an extension, the CRLFs).
 CHUNK_FRAMING = 64
 
-
 TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -429,29 +398,3 @@ def _h11_send_body() -> Any:
     import h11
 
     return h11.SEND_BODY
-
-
-def guard_connections(demo: Any, settings: Settings) -> type:
-    """On the launched server: the header deadline and cap on every new connection, and uvicorn's connection cap
-    off (Guard counts requests in progress instead). Without httptools (or with a protocol this does not know)
-    the deadline is on uvicorn's h11 protocol; a server that is not uvicorn's is refused: never unprotected."""
-    config = getattr(getattr(demo, "server", None), "config", None)
-    if config is None or not hasattr(config, "http_protocol_class"):
-        raise AppError("the web server is not uvicorn's: the header deadline cannot be set")
-    config.limit_concurrency = None
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-        known: tuple[type, ...] = (HttpToolsProtocol, H11Protocol)
-    except ImportError:  # httptools is in requirements-common.txt; uvicorn alone runs on h11
-        known = (H11Protocol,)
-    current = getattr(config, "http_protocol_class", None)
-    if not (isinstance(current, type) and issubclass(current, known)):
-        log.warning("uvicorn's protocol %r is not one the header deadline knows: serving with h11", current)
-        current = H11Protocol
-    config.http_protocol_class = header_deadline(
-        current, settings.header_timeout_s, settings.max_header_kb << 10, settings.send_timeout_s
-    )
-    return config.http_protocol_class

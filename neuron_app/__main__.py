@@ -18,7 +18,10 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [headers, *[[("" if c is None else str(c)) for c in row] for row in rows]]
+    """Columns padded; every cell escaped (a booked `user`'s control characters would act on the terminal)."""
+    from neuron_app.errors import escape_cell
+
+    cells = [headers, *[[("" if c is None else escape_cell(str(c))) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -243,7 +246,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
 def cmd_usage(args: argparse.Namespace) -> int:
     """Usage per API key per day, from the usage table and the job store in the cache folder (no server)."""
     from neuron_app.settings import get_settings
-    from neuron_app.web.jobs.usage_book import MEASURES, today, usage_table, users_table
+    from neuron_app.web.jobs.usage_book import MEASURES, NO_USER, today, usage_table, users_table
 
     since = today(time.time() - 86400 * (args.days - 1)) if args.days else None
     if args.users:  # per end user (OpenAI's `user` / `safety_identifier`), from each image's row
@@ -251,7 +254,9 @@ def cmd_usage(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(found, indent=2))
         else:
-            print(_table(list(found[0]), [list(r.values()) for r in found]) if found else "no images recorded yet")
+            quoted = [r | {"user": NO_USER if r["user"] is None else f'"{r["user"]}"'} for r in found]  # not "-"
+            cells = [list(r.values()) for r in quoted]
+            print(_table(list(found[0]), cells) if found else "no images recorded yet")
         return EXIT_OK
     rows = usage_table(get_settings().state_folder, since)
     if args.json:

@@ -225,3 +225,23 @@ def rule_of(exc: BaseException) -> NeuronRuleViolation | None:
         seen.add(id(current))
         current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
     return None
+
+
+def unprintable(text: str) -> str | None:
+    """The first character of `text` a terminal or a log would act on rather than show, or None: C0 and C1
+    controls (escape sequences, a newline that forges a row, `\\r`), and the bidirectional overrides and isolates
+    that reorder what follows (red-team turn 7, row 23)."""
+    return next((c for c in text if _acts(c)), None)
+
+
+def escape_cell(text: str) -> str:
+    """`text` with every character `unprintable` finds written as its escape (`\\x1b`, `\\n`, `\\u202e`)."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if _acts(c) else c for c in text)
+
+
+def _acts(c: str) -> bool:
+    return not c.isprintable() and c not in JOINERS  # Cc, Cf (bidi among them), line and paragraph separators
+
+
+#: Format characters that only join what they stand between (emoji sequences, Persian and Indic words).
+JOINERS = "\u200c\u200d"

@@ -344,3 +344,21 @@ def page_caller(request: Any) -> str:
 def entry_of(request: Any, default: str) -> str:
     """The entry a Gradio event came through: `default` (page or gradio_api), or mcp."""
     return default if mcp_caller(request) is None else "mcp"
+
+
+def gradio_login(scope: Any) -> bool:
+    """The request carries Gradio's login cookie of a known session (Gradio's own check, `get_current_user`, which
+    its heartbeat route does not ask for: web/guard.py asks it). Starlette put Gradio's app in the scope."""
+    from http.cookies import CookieError, SimpleCookie
+
+    app = scope.get("app")
+    tokens, cookie_id = getattr(app, "tokens", None), getattr(app, "cookie_id", None)
+    if not isinstance(tokens, dict) or cookie_id is None:
+        return False  # a Gradio upgrade moved them: the heartbeat stays behind the login, closed
+    jar: SimpleCookie = SimpleCookie()
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"cookie":
+            with contextlib.suppress(CookieError):
+                jar.load(value.decode("latin-1"))
+    names = (f"access-token-{cookie_id}", f"access-token-unsecure-{cookie_id}")
+    return any(name in jar and tokens.get(jar[name].value) is not None for name in names)

@@ -39,6 +39,16 @@ class Ledger(Protocol):
     address_body_cap: int
     body_timeout_s: float
 
+    def to_stream(self, watch: Watch) -> None:
+        """A response that turned out long-lived (server-sent events): counted as a stream from now on."""
+
+
+#: Where web/guard.py's connection protocol puts a callable that closes the request's connection at once (an
+#: answer the Guard ends for its place: a stream displaced at its cap, an unread response at the request cap).
+CLOSE_KEY = "neuron_app.close_connection"
+#: A long-lived answer: every server-sent event stream (heartbeat, queue data, MCP, `stream=true`).
+EVENT_STREAM = b"text/event-stream"
+
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -150,17 +160,35 @@ class Watch:
         guard.body_bytes[address] += self.charged
         self.done = not has_body(scope)
         self.blocked = False  # waiting for the client's next bytes: what the Guard may cut at its cap
+        self.writing = False  # waiting for the client to read what was sent: the same
+        self.write_since = 0.0  # when the send it waits in began
+        self.sent = 0  # bytes of the response handed to the connection
         self.cut = False
         self.started = False
-        self.wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.stream = False  # counted as a long-lived answer (the Guard's streams), not a request in progress
+        self.counted = True  # holds its place until the Guard lets it go (once)
+        self.close_connection: Callable[[], None] | None = scope.get(CLOSE_KEY)
+        loop = asyncio.get_running_loop()
+        self.began = loop.time()
+        self.wake: asyncio.Future[None] = loop.create_future()
         if not self.done:
             guard.arriving[id(self)] = self
 
     async def receive(self) -> MutableMapping[str, Any]:
         if self.cut:
             return DISCONNECT
-        if self.done:
-            return await self.inner()
+        if self.done:  # the app waits here for the client to leave (a stream), or for the Guard to end it
+            if self.wake.done():
+                return DISCONNECT
+            if self.close_connection is not None:
+                return await self.inner()  # the Guard ends it by closing the connection: the client left
+            inner = asyncio.ensure_future(self.inner())
+            try:
+                await asyncio.wait((inner, self.wake), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not inner.done():
+                    inner.cancel()  # also when this wait was cancelled (Starlette's is_disconnected)
+            return inner.result() if inner.done() and not inner.cancelled() else DISCONNECT
         self.blocked = True
         try:
             message = await self.next_message()
@@ -193,9 +221,18 @@ class Watch:
             if inner.done() and not self.wake.done():
                 return inner.result()
             inner.cancel()
-        why = "the server is at its request cap" if self.wake.done() else "it did not arrive"
-        await self.cut_off(408, f"the request body did not arrive within {self.guard.body_timeout_s:g} s ({why})")
+        if self.wake.done():
+            rate = self.rate(asyncio.get_running_loop().time())
+            message = f"the request was displaced at the server's request cap: its body came at {rate:.0f} bytes/s"
+        else:
+            message = f"the request body did not arrive within {self.guard.body_timeout_s:g} s"
+        await self.cut_off(408, message)
         return None
+
+    def rate(self, now: float, grace_s: float = 0.0) -> float:
+        """Bytes per second so far, of its body while it arrives, else of its answer (over at least `grace_s`)."""
+        moved = self.received if not self.done else self.sent
+        return moved / max(now - self.began, grace_s, 1e-3)
 
     async def cut_off(self, status: int, message: str) -> MutableMapping[str, Any]:
         """Answer for the app (if it has not answered), close the connection, and tell the app the client left."""
@@ -210,14 +247,30 @@ class Watch:
 
     async def send(self, message: MutableMapping[str, Any]) -> None:
         if self.cut:
+            if self.wake.done():
+                raise OSError("the server ended this answer for its place")  # Starlette: the client left
             return  # the Guard answered for this request
         if message["type"] == "http.response.start":
             self.started = True
-        await self.raw_send(message)
+            kind = next((v for k, v in message.get("headers", []) if k.lower() == b"content-type"), b"")
+            if EVENT_STREAM in kind.lower() and not self.stream:
+                self.guard.to_stream(self)
+        self.writing, self.write_since = True, asyncio.get_running_loop().time()
+        try:
+            await self.raw_send(message)
+        finally:
+            self.writing = False
+        self.sent += len(message.get("body", b""))
 
     def evict(self) -> None:
+        """Displaced at the Guard's cap: a body still arriving gets its 408; an answer has its connection closed
+        (the app sees the client leave)."""
         if not self.wake.done():
             self.wake.set_result(None)
+        if self.done:
+            self.cut = True
+            if self.close_connection is not None:
+                self.close_connection()
 
     def finish(self) -> None:
         self.done = True

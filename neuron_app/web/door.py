@@ -98,8 +98,9 @@ class Door:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if path.startswith(FILE_ROUTE):  # a file by its alias: the real path, and the bytes as they are
+        if path.startswith(FILE_ROUTE):  # a file by its alias: the real path, its bytes as they are, a refusal aliased
             real = self.aliases.inbound(path.encode()).decode()
+            send = self.aliases.outbound_send(send, refusals_only=True)  # Gradio's 403 names the folder (row 27)
             await self.app({**scope, "path": real, "raw_path": real.encode()}, receive, send)
             return
         if not path.startswith(OWN_ROUTES):  # ours name no folder; their base64 images are left as they are
@@ -131,6 +132,10 @@ class Door:
             return
         if isinstance(body, bytes) and _too_deep(body):  # the MCP SDK's parser answered a deep one with a 500
             await _answer(send, 400, "the request body is nested too deeply")
+            return
+        refusal = progress_token_refusal(body) if isinstance(body, bytes) else None
+        if refusal is not None:
+            await _answer_rpc(send, refusal, body)
             return
         stored = data_url_chars(body) if isinstance(body, bytes) else 0
         if stored and await self.charge(scope, stored, send) is None:
@@ -233,8 +238,9 @@ class Aliases:
                 data = data.replace(lead + alias + b"/", lead + real + b"/")
         return data
 
-    def outbound_send(self, send: Send) -> Send:
-        """Rewrite text answers (JSON, server-sent events, HTML); their length changes, so it is not declared."""
+    def outbound_send(self, send: Send, *, refusals_only: bool = False) -> Send:
+        """Rewrite text answers (JSON, server-sent events, HTML); their length changes, so it is not declared.
+        `refusals_only`: only answers of status 400 and above (a file's own bytes are left as they are)."""
         rewrite = [False]
 
         async def wrapped(message: MutableMapping[str, Any]) -> None:
@@ -242,6 +248,7 @@ class Aliases:
                 headers = list(message.get("headers", []))
                 kind = next((v for k, v in headers if k.lower() == b"content-type"), b"")
                 rewrite[0] = any(t in kind for t in (b"json", b"event-stream", b"text/html", b"text/plain"))
+                rewrite[0] = rewrite[0] and (message.get("status", 200) >= 400 or not refusals_only)
                 if rewrite[0]:
                     headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
                     message = {**message, "headers": headers}
@@ -323,6 +330,45 @@ def data_url_chars(body: bytes) -> int:
         elif isinstance(node, str) and node[:5].lower() == "data:":
             total += len(node)
     return total
+
+
+#: The longest `_meta.progressToken` an MCP request may carry: each progress notification echoes it (row 29).
+MAX_PROGRESS_TOKEN_CHARS = 256
+
+
+def progress_token_refusal(body: bytes) -> str | None:
+    """Why the message's `params._meta.progressToken` is refused (not a string of at most
+    MAX_PROGRESS_TOKEN_CHARS characters, nor an integer), or None. Parsed only when its name may be in it."""
+    if b"progresstoken" not in body.lower() and b"\\u" not in body:
+        return None
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the MCP server says so itself
+    for one in message if isinstance(message, list) else [message]:
+        params = one.get("params") if isinstance(one, dict) else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if not isinstance(meta, dict) or "progressToken" not in meta:
+            continue
+        token = meta["progressToken"]
+        if isinstance(token, bool) or not isinstance(token, str | int):
+            return "_meta.progressToken must be a string or an integer"
+        if isinstance(token, str) and len(token) > MAX_PROGRESS_TOKEN_CHARS:
+            return f"_meta.progressToken may be at most {MAX_PROGRESS_TOKEN_CHARS} characters"
+    return None
+
+
+async def _answer_rpc(send: Send, message: str, body: bytes) -> None:
+    """A 400 in JSON-RPC's shape (invalid params, -32602), with the request's id where it has one."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        request = None
+    ident = request.get("id") if isinstance(request, dict) else None
+    answer = json.dumps({"jsonrpc": "2.0", "id": ident, "error": {"code": -32602, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
 
 
 def _replay(messages: list[MutableMapping[str, Any]], then: Receive) -> Receive:

@@ -173,7 +173,6 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     if not kwargs["share"]:
         wait_for_page(app.demo.local_url)
     from neuron_app.web.door import Aliases
-    from neuron_app.web.guard import guard_connections
     from neuron_app.web.mcp.tools import mend
 
     aliases = Aliases.for_settings(settings)
@@ -314,3 +313,31 @@ def run_main(main: Callable[[], None]) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
     return EXIT_OK
+
+
+def guard_connections(demo: Any, settings: Settings) -> type:
+    """On the launched server: the header deadline and cap on every new connection, and uvicorn's connection cap
+    off (Guard counts requests in progress instead). Without httptools (or with a protocol this does not know)
+    the deadline is on uvicorn's h11 protocol; a server that is not uvicorn's is refused: never unprotected."""
+    config = getattr(getattr(demo, "server", None), "config", None)
+    if config is None or not hasattr(config, "http_protocol_class"):
+        raise AppError("the web server is not uvicorn's: the header deadline cannot be set")
+    config.limit_concurrency = None
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        known: tuple[type, ...] = (HttpToolsProtocol, H11Protocol)
+    except ImportError:  # httptools is in requirements-common.txt; uvicorn alone runs on h11
+        known = (H11Protocol,)
+    current = getattr(config, "http_protocol_class", None)
+    if not (isinstance(current, type) and issubclass(current, known)):
+        log.warning("uvicorn's protocol %r is not one the header deadline knows: serving with h11", current)
+        current = H11Protocol
+    from neuron_app.web.guard import header_deadline
+
+    config.http_protocol_class = header_deadline(
+        current, settings.header_timeout_s, settings.max_header_kb << 10, settings.send_timeout_s
+    )
+    return config.http_protocol_class

@@ -141,3 +141,86 @@ def test_the_eta_counts_what_the_request_on_the_device_has_left_and_scales_a_sha
     late = {"current": {"resolution": "256x256", "steps": 16, "elapsed_s": 30.0}}  # over its time: one more step
     overdue = dataclasses.replace(now, stages=now.stages | {"device": device | late})
     assert dataclasses.replace(QueuePlace.taken(overdue, 1, 1), resolution="64x64", steps=4).eta_s(overdue) == 0.9
+
+
+# --- issue 57's Lows (red-team turn 7) ----------------------------------------------------------------------------
+
+FORGED = "alice\n2026-12-06  admin  root  9999\x1b[2J\x1b]0;owned\x07\r"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("user", FORGED), ("safety_identifier", "bob\u202egnp.exe"), ("user", "\0")]
+)
+def test_a_user_with_control_or_bidi_characters_is_a_400_naming_it_on_every_entry(
+    app: Any, name: str, value: str
+) -> None:
+    """Row 23: `user` / `safety_identifier` with escape codes, a newline, NUL or U+202E were booked as sent and
+    printed raw by `usage --users`; now a 400 naming the field, from the JSON body, the edit form and a job."""
+    served = app.manager.status().stages["device"]["served"]
+    body = {"prompt": "a lamp", "size": "64x64", name: value}
+    answers = [
+        httpx.post(app.url + "v1/images/generations", json=body, timeout=60),
+        httpx.post(app.url + "v1/images/generations", json=body, headers={"Prefer": "respond-async"}, timeout=60),
+        httpx.post(
+            app.url + "v1/images/edits",
+            data={k: str(v) for k, v in body.items()},
+            files={"image": ("i.png", png(source_image(64)), "image/png")},
+            timeout=60,
+        ),
+    ]
+    for answer in answers:
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and error["param"] == name, answer.text
+        assert "control characters or bidirectional overrides" in error["message"]
+    assert app.manager.status().stages["device"]["served"] == served  # nothing ran
+
+
+def test_usage_users_prints_every_cell_escaped_and_no_user_apart(tmp_path: Any) -> None:
+    """Row 23, the printing: rows booked before the check (or by an older version) with escape codes and a newline
+    print as their escapes, one line each; `"-"` sent as a user is not the row of images with no user."""
+    import sqlite3
+
+    from neuron_app.web.jobs.usage_book import UsageBook
+    from tests.support import run_cli, tiny_env
+
+    UsageBook(tmp_path / "usage.sqlite3").close()
+    with sqlite3.connect(tmp_path / "usage.sqlite3") as db:
+        rows = [(FORGED, 1), ("-", 2), (None, 3)]
+        day = "2026-12-06"
+        db.executemany("INSERT INTO images VALUES (0, ?, '-', ?, '64x64', 1, 0.004, ?)", [(day, u, s) for u, s in rows])
+    out = run_cli(tiny_env(tmp_path), "usage", "--users", timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 + len(rows), out.stdout  # a header, its rule, one line per row: nothing forged
+    assert not any(c in out.stdout for c in "\x1b\r\x07\0")
+    assert "alice\\n2026-12-06  admin  root  9999\\x1b[2J" in out.stdout
+    assert any('"-"' in line for line in lines) and any("(none)" in line for line in lines)
+
+
+def test_no_refusal_of_the_file_route_names_a_server_folder(app: Any) -> None:
+    """Row 27: `/gradio_api/file=` with an alias and a way out of its folder answered `File not allowed:
+    <cache>/outputs/../usage.sqlite3`; its refusals now go through the alias rewrite like every other answer."""
+    import socket
+
+    cache = str(app.settings.cache_dir)
+    for form in ("/@outputs/../usage.sqlite3", "/@cache/usage.sqlite3", "/@outputs/../../x", "/@uploads/../a"):
+        with socket.create_connection(("127.0.0.1", app.settings.server_port), 60) as sock:
+            sock.sendall(f"GET /gradio_api/file={form} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith((b"HTTP/1.1 403", b"HTTP/1.1 404")), answer[:300]
+        assert cache.encode() not in answer and b"/tmp" not in answer, answer[-300:]
+
+
+@pytest.mark.parametrize("token", ["t" * (3 << 20), {"a": 1}, 1.5, True])
+def test_an_mcp_progress_token_that_is_not_a_short_string_or_an_integer_is_refused(app: Any, token: Any) -> None:
+    """Row 29: a 3 MB progressToken was echoed in each of 19 notifications (59.8 MB out for 3 MB in); now a
+    progressToken is a string of at most 256 characters or an integer, else a 400 in JSON-RPC's shape (-32602)."""
+    message = {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
+    message["params"] = {"name": "generate", "arguments": {"prompt": "x"}, "_meta": {"progressToken": token}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    answer = httpx.post(app.url + "gradio_api/mcp/", json=message, headers=headers, timeout=60)
+    assert answer.status_code == 400, answer.text[:300]
+    assert answer.json()["error"]["code"] == -32602 and "progressToken" in answer.json()["error"]["message"]
+    assert answer.json()["id"] == 7

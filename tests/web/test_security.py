@@ -330,3 +330,15 @@ def test_app_py_keeps_secrets_out_of_its_output_and_files_at_home(
     expected = {"models", "outputs", "gradio-tmp", "manifest.json", "manifest.json.lock", *ARTIFACT_DIRS, *state}
     assert written <= expected, written
     assert list(tmpdir.iterdir()) == []
+
+
+def test_the_heartbeat_is_behind_the_login(auth_app: Any) -> None:
+    """Row 34: Gradio's `/gradio_api/heartbeat/{id}` never ends and asked for no login with page auth on; now a
+    401 without the login cookie, and the stream (a long-lived answer) with it."""
+    url = auth_app.url + "gradio_api/heartbeat/zz"
+    assert httpx.get(url, timeout=60).status_code == 401
+    with httpx.Client(timeout=60) as client:
+        assert client.post(auth_app.url + "login", data={"username": USER, "password": PASSWORD}).status_code == 200
+        with client.stream("GET", url) as stream:
+            assert stream.status_code == 200
+            assert next(stream.iter_lines()) == "data: ALIVE"

@@ -167,3 +167,37 @@ def test_a_public_embedded_address_passes_and_port_0_is_refused() -> None:
     for url in ("http://127.0.0.1:0/hook", "https://hooks.example.com:0/x"):
         with pytest.raises(RequestError, match="port 0"):
             allow.check(url)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "100.100.100.200",
+        "169.254.169.254",
+        "169.254.170.23",
+        "168.63.129.16",
+        "fd00:ec2::254",
+        "::ffff:100.100.100.200",
+    ],
+)
+def test_every_clouds_metadata_address_is_refused_even_inside_a_listed_network(address: str) -> None:
+    """Row 46: with `webhook_hosts = ["100.64.0.0/10"]` (or any list holding it), Alibaba Cloud's metadata service
+    (100.100.100.200: neither global nor link-local) passed; checked in-process with a stub resolver, nothing sent."""
+    allow = Allowlist(["hooks.example.com", "100.64.0.0/10", "168.63.0.0/16", "169.254.0.0/16", "fd00::/8",
+                       "::ffff:0:0/96"],
+                      lambda h, p: [address])  # fmt: skip
+    for url in ("https://hooks.example.com/x", f"http://{'[' + address + ']' if ':' in address else address}/x"):
+        with pytest.raises(RequestError, match="metadata"):
+            allow.check(url)
+
+
+def test_a_webhook_hosts_entry_wider_than_a_slash_8_is_refused_at_start() -> None:
+    """Row 46: `0.0.0.0/0` let a caller choose any address the checks did not name; now one line at start."""
+    from neuron_app.errors import SettingsError
+    from neuron_app.settings import load_settings
+
+    secret = "whsec_" + "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"
+    for wide in ("0.0.0.0/0", "100.0.0.0/7", "::/0", "2000::/3"):
+        with pytest.raises(SettingsError, match="is wider than a /"):
+            load_settings(model="tiny", webhook_hosts=[wide], webhook_secret=secret)
+    assert load_settings(model="tiny", webhook_hosts=["10.0.0.0/8", "fd00::/32"], webhook_secret=secret).webhook_hosts

@@ -32,6 +32,9 @@ DEFAULT_KEY_NAME = "default"
 
 MIN_KEY_CHARS = 16
 
+#: The widest network a `webhook_hosts` entry may name, per IP version (red-team turn 7, row 46).
+WIDEST_WEBHOOK_PREFIX = {4: 8, 6: 32}
+
 
 class ApiKey(BaseModel):
     """One named API key and its limits (images, counted by `n`; 0 = no limit)."""
@@ -92,7 +95,8 @@ class InterfaceSettings(BaseModel):
     max_connections: int = Field(
         1000,
         ge=8,
-        description="Requests in progress (headers read) the server takes at once; beyond it, 503 (/healthz excepted).",
+        description="Requests in progress (headers read, until their answer ends) the server takes at once; beyond "
+        "it, 503 (/healthz and /readyz excepted).",
     )
 
     max_connections_per_address: int = Field(
@@ -126,6 +130,27 @@ class InterfaceSettings(BaseModel):
         gt=0,
         description="Bytes of request bodies one client address may have in flight at once (declared or received, "
         "held until each request ends); beyond it, a 429 before the body is read.",
+    )
+
+    send_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="A response the client stops reading (the server's send buffer full) for this long has its "
+        "connection closed, on every route: an unread answer cannot hold its place.",
+    )
+
+    max_streams: int = Field(
+        256,
+        ge=1,
+        description="Long-lived answers (Gradio's heartbeat and queue streams, MCP streams, stream=true) open at "
+        "once, counted apart from max_connections; at the cap the oldest of the address with the most is ended.",
+    )
+
+    max_streams_per_address: int = Field(
+        32,
+        ge=1,
+        description="Long-lived answers one client address may have open at once; one more ends its oldest.",
     )
 
     mcp_server: bool = Field(
@@ -170,8 +195,8 @@ class InterfaceSettings(BaseModel):
     webhook_hosts: list[str] = Field(
         [],
         description="Hosts an asynchronous job's webhook_url may name (host names, IP addresses or networks such as "
-        "10.0.0.0/8); empty: webhook_url is refused. Private and loopback addresses must be listed; link-local "
-        "ones (169.254.169.254) never pass.",
+        "10.0.0.0/8, at most a /8; IPv6 a /32); empty: webhook_url is refused. Private and loopback addresses must "
+        "be listed; link-local ones and the clouds' metadata services (169.254.169.254, 100.100.100.200) never pass.",
     )
 
     webhook_secret: SecretStr | None = Field(
@@ -226,11 +251,18 @@ class InterfaceSettings(BaseModel):
         for entry in value:
             text = entry.strip().lower().rstrip(".").strip("[]")
             try:
-                ipaddress.ip_network(text, strict=False)
+                network = ipaddress.ip_network(text, strict=False)
             except ValueError:
                 if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", text):
                     raise ValueError(
                         f"webhook_hosts entry {entry!r} is not a host name, an IP address or a network "
                         "(no scheme, port or path: 'hooks.example.com', '10.0.0.5', '10.0.0.0/8')"
                     ) from None
+                continue
+            widest = WIDEST_WEBHOOK_PREFIX[network.version]
+            if network.prefixlen < widest:  # 0.0.0.0/0 let a caller pick any address the checks do not name
+                raise ValueError(
+                    f"webhook_hosts entry {entry!r} is wider than a /{widest}: list the receivers' own hosts or "
+                    "networks (public addresses need no entry)"
+                )
         return value

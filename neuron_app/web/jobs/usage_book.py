@@ -25,6 +25,9 @@ from neuron_app.web.jobs.sqlite_file import open_checked
 
 PREFIX = "neuron_app"
 NO_KEY = "-"
+#: How `usage --users` shows an image booked with no end user (its `--json` says null): no string a caller sends
+#: prints as this, since the table shows each user in quotes.
+NO_USER = "(none)"
 #: What a row adds up, in the order the command prints them.
 MEASURES = ("requests", "images", "output_megapixels", "input_megapixels", "compile_s", "inference_s", "device_seconds")
 SCHEMA = (
@@ -169,9 +172,9 @@ def users_table(cache_dir: Path, since: str | None = None) -> list[dict[str, Any
         images = book.images(since)
     finally:
         book.close()
-    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, str, str | None], dict[str, Any]] = {}
     for image in images:
-        key = (image["day"], image["key_name"], image["user"] or NO_KEY)
+        key = (image["day"], image["key_name"], image["user"])  # None (no user sent) is apart from any string
         row = rows.setdefault(key, {"day": key[0], "key_name": key[1], "user": key[2], "images": 0,
                                     "output_megapixels": 0.0, "device_seconds": 0.0})  # fmt: skip
         row["images"] += 1

@@ -41,11 +41,21 @@ CONNECT_TIMEOUT_S = 5.0
 TOTAL_TIMEOUT_S = 10.0
 #: Bytes of a receiver's answer read at most: only its status is used.
 ANSWER_BYTES = 64 * 1024
-#: Answered and never a target, even if listed: the cloud metadata services (AWS, ECS, GCP/Azure share the first).
-METADATA = (
-    ipaddress.ip_address("169.254.169.254"),
-    ipaddress.ip_address("169.254.170.2"),
-    ipaddress.ip_address("fd00:ec2::254"),
+#: Never a target, even if listed: the cloud metadata services. AWS, GCP, Azure, Oracle, DigitalOcean and OpenStack
+#: share the first; ECS task metadata; Alibaba Cloud's (in 100.64.0.0/10, neither global nor link-local: row 46);
+#: AWS's IPv6 one; Azure's wire server and its IMDS on Azure Stack; Oracle's second.
+METADATA = frozenset(
+    ipaddress.ip_address(text)
+    for text in (
+        "169.254.169.254",
+        "169.254.170.2",
+        "169.254.170.23",
+        "100.100.100.200",
+        "fd00:ec2::254",
+        "fd00:ec2::23",
+        "168.63.129.16",
+        "192.0.0.192",
+    )
 )
 
 #: IPv6 prefixes whose last 32 bits are an IPv4 address that a translator connects to (RFC 6052, RFC 8215),

@@ -23,7 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from neuron_app.engine.records import Usage
 from neuron_app.engine.requests import AUTO_SIZE, parse_resolution
-from neuron_app.errors import RequestError
+from neuron_app.errors import RequestError, unprintable
 from neuron_app.web.openai.errors import ApiError
 
 Output = tuple[str, int | None]  # the file's format and compression (engine/output/images.py)
@@ -111,6 +111,11 @@ class ImageRequest(BaseModel):
     @model_validator(mode="after")
     def _together(self) -> ImageRequest:
         """The fields that go together, before any model work."""
+        for name in ("user", "safety_identifier"):  # booked and printed by `usage --users` (row 23)
+            bad = unprintable(getattr(self, name) or "")
+            if bad is not None:
+                raise _invalid(name, f"{name} may not hold control characters or bidirectional overrides "
+                               f"(found {bad.encode('unicode_escape').decode('ascii')})")  # fmt: skip
         if self.output_compression is not None and self.output_format in (None, "png"):
             raise _invalid("output_compression", "output_compression applies to jpeg and webp only")
         if self.partial_images and not self.stream:

@@ -198,7 +198,7 @@ class Door:
                 if message["type"] != "http.request":
                     return message
                 body, more = message.get("body", b""), message.get("more_body", False)
-                new = parts.feed(body)
+                new = parts.feed(body)  # parts known to be whole: the closing delimiter opens none
                 if parts.files > MAX_UPLOAD_FILES:
                     answered[0] = True
                     log.info("upload refused: more than %d files", MAX_UPLOAD_FILES)
@@ -254,15 +254,14 @@ class PartCounter:
         return max(0, self.delimiters - 1)
 
     def feed(self, chunk: bytes) -> int:
-        """New delimiters in `chunk` (one split across two chunks is counted once)."""
+        """How many more parts `chunk` shows begun for certain (a delimiter split across two chunks is counted once)."""
         self.size += len(chunk)
         if not self.delimiter or not chunk:
             return 0
-        data = self.tail + chunk
-        found = data.count(self.delimiter)
+        data, before = self.tail + chunk, self.files
+        self.delimiters += data.count(self.delimiter)
         self.tail = data[-(len(self.delimiter) - 1) :]  # shorter than a delimiter: none is counted twice
-        self.delimiters += found
-        return found
+        return self.files - before
 
 
 def _upload_folder() -> str:

@@ -78,6 +78,5 @@ def render(sec: dict[str, Any]) -> str:
         "output's image tokens to the transformer's sequence. Compile = the first call's compile; latency = "
         "`generate(..., references=...)` after it (reference preparation and VAE encoding included). "
         f"Padded to {PADDED} vs own: what an edit of that many references would take if every edit ran on one "
-        f"{PADDED}-reference graph per shape (the layout padding would fix).\n\n"
-        + md.columns(COLUMNS, sec["rows"])
+        f"{PADDED}-reference graph per shape (the layout padding would fix).\n\n" + md.columns(COLUMNS, sec["rows"])
     )

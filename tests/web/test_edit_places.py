@@ -13,6 +13,7 @@ Every wait is on the server's answer; deadlines are backstops only.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import select
@@ -86,6 +87,23 @@ def test_edits_with_more_references_than_compiled_are_refused_in_one_line(app: A
     with pytest.raises(AppError, match=r"the edit graph 64x64 \+ 2 refs \(64x64, 64x64\) is not compiled"):
         client.predict("mix them", [handle_file(p) for p in paths], "64x64", 1, 0, api_name="/edit")
     assert app.manager.status().compiles == compiled  # the counting backend saw no graph
+
+
+def test_the_replicas_front_end_reads_the_replicas_edit_graphs(app: Any) -> None:
+    """Through replicas, the front end checks an edit by the replicas' merged status: a graph one replica has
+    compiled is served, one that none has is refused by the same line."""
+    from neuron_app.engine.modes.edit_graphs import check_edit_compiled
+    from neuron_app.errors import RequestError
+    from neuron_app.scale.status_merge import merge_statuses
+
+    one = [Resolution(64, 64)]
+    app.manager.compile_shape("64x64", references=one)
+    ready = app.manager.status()
+    merged = merge_statuses(app.settings, [dataclasses.replace(ready, edits={}), ready], [])
+    assert merged.edits["64x64 + 1 ref (64x64)"].state == "ready"
+    check_edit_compiled(app.settings, merged.edits, Resolution(64, 64), one)
+    with pytest.raises(RequestError, match=r"^the edit graph 64x64 \+ 2 refs \(64x64, 64x64\) is not compiled"):
+        check_edit_compiled(app.settings, merged.edits, Resolution(64, 64), one * 2)
 
 
 def test_compiling_edits_on_demand_is_the_operators_choice(make_settings: Callable[..., Any]) -> None:

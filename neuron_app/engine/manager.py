@@ -30,6 +30,7 @@ from neuron_app.engine.model import placement
 from neuron_app.engine.model.loader import ModelSource, load_pipeline, resolve_source
 from neuron_app.engine.model.runner import Lockstep, PipelineCall, run_call
 from neuron_app.engine.model.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
+from neuron_app.engine.modes.edit_graphs import check_edit_compiled, parse_label
 from neuron_app.engine.modes.lora import AdapterSet
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.output.postprocess import Lane, PostStage, finish, post_workers
@@ -147,7 +148,15 @@ class PipelineManager(ShapeCompiler, Admitted):
         """Check a request against what the UI offers; raises `RequestError` with a clear message. `source`:
         `image`, `mask`, `strength` of an image-to-image or inpaint (engine/requests.py)."""
         options = {"lora": lora, "lora_scale": lora_scale, "references": references, **source}
-        return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
+        req = requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
+        if req.buckets and not self.settings.edits_compile_on_demand:  # no cold compile a caller picks (row 36)
+            key = self.graph_key(req.resolution, req.buckets)
+
+            def same(name: str) -> bool:  # labels that share the graph (the same token total on CPU)
+                return (parsed := parse_label(name)) is not None and self.graph_key(*parsed) == key
+
+            check_edit_compiled(self.settings, self.status().edits, req.resolution, req.buckets, same)
+        return req
 
     # --- loading -------------------------------------------------------------------------------
     @property

@@ -29,6 +29,7 @@ from neuron_app import tracing
 from neuron_app.engine import requests
 from neuron_app.engine.admission import Admission, Admitted
 from neuron_app.engine.cache.estimates import estimate_words, human_seconds
+from neuron_app.engine.modes.edit_graphs import check_edit_compiled
 from neuron_app.engine.observers import Listener, Observers
 from neuron_app.engine.records import (
     CompileOutcome,
@@ -113,7 +114,10 @@ class ReplicaClient(Admitted):
         """The manager's own checks, here: a refusal costs no replica work. `source`: image, mask, strength,
         previews (previews stay on the replica: its progress events do not cross)."""
         options = {"lora": lora, "lora_scale": lora_scale, "references": references, **source}
-        return requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
+        req = requests.validate(self.settings, self.offered_resolutions(), prompt, resolution, steps, seed, **options)
+        if req.buckets and not self.settings.edits_compile_on_demand:  # by label: the replicas' graphs (row 36)
+            check_edit_compiled(self.settings, self.status().edits, req.resolution, req.buckets)
+        return req
 
     def generate(
         self,

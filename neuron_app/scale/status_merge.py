@@ -44,6 +44,7 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
             nki_attention=first.nki_attention if first else None,
         )
     return ManagerStatus(
+        edits=_merged_edits(statuses),
         model=settings.model,
         device=base.device if base else settings.device,
         dtype=base.dtype if base else settings.dtype,
@@ -75,6 +76,18 @@ def merge_statuses(settings: Settings, statuses: list[ManagerStatus], replicas: 
         placement=base.placement if base else {},
         topology=dict(settings.topology or {}),  # the front process chose it; every replica holds one block
     )
+
+
+def _merged_edits(statuses: list[ManagerStatus]) -> dict[str, ShapeStatus]:
+    """Every replica's edit graphs by label: one that any replica has compiled, is compiling or finds precompiled
+    shows as that replica reports it (what the front end's check of an edit reads, engine/modes/edit_graphs.py)."""
+    edits: dict[str, ShapeStatus] = {}
+    for status in statuses:
+        for name, edit in status.edits.items():
+            usable = edit.state in (ShapeState.READY, ShapeState.COMPILING) or edit.manifest == "precompiled"
+            if name not in edits or usable:
+                edits[name] = edit
+    return dict(sorted(edits.items()))
 
 
 def _merged_safety(parts: list[dict[str, Any]]) -> dict[str, Any]:

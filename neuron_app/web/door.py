@@ -4,14 +4,16 @@
   client address per minute (`upload_mb_per_minute`, 429) and for all addresses together per hour
   (`upload_total_mb`, 507: Gradio keeps an upload up to an hour, so this bounds the disk they take). An upload
   must declare its size (Content-Length; 411 otherwise): it is charged before a byte is read, and given back
-  when Gradio refuses it. The address is uvicorn's (X-Forwarded-For only from FORWARDED_ALLOW_IPS), as for
-  the page's image limit (web/access.py).
+  when Gradio refuses it. Each file part costs a filesystem block (4 KiB) and an inode however small, so each
+  part is charged a block more as its bytes arrive, and an upload of more than MAX_UPLOAD_FILES parts (what the
+  page and the clients send at most) is a 413 before the app sees the next part. The address is uvicorn's
+  (X-Forwarded-For only from FORWARDED_ALLOW_IPS), as for the page's image limit (web/access.py).
 - Every other way bytes reach the disk through Gradio counts against the same budgets, before a byte is kept
   (issue 45): a multipart POST to any Gradio route (`/gradio_api/process_recording`, any route a Gradio
   upgrade adds) is charged as an upload; an MCP request that carries a `data:` URL (the `edit` tool's images,
   which Gradio writes to its temp folder before the tool runs) is charged to its caller's address by the length
-  of those strings, found in the parsed message (`data_url_chars`: a JSON escape such as `\\u0064ata:` is
-  the same string to Gradio, issue 52).
+  of those strings and a block each (at most MAX_UPLOAD_FILES of them), found in the parsed message
+  (`data_urls`: a JSON escape such as `\\u0064ata:` is the same string to Gradio, issue 52).
   The MCP loopback client's own re-upload of those files (it carries this process's secret) is not charged again.
 - An address may take at most a quarter of the hourly total (or its per-minute amount, if larger): one address
   cannot keep every other address's uploads refused.
@@ -67,6 +69,13 @@ MCP_PATH = "/gradio_api/mcp"
 ADDRESS_SHARE = 0.25
 #: What a full queue tells a client to wait (a generation takes seconds to a minute).
 QUEUE_RETRY_AFTER_S = 5
+#: What one uploaded file costs the disk at least besides its bytes: a filesystem block (and an inode).
+FILE_BLOCK = 4096
+#: File parts one upload may carry: what the page and the clients send at most (the OpenAI edit form's 16 images
+#: and a mask; the page sends a request's references together, gradio_client one file per upload).
+MAX_UPLOAD_FILES = 17
+#: An upload's first bytes are held until counted (999 one-byte files take 135 KB): Gradio writes none of them.
+PARTS_WINDOW = 256 << 10
 
 
 async def _answer(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
@@ -137,8 +146,11 @@ class Door:
         if refusal is not None:
             await _answer_rpc(send, refusal, body)
             return
-        stored = data_url_chars(body) if isinstance(body, bytes) else 0
-        if stored and await self.charge(scope, stored, send) is None:
+        files, chars = data_urls(body) if isinstance(body, bytes) else (0, 0)
+        if files > MAX_UPLOAD_FILES:  # each becomes a file of its own: capped as an upload's parts are
+            await _answer(send, 413, f"an MCP request may carry at most {MAX_UPLOAD_FILES} data: URLs")
+            return
+        if files and await self.charge(scope, chars + files * FILE_BLOCK, send) is None:  # a block each at least
             return
         scope, receive = self.aliases.with_body(scope, receive, body)
         await self.app(scope, receive, send)
@@ -168,6 +180,9 @@ class Door:
         return refunds
 
     async def upload(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Charged by its declared length, then by a block more for each part as its bytes arrive (a one-byte file
+        takes a 4 KiB block and an inode, kept an hour: red team turn 7, row 47); past MAX_UPLOAD_FILES parts a
+        413 before the app sees the next part's bytes, and none at all within the first PARTS_WINDOW bytes."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         declared = headers.get("content-length", "")
         if not declared.isdigit():
@@ -177,18 +192,81 @@ class Door:
         if refunds is None:
             return
         status: list[int] = []
+        parts = PartCounter(headers.get("content-type", ""))
+        answered = [False]  # the door refused it mid-body: the app's own answer is dropped
+        window: list[bytes] | None = []  # the body's first PARTS_WINDOW bytes: counted before the app sees them
+
+        async def counted() -> MutableMapping[str, Any]:
+            nonlocal window
+            while not answered[0]:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return message
+                body, more = message.get("body", b""), message.get("more_body", False)
+                new = parts.feed(body)  # parts known to be whole: the closing delimiter opens none
+                if parts.files > MAX_UPLOAD_FILES:
+                    answered[0] = True
+                    log.info("upload refused: more than %d files", MAX_UPLOAD_FILES)
+                    await _answer(send, 413, f"an upload may carry at most {MAX_UPLOAD_FILES} files")
+                    break
+                if new:
+                    charged = await self.charge(scope, new * FILE_BLOCK, send)  # answers a refusal itself
+                    if charged is None:
+                        answered[0] = True
+                        break
+                    refunds.extend(charged)
+                if window is None:
+                    return message
+                window.append(body)
+                if more and parts.size < PARTS_WINDOW:
+                    continue
+                body, window = b"".join(window), None
+                return {"type": "http.request", "body": body, "more_body": more}
+            return {"type": "http.disconnect"}
 
         async def watch(message: MutableMapping[str, Any]) -> None:
+            if answered[0]:
+                return
             if message["type"] == "http.response.start":
                 status.append(message["status"])
             await send(message)
 
         try:
-            await self.app(scope, receive, watch)
+            await self.app(scope, counted, watch)
+        except Exception:
+            if not answered[0]:  # the app's own failure; one the door's disconnect caused is answered already
+                raise
         finally:
-            if not status or status[0] >= 400:  # refused by Gradio (too large, bad form) or cut off: not kept
-                for refund in refunds:
+            if not answered[0] and (not status or status[0] >= 400):  # refused by Gradio or cut off: not kept
+                for refund in refunds:  # (refused by the door mid-body: the parts before may be on disk, kept)
                     refund()
+
+
+class PartCounter:
+    """The parts of a multipart body as it streams: its boundary's delimiters, found across chunk edges. A body
+    that names no boundary has no parts here (Gradio refuses it)."""
+
+    def __init__(self, content_type: str) -> None:
+        match = re.search(r'boundary="?([^";]+)"?', content_type, re.IGNORECASE)
+        self.delimiter = b"--" + match.group(1).encode("latin-1") if match else b""
+        self.tail = b""
+        self.delimiters = 0
+        self.size = 0
+
+    @property
+    def files(self) -> int:
+        """Parts begun for certain: every delimiter but the last may open one; the last may be the closing one."""
+        return max(0, self.delimiters - 1)
+
+    def feed(self, chunk: bytes) -> int:
+        """How many more parts `chunk` shows begun for certain (a delimiter split across two chunks is counted once)."""
+        self.size += len(chunk)
+        if not self.delimiter or not chunk:
+            return 0
+        data, before = self.tail + chunk, self.files
+        self.delimiters += data.count(self.delimiter)
+        self.tail = data[-(len(self.delimiter) - 1) :]  # shorter than a delimiter: none is counted twice
+        return self.files - before
 
 
 def _upload_folder() -> str:
@@ -310,17 +388,17 @@ def _too_deep(body: bytes) -> bool:
     return False
 
 
-def data_url_chars(body: bytes) -> int:
-    """The characters of every string in a JSON message that Gradio will write to a file (one that starts with
-    `data:`), decided on the parsed message: `\\u0064ata:` or any other JSON spelling is the same string (row 6).
+def data_urls(body: bytes) -> tuple[int, int]:
+    """How many strings of a JSON message Gradio will write to a file (those that start with `data:`) and their
+    characters, decided on the parsed message: `\\u0064ata:` or any other JSON spelling is the same string (row 6).
     Without `data:` or a `\\u` escape in its bytes, a message holds none, and is not parsed."""
     if b"data:" not in body.lower() and b"\\u" not in body:
-        return 0
+        return 0, 0
     try:
         stack = [json.loads(body)]
     except (ValueError, RecursionError):
-        return 0  # not JSON (the MCP server says so itself), or too deep (refused before this)
-    total = 0
+        return 0, 0  # not JSON (the MCP server says so itself), or too deep (refused before this)
+    files = chars = 0
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
@@ -328,8 +406,8 @@ def data_url_chars(body: bytes) -> int:
         elif isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, str) and node[:5].lower() == "data:":
-            total += len(node)
-    return total
+            files, chars = files + 1, chars + len(node)
+    return files, chars
 
 
 #: The longest `_meta.progressToken` an MCP request may carry: each progress notification echoes it (row 29).

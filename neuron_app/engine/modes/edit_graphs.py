@@ -7,13 +7,15 @@ by `GraphKey` (what really changes the compile), so two labels may share one gra
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from neuron_app.errors import ShapeError
+from neuron_app.errors import RequestError, ShapeError
 from neuron_app.shapes import Resolution
 
 _LABEL_RE = re.compile(r"(\d+x\d+) \+ (\d+) refs? \(([0-9x, ]+)\)")
+#: Edit graphs named in a refusal; the rest are counted.
+_LISTED = 12
 #: Reference pixels of a compile-only call: any content compiles the same graph as a real upload.
 _BLANK_RGB = (128, 128, 128)
 
@@ -44,3 +46,30 @@ def blank_references(buckets: Sequence[Resolution]) -> tuple[Any, ...]:
     from PIL import Image
 
     return tuple(Image.new("RGB", (b.width, b.height), _BLANK_RGB) for b in buckets)
+
+
+def check_edit_compiled(
+    settings: Any,
+    edits: Mapping[str, Any],
+    res: Resolution,
+    buckets: Sequence[Resolution],
+    same_graph: Callable[[str], bool] | None = None,
+) -> None:
+    """Refuse an edit whose graph is neither compiled (nor compiling) nor precompiled, unless edits compile on
+    demand (`edit_compile_on_demand`; unset = only on loopback). The number and buckets of references are the
+    caller's choice, and each new combination is a cold compile (minutes on a trn2) that every request waits
+    behind (red team turn 7, row 36). `edits` is the status's `edits`; `same_graph(label)` says whether that
+    label's graph is this edit's (default: the same label)."""
+    if not buckets or settings.edits_compile_on_demand:
+        return
+    label = edit_label(res, buckets)
+    ready = sorted(n for n, s in edits.items() if s.state in ("ready", "compiling") or s.manifest == "precompiled")
+    same = same_graph or (lambda name: name == label)
+    if any(same(name) for name in ready):
+        return
+    named = ", ".join(ready[:_LISTED]) + (f" and {len(ready) - _LISTED} more" if len(ready) > _LISTED else "")
+    raise RequestError(
+        f"the edit graph {label} is not compiled on this server, and edits do not compile on demand here; "
+        f"compiled or precompiled: {named or 'none'}",
+        param="references",
+    )

@@ -51,3 +51,11 @@ class CompileSettings(BaseModel):
     only_precompiled: bool = Field(
         False, description="Offer only shapes that are precompiled or compiled in this process."
     )
+
+    edit_compile_on_demand: bool | None = Field(
+        None,
+        description="Compile an edit graph (an output shape with its references' buckets) on the first edit that "
+        "needs it. Unset = yes on loopback, no where others can reach the server: an edit whose graph is neither "
+        "compiled nor precompiled is then refused in one line naming those that are, so no caller picks a cold "
+        "compile (docs/compiling-less.md).",
+    )

@@ -89,6 +89,12 @@ class ServerSettings(BaseModel):
             return True  # a host name other than localhost: assume the network can reach it
 
     @property
+    def edits_compile_on_demand(self) -> bool:
+        """`edit_compile_on_demand` in force: the setting, else on only where no one else can reach the server."""
+        chosen = getattr(self, "edit_compile_on_demand", None)  # a CompileSettings field of the full Settings
+        return (not self.reachable_by_others) if chosen is None else chosen
+
+    @property
     def run_history_on(self) -> bool:
         """What `launch(run_history=...)` gets: the setting, else off where others can reach the server."""
         return (not self.reachable_by_others) if self.run_history is None else self.run_history

@@ -157,8 +157,15 @@ class OpenAIImages:
                 self._in_flight -= 1
 
     # --- the shared path of generations and edits ---------------------------------------------------
-    async def serve(self, request: Request, asked: ImageRequest, **options: Any) -> Response:
-        """A request the protocol parsed (web/openai/protocol.py), handed to the engine's one validation."""
+    async def serve(
+        self,
+        request: Request,
+        asked: ImageRequest,
+        held: tuple[contextlib.ExitStack, QueuePlace] | None = None,
+        **options: Any,
+    ) -> Response:
+        """A request the protocol parsed (web/openai/protocol.py), handed to the engine's one validation. `held`:
+        the queue place an edit took before its body (its stack, taken over here, and the place)."""
         options |= {name: getattr(asked, name) for name in EXTENSIONS if getattr(asked, name) is not None}
         asked.check_model(self.settings.model)
         response_format = asked.response_format or "b64_json"
@@ -205,7 +212,11 @@ class OpenAIImages:
             except AppError as exc:
                 log.info("openai api refused: %s", exc)
                 raise refusal(exc) from None
-            place = stack.enter_context(self.admitted())
+            if held is None:
+                place = stack.enter_context(self.admitted())
+            else:  # taken before the body: this stack lets it go from now on (or hands it to a stream or a job)
+                place = held[1]
+                stack.enter_context(held[0].pop_all())
             if heavy:  # the pixel budget from each image's header, then the decode (engine/modes/references.py)
                 job, count = await self.validated(*check, **options)
             job = dataclasses.replace(job, output=asked.output, previews=bool(asked.partials))  # the post stage's
@@ -310,15 +321,17 @@ class OpenAIImages:
                 self.access.api_room(name, request.client.host if request.client else None)
             except AppError as exc:
                 raise refusal(exc) from None
-            with self.admitted():  # loading, shutting down or a full queue: refused before the body (issue 52)
-                pass
-            edit = await read_edit_form(request)  # web/openai/forms.py, parsed by web/openai/protocol.py
-            options = image_options(edit)
-            if options.get("references") and not self.editing:
-                raise ApiError(
-                    501, "image editing is not available on this server", type="server_error", code="not_implemented"
-                )
-            return await self.serve(request, edit, **options)
+            # Loading, shutting down or a full queue: refused before the body (issue 52). The place is held from
+            # here, while the body arrives, to the run or the refusal: concurrent edit bodies are bounded by the
+            # queue, not by the number of addresses (red team turn 7, row 4).
+            with contextlib.ExitStack() as held:
+                place = held.enter_context(self.admitted())
+                edit = await read_edit_form(request)  # web/openai/forms.py: spooled to disk, each file read once
+                options = image_options(edit)
+                if options.get("references") and not self.editing:
+                    unavailable = "image editing is not available on this server"
+                    raise ApiError(501, unavailable, type="server_error", code="not_implemented")
+                return await self.serve(request, edit, held=(held, place), **options)
         except ApiError as exc:
             return self.answer_error(request, exc)
 

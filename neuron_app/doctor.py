@@ -3,10 +3,11 @@
 One verdict per check (ok / problem with its fix, or info), exit 0 only when serving on the device the settings
 choose would work: the neuron device for `device = "neuron"`, or `auto` where TorchNeuron is installed or the
 instance is a Trainium one; elsewhere (the quick start on a laptop: `auto` picks cpu) each Trainium check that
-fails is a `note`, which does not fail the run. `--stack` checks the installed software only (no device, no instance, no cache volume): what an image build
-can check, including that `torch_neuronx` really imports (in a subprocess, so an unloadable wheel fails the build).
-Nothing here reaches the network, and torch is imported only when a TorchNeuron package is installed (after the
-environment is exported, as the app does it); any failure becomes a problem line, never a traceback.
+fails is a `note`, which does not fail the run. `--stack` checks the installed software only (no device, no
+instance, no cache volume): what an image build can check, including that `torch_neuronx` really imports (in a
+subprocess, so an unloadable wheel fails the build). Nothing here reaches the network, and torch is imported only
+when a TorchNeuron package is installed (after the environment is exported, as the app does it); any failure
+becomes a problem line, never a traceback.
 """
 
 from __future__ import annotations

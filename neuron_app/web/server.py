@@ -130,10 +130,12 @@ def build_app(settings: Settings, manager: Manager) -> App:
     tracing.setup(settings)  # OpenTelemetry, only with an endpoint set (neuron_app/tracing.py)
     # Every image is marked as AI-made (watermark, IPTC, signed C2PA): the signer is checked here, at start.
     marker = Marker.for_settings(settings)
-    demo = build_ui(manager, ImageStore(settings.outputs_dir, marker=marker), access)
+    # The OpenAI API first: its usage book (in the state folder it holds) books the page's images too.
+    openai_api = OpenAIImages(settings, manager, None, access)
+    demo = build_ui(manager, ImageStore(settings.outputs_dir, marker=marker), access, openai_api.usage)
     # Each device lane's next request starts while the last one's image is in a post slot (output/postprocess.py).
     demo.queue(max_size=settings.queue_max_size, default_concurrency_limit=request_slots(settings))
-    openai_api = OpenAIImages(settings, manager, demo, access)
+    openai_api.demo = demo
     add_cancel_job(demo, openai_api.jobs)  # the MCP tool cancel_job (web/mcp/cancel_tool.py)
     ops = Ops(settings, manager, demo, extra_routes=openai_api.routes(), extra_waiting=lambda: openai_api.in_flight)
     ops.metrics.registry.register(access)  # its counts on /metrics, read at scrape time

@@ -165,3 +165,81 @@ def test_every_api_example_runs_as_written(quick: AppProcess, tmp_path: Path) ->
         ran.append(line)
     assert len(ran) >= 7, ran  # gradio_client, curl, openai, streaming, raw headers, the job, submit
     assert {p.name for p in tmp_path.glob("*.png")} >= {"img0.png", "img1.png", "partial0.png", "final.png"}
+
+
+# --- the page draws every image whole (turn 7's T7-4) ----------------------------------------------------------
+
+#: Where an <img> is drawn (its object-fit and object-position applied) and what of it can be seen (its own box,
+#: clipped by every ancestor that clips), in page pixels; null until the image has loaded.
+DRAWN = """(selector) => {
+  const img = document.querySelector(selector);
+  if (!img || !img.complete || !img.naturalWidth) return null;
+  const box = img.getBoundingClientRect(), style = getComputedStyle(img);
+  const [nw, nh] = [img.naturalWidth, img.naturalHeight];
+  let [w, h] = [box.width, box.height];
+  const fit = style.objectFit;
+  if (fit === "contain" || fit === "scale-down" || fit === "cover") {
+    const pick = fit === "cover" ? Math.max : Math.min;
+    let k = pick(box.width / nw, box.height / nh);
+    if (fit === "scale-down") k = Math.min(k, 1);
+    [w, h] = [nw * k, nh * k];
+  } else if (fit === "none") [w, h] = [nw, nh];
+  const [px, py] = style.objectPosition.split(" ").map((p) => parseFloat(p) / 100);
+  const left = box.left + (box.width - w) * px, top = box.top + (box.height - h) * py;
+  let seen = [box.left, box.top, box.right, box.bottom];
+  for (let el = img.parentElement; el; el = el.parentElement) {
+    const s = getComputedStyle(el);
+    if (s.overflowX === "visible" && s.overflowY === "visible") continue;
+    const b = el.getBoundingClientRect();
+    seen = [Math.max(seen[0], b.left), Math.max(seen[1], b.top),
+            Math.min(seen[2], b.right), Math.min(seen[3], b.bottom)];
+  }
+  return {natural: [nw, nh], fit, drawn: [left, top, left + w, top + h], seen};
+}"""
+
+
+def drawn_whole(page: Any, selector: str, natural: tuple[int, int]) -> dict[str, Any]:
+    """The first image under `selector` once loaded at its natural size: drawn at that aspect ratio and nothing of
+    it outside what can be seen (1 px of rounding allowed)."""
+    from tests.web.test_browser import TIMEOUT_MS
+
+    found = page.wait_for_function(
+        f"() => {{ const d = ({DRAWN})({selector!r}); return d && d.natural[0] === {natural[0]} ? d : null; }}",
+        timeout=TIMEOUT_MS,
+    ).json_value()
+    left, top, right, bottom = found["drawn"]
+    assert right - left > 16 and bottom - top > 16, found
+    assert abs((right - left) / (bottom - top) - natural[0] / natural[1]) < 0.02, found
+    seen = found["seen"]
+    assert left >= seen[0] - 1 and top >= seen[1] - 1 and right <= seen[2] + 1 and bottom <= seen[3] + 1, found
+    return found
+
+
+@pytest.mark.browser
+def test_the_page_draws_a_128x128_image_and_a_wide_reference_whole(quick: AppProcess, tmp_path: Path) -> None:
+    """The gallery under Generate and the reference box show each image whole (object-fit contain): turn 7 saw a
+    128x128 image cut at its top and bottom, and a strip of a reference."""
+    from PIL import Image
+
+    from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"chromium not found at {CHROMIUM}: apt-get install chromium (see README, Tests)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(quick.url)
+            page.locator("#prompt textarea").fill("a small orange triangle on a purple background at the bottom")
+            page.locator("#generate").click()  # 128x128, the quick start's default shape, warm already
+            page.locator("#info").filter(has_text="128x128, ").wait_for()
+            drawn_whole(page, "#gallery img", (128, 128))
+            wide = tmp_path / "wide.png"
+            Image.new("RGB", (256, 128), (30, 90, 200)).save(wide)
+            page.locator("#references input[type=file]").set_input_files(str(wide))
+            drawn_whole(page, "#references img", (256, 128))
+        finally:
+            browser.close()

@@ -275,7 +275,17 @@ def build_ui(
                 stop_btn = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")  # at the next step
                 gr.Examples(examples=[[e] for e in settings.example_prompts], inputs=[prompt])
             with gr.Column(scale=3):
-                gallery = gr.Gallery(label="Images", format="png", columns=2, interactive=False, elem_id="gallery")
+                # Every image whole: contain, not Gradio's cover, and as tall as it is drawn (a fixed height cut a
+                # square image's top and bottom off).
+                gallery = gr.Gallery(
+                    label="Images",
+                    format="png",
+                    columns=2,
+                    object_fit="contain",
+                    height="max-content",  # "auto" is Gradio's fixed 550 px; this grows with the images
+                    interactive=False,
+                    elem_id="gallery",
+                )
                 info = gr.Markdown(elem_id="info")
                 use_btn = gr.Button(
                     "Use as reference", size="sm", visible=settings.max_references > 0, elem_id="use-as-reference"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_app.engine.cache.estimates import Estimate, human_seconds
+from neuron_app.engine.cache.estimates import Estimate, elapsed_words, human_seconds
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressEvent, ShapeState, ShapeStatus, Usage
 
 SHAPE_COLUMNS = ["shape", "state", "estimate", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
@@ -110,7 +110,7 @@ def waiting_markdown(figures: dict[str, Any], status: ManagerStatus, elapsed_s: 
     busy = [name for name, shape in status.shapes.items() if shape.state is ShapeState.COMPILING]
     if busy:
         line += f" · {', '.join(busy)} compiling"
-    return f"{line} · {human_seconds(elapsed_s)} elapsed"
+    return f"{line} · {elapsed_words(elapsed_s)} elapsed"
 
 
 def progress_markdown(
@@ -119,7 +119,7 @@ def progress_markdown(
     """The output area while a request runs, from the manager's progress event and the shape's status record:
     the shape, what happens ("compiling (first use)" with the estimate, then the steps) and for how long."""
     name = event.resolution or ""
-    took = f"{human_seconds(elapsed_s)} elapsed"
+    took = f"{elapsed_words(elapsed_s)} elapsed"
     if event.phase == "loading":
         found = event.estimate
         about = f" (~{human_seconds(found.seconds)})" if found is not None else " (first request; no load measured yet)"

@@ -42,7 +42,7 @@ def main() -> None:
 
     from neuron_app import tracing
     from neuron_app.settings import get_settings
-    from neuron_app.web.server import build_app, check_port, configure_logging, launch
+    from neuron_app.web.server import build_app, check_port, configure_logging, launch, starting_line
 
     settings = get_settings()
     check_single_process(settings)  # tp_degree > 1 needs torchrun
@@ -51,6 +51,8 @@ def main() -> None:
     prepare_page(settings)
     check_port(settings)  # a port in use is one line now, not a traceback after the imports
     tracing.check_installed(settings)  # a trace endpoint without OpenTelemetry installed: one line, now
+    # A first line at once: the imports and the page take seconds to minutes on a busy machine, silent until now.
+    print(starting_line(settings), flush=True)
 
     from neuron_app.scale import make_manager
     from neuron_app.web.server import install_signal_handlers

@@ -76,6 +76,8 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
 def test_readyz_turns_200_without_a_request(quick: AppProcess) -> None:
     """The warm-up compiles the default shape at start: no request was sent before /readyz said 200, and what it
     said before is one of the documented reasons (docs/api.md, "What to wait for")."""
+    first = quick.output().splitlines()[0]  # printed before the imports (turn 7: 24 s of silence)
+    assert first.startswith(f"starting tiny-shapes on http://127.0.0.1:{quick.port}/") and "/readyz" in first, first
     body = quick.ready_body  # type: ignore[attr-defined]
     assert body["ready"] is True and body["loaded"] is True and "128x128" in body["ready_shapes"], body
     assert all(r.startswith(NOT_READY_YET) for r in quick.reasons), set(quick.reasons)  # type: ignore[attr-defined]

@@ -43,7 +43,7 @@ def main() -> None:
     from neuron_app import tracing
     from neuron_app.scale.topology import settle
     from neuron_app.settings import get_settings
-    from neuron_app.web.server import build_app, check_port, configure_logging, launch
+    from neuron_app.web.server import build_app, check_port, configure_logging, launch, starting_line
 
     settings = settle(get_settings())  # the topology, chosen once, before any replica starts (scale/topology.py)
     check_single_process(settings)  # one TP group without replicas needs torchrun
@@ -52,6 +52,8 @@ def main() -> None:
     prepare_page(settings)
     check_port(settings)  # a port in use is one line now, not a traceback after the imports
     tracing.check_installed(settings)  # a trace endpoint without OpenTelemetry installed: one line, now
+    # A first line at once: the imports and the page take seconds to minutes on a busy machine, silent until now.
+    print(starting_line(settings), flush=True)
 
     from neuron_app.scale import make_manager
     from neuron_app.web.server import install_signal_handlers

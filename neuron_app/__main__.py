@@ -244,7 +244,8 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    """Usage per API key per day, from the usage table and the job store in the cache folder (no server)."""
+    """Usage per API key, interface and day, from the usage table and the job store in the cache folder (no
+    server)."""
     from neuron_app.settings import get_settings
     from neuron_app.web.jobs.usage_book import MEASURES, NO_USER, today, usage_table, users_table
 
@@ -262,12 +263,12 @@ def cmd_usage(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    headers = ["day", "key", *MEASURES, "jobs"]
+    headers = ["day", "key", "interface", *MEASURES, "jobs"]
     cells = []
     for r in rows:
         jobs = " ".join(f"{status} {n}" for status, n in sorted(r["jobs"].items())) or "-"
         numbers = (int(r[m]) if float(r[m]).is_integer() else round(float(r[m]), 3) for m in MEASURES)
-        cells.append([r["day"], r["key_name"], *numbers, jobs])
+        cells.append([r["day"], r["key_name"], r["interface"], *numbers, jobs])
     print(_table(headers, cells) if rows else "no usage recorded yet")
     return EXIT_OK
 
@@ -375,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     topo = sub.add_parser("topology", help="the copies x TP x placement x cores the app would serve on this host")
     topo.add_argument("--json", action="store_true", help="one line of JSON (NEURON_APP_TOPOLOGY's value)")
     topo.set_defaults(func=cmd_topology)
-    usage = sub.add_parser("usage", help="usage per API key per day (the usage table and the job store)")
+    usage = sub.add_parser(
+        "usage", help="usage per day, API key and interface (page, gradio_api, mcp, openai): the usage table and jobs"
+    )
     usage.add_argument("--days", type=int, default=0, metavar="N", help="the last N days only (default: all)")
     usage.add_argument("--json", action="store_true", help="machine-readable rows")
     usage.add_argument("--users", action="store_true", help="per end user (the API's user / safety_identifier)")

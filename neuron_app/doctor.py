@@ -1,10 +1,13 @@
 """`python -m neuron_app doctor`: the first command to run on a new trn instance.
 
-One verdict per check (ok / problem with its fix, or info), exit 0 only when serving on the neuron device would
-work. `--stack` checks the installed software only (no device, no instance, no cache volume): what an image build
-can check, including that `torch_neuronx` really imports (in a subprocess, so an unloadable wheel fails the build).
-Nothing here reaches the network, and torch is imported only when a TorchNeuron package is installed (after the
-environment is exported, as the app does it); any failure becomes a problem line, never a traceback.
+One verdict per check (ok / problem with its fix, or info), exit 0 only when serving on the device the settings
+choose would work: the neuron device for `device = "neuron"`, or `auto` where TorchNeuron is installed or the
+instance is a Trainium one; elsewhere (the quick start on a laptop: `auto` picks cpu) each Trainium check that
+fails is a `note`, which does not fail the run. `--stack` checks the installed software only (no device, no
+instance, no cache volume): what an image build can check, including that `torch_neuronx` really imports (in a
+subprocess, so an unloadable wheel fails the build). Nothing here reaches the network, and torch is imported only
+when a TorchNeuron package is installed (after the environment is exported, as the app does it); any failure
+becomes a problem line, never a traceback.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Literal
 from neuron_app.environment import PRODUCT_NAME, dist_version
 from neuron_app.errors import RequestError, SettingsError
 
-Verdict = Literal["ok", "problem", "info"]
+Verdict = Literal["ok", "problem", "info", "note"]
 
 SUPPORTED_PYTHON = ((3, 12), (3, 14))
 SUPPORTED_INSTANCES = ("trn2", "trn3")
@@ -311,6 +314,28 @@ def check_cache(folder: Path, name: str, origin: str) -> Check:
     return Check(name, "ok", where)
 
 
+#: What stays a problem on any device: the settings, and torch itself.
+ANY_DEVICE = ("settings", "torch")
+
+
+def judged_device(settings: Any, neuronx_installed: bool) -> str:
+    """The device the doctor judges: the configured one; `auto` is neuron where a torch-neuronx package is installed
+    (even the wrong one) or the instance is a Trainium one (so a broken install there is still a problem), else cpu
+    or cuda."""
+    if settings.device != "auto":
+        return settings.device
+    family = (read_instance_type() or "").split(".")[0].lower()
+    return "neuron" if neuronx_installed or family.startswith(SUPPORTED_INSTANCES) else "cpu or cuda (auto)"
+
+
+def as_notes(checks: list[Check]) -> list[Check]:
+    """Serving off Trainium: each Trainium check that fails becomes a note (its fix kept for the day it is)."""
+    return [
+        Check(c.name, "note", c.found, c.fix) if c.verdict == "problem" and c.name not in ANY_DEVICE else c
+        for c in checks
+    ]
+
+
 def run_checks(stack_only: bool = False) -> list[Check]:
     from neuron_app.errors import SettingsError
     from neuron_app.settings import load_settings
@@ -348,7 +373,10 @@ def run_checks(stack_only: bool = False) -> list[Check]:
         who = "your TORCH_NEURONX_NEFF_CACHE_DIR" if origin(NEFF_CACHE_VAR) == "user" else "set by the app"
         checks.append(check_cache(neff_cache_dir(settings.cache_dir), "NEFF cache", who))
         checks.append(check_plan(settings))
-    return checks
+    device = "neuron" if stack_only else judged_device(settings, neuronx_check.found != "absent")
+    if device == "neuron":
+        return checks
+    return [*as_notes(checks), Check("device", "ok", f"{device}: device = {settings.device} in the settings")]
 
 
 def check_plan(settings: Any) -> Check:
@@ -378,13 +406,20 @@ def render(checks: list[Check]) -> str:
         if c.fix:
             lines.append(f"{' ' * width}  {'':<7}  fix: {c.fix}")
     problems = [c for c in checks if c.verdict == "problem"]
+    notes = [c.name for c in checks if c.verdict == "note"]
+    device = next((c.found.split(":")[0] for c in checks if c.name == "device"), "the neuron device")
     if problems:
         lines.append(
             f"verdict: {len(problems)} problem(s) ({', '.join(c.name for c in problems)}): "
-            "serving on the neuron device would not work here"
+            f"serving on {device} would not work here"
         )
     else:
-        lines.append("verdict: ok, serving on the neuron device should work here")
+        lines.append(f"verdict: ok, serving on {device} should work here")
+    if notes:
+        lines.append(
+            f"notes: {len(notes)} check(s) for Trainium ({', '.join(notes)}) do not pass here; they matter only "
+            "for device = neuron (set NEURON_APP_DEVICE=neuron to judge them)"
+        )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ on the same shape, then a restart on the same folder and its first image (`disk`
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -77,7 +78,10 @@ def run_once(cache: Path, label: str, openai_too: bool) -> dict[str, object]:
         proc.wait(timeout=60)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)  # --help says what it does, and starts nothing
     with tempfile.TemporaryDirectory(prefix="first-hour-") as folder:
         cache = Path(folder) / "cache"
         result = {

@@ -66,3 +66,16 @@ def test_the_readme_has_a_two_minute_api_block_with_measured_first_hour_times() 
     text = README.read_text()
     assert "**Try the APIs in two minutes**" in text and "python scripts/first_hour.py" in text
     assert (ROOT / "scripts" / "first_hour.py").is_file()
+
+
+def test_every_script_answers_help_without_starting_its_work() -> None:
+    """`python scripts/X.py --help` prints its usage and exits 0 at once (turn 7's T7-17: first_hour.py started a
+    measurement of minutes instead); the timeout is only a guard against a script that starts work."""
+    import subprocess
+    import sys
+
+    for script in sorted((ROOT / "scripts").glob("*.py")):
+        done = subprocess.run(
+            [sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0 and done.stdout.startswith("usage: "), (script.name, done.stdout, done.stderr)

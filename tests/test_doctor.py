@@ -51,16 +51,30 @@ def verdicts(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, An
 
 
 def test_on_this_cpu_machine_it_says_neuron_is_unavailable_without_a_traceback() -> None:
-    result = doctor()
+    result = doctor(NEURON_APP_DEVICE="neuron")
     assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert any(line.split()[:3] == ["torch-neuronx", "problem", "absent"] for line in lines)
     assert lines[-1].startswith("verdict: ") and "would not work" in lines[-1]
     assert "fix: device 'neuron' needs TorchNeuron" in result.stdout
-    checks = verdicts(doctor("--json"))
+    checks = verdicts(doctor("--json", NEURON_APP_DEVICE="neuron"))
     assert checks["neuron device"]["verdict"] == "problem"
     expected = {"python", "torch", "neuronx-cc", "nki", "neuron sdk", "fallback", "visible cores", "instance"}
     assert expected | {"NEFF cache"} <= set(checks)
+
+
+def test_the_quick_start_on_this_cpu_machine_is_ok_with_the_trainium_checks_as_notes() -> None:
+    """The quick start's settings (device auto, no TorchNeuron, not a Trainium instance) serve on the CPU: the
+    doctor judges that device, exits 0, and keeps each failing Trainium check as a note with its fix."""
+    result = doctor(NEURON_APP_SETTINGS="quickstart.toml", NEURON_APP_MODEL="tiny-shapes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:3] == ["torch-neuronx", "note", "absent"] for line in lines)
+    assert "verdict: ok, serving on cpu or cuda (auto) should work here" in lines
+    assert lines[-1].startswith("notes: ") and "NEURON_APP_DEVICE=neuron" in lines[-1]
+    checks = verdicts(doctor("--json", NEURON_APP_SETTINGS="quickstart.toml", NEURON_APP_MODEL="tiny-shapes"))
+    assert checks["neuron device"]["verdict"] == "note" and checks["device"]["verdict"] == "ok"
+    assert not [c for c in checks.values() if c["verdict"] == "problem"]
 
 
 def test_with_torchneuron_installed_the_stack_and_device_checks_pass() -> None:

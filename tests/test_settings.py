@@ -111,7 +111,9 @@ def test_configuration_page_has_a_table_per_group_listing_exactly_its_settings()
 def test_unknown_variables_are_named_with_the_closest_setting(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """pydantic-settings ignores a typo'd variable, so the load names it and the setting it probably meant."""
+    """pydantic-settings ignores a typo'd variable, so the load names it and the setting it probably meant (a
+    warning each with strict_env = false; the default refuses, below)."""
+    monkeypatch.setenv("NEURON_APP_STRICT_ENV", "false")
     monkeypatch.setenv("NEURON_APP_REPLICA", "2")
     monkeypatch.setenv("NEURON_APP_XYZZY", "1")
     monkeypatch.setenv("NEURON_APP_SETTINGS", str(PROJECT_ROOT / "settings.toml"))  # read by the app, not a field
@@ -126,15 +128,14 @@ def test_unknown_variables_are_named_with_the_closest_setting(
 
 
 def test_strict_env_refuses_unknown_variables_without_showing_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With strict_env = true the typo stops the load; the message names variables, never their values."""
+    """By default (strict_env = true) the typo stops the load, as an unknown settings-file key does; the message
+    names variables, never their values."""
     monkeypatch.setenv("NEURON_APP_AUTH_PASWORD", "hunter2-secret")
-    monkeypatch.setenv("NEURON_APP_STRICT_ENV", "true")
     with pytest.raises(SettingsError) as info:
         load_settings()
     message = str(info.value)
     assert message.startswith("NEURON_APP_AUTH_PASWORD is not a setting; did you mean NEURON_APP_AUTH_PASSWORD?")
-    assert "strict_env" in message and "hunter2" not in message
-    monkeypatch.delenv("NEURON_APP_STRICT_ENV")
+    assert "NEURON_APP_STRICT_ENV=false" in message and "hunter2" not in message
     assert load_settings(strict_env=False).auth is None
 
 
@@ -149,11 +150,12 @@ def test_a_settings_error_also_names_the_unknown_variables(monkeypatch: pytest.M
 
 @pytest.mark.parametrize("strict", [False, True], ids=["warning", "strict"])
 def test_app_py_names_an_unknown_variable_at_start(tmp_path: Path, strict: bool) -> None:
-    """`python app.py` prints the warning before anything else; with strict_env it is the one-line start error.
+    """`python app.py` stops with one line naming the variable (strict_env, the default); with strict_env = false it
+    prints the warning before anything else.
     (share=true without auth stops the non-strict start right after, before any model work.)"""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
     env |= {"NEURON_APP_REPLICA": "2", "NEURON_APP_MODEL": "tiny", "NEURON_APP_CACHE_DIR": str(tmp_path)}
-    env |= {"NEURON_APP_STRICT_ENV": "true"} if strict else {"NEURON_APP_SHARE": "true"}
+    env |= {} if strict else {"NEURON_APP_STRICT_ENV": "false", "NEURON_APP_SHARE": "true"}
     done = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "app.py")], env=env, capture_output=True, text=True, timeout=120
     )

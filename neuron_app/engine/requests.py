@@ -237,11 +237,23 @@ def parse_resolution(resolution: Any, param: str = "resolution") -> Resolution:
         raise
 
 
+#: Said after every size refusal, on every entry: the page, gradio_client, MCP and the OpenAI API.
+SIZE_POLICY_HINT = 'size_policy = "nearest" (NEURON_APP_SIZE_POLICY=nearest) lets the OpenAI API take any size'
+
+
+def size_refusal(reason: str, offered: Sequence[str]) -> str:
+    """Why a size is refused, what is offered instead, and the setting that takes any size."""
+    return f"{reason}; choose one of {', '.join(offered)} ({SIZE_POLICY_HINT})"
+
+
 def check_resolution(resolution: Any, offered: list[str]) -> Resolution:
-    res = parse_resolution(resolution)
+    """An offered shape; a malformed one is refused with the offered list too (a caller typed it)."""
+    try:
+        res = parse_resolution(resolution)
+    except RequestError as exc:
+        raise RequestError(size_refusal(str(exc), offered), param="resolution") from None
     if str(res) not in offered:
-        message = f"resolution {res} is not offered; choose one of {', '.join(offered)}"
-        raise RequestError(message, param="resolution")
+        raise RequestError(size_refusal(f"resolution {res} is not offered", offered), param="resolution")
     return res
 
 

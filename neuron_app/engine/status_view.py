@@ -27,7 +27,7 @@ def graph_status(
         candidates = [s for s in (graph.compiled_as, *siblings) if s]
         source = next((s for s in candidates if manager.manifest.validity(s, fp, entries) == "precompiled"), name)
     validity = manager.manifest.validity(source, fp, entries)
-    found = estimate(entries, source, fp)
+    found = estimate(entries, source, fp, warm=manager.counter.graphs > 0)
     shared = graph.compiled_as if graph.compiled_as not in (None, name) else (None if source == name else source)
     return ShapeStatus(
         resolution=name,

@@ -43,7 +43,8 @@ def _check_env_names(strict: bool) -> None:
     """Unknown `NEURON_APP_*` variables: a warning each, or a `SettingsError` with `strict_env = true`."""
     lines = unknown_env_vars()
     if lines and strict:
-        raise SettingsError("; ".join(lines) + " (strict_env = true refuses unknown NEURON_APP_* variables)")
+        why = " (unknown NEURON_APP_* variables stop the start; NEURON_APP_STRICT_ENV=false lets it go on)"
+        raise SettingsError("; ".join(lines) + why)
     for line in lines:
         log.warning("%s", line)
 

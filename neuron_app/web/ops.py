@@ -90,6 +90,9 @@ class Ops:
                 body["reason"] = f"the model failed to load: {status.load_error}"
             else:
                 body["reason"] = "the model is not loaded yet (it loads on the first request, or with load_on_start)"
+        elif not status.ready and not precompiled and status.warmup["pending"] and status.warmup["running"]:
+            pending = ", ".join(status.warmup["pending"])
+            body["reason"] = f"warming up (warmup = {status.warmup['mode']}): compiling {pending}; ready when done"
         elif not status.ready and not precompiled:
             body["reason"] = "no shape is compiled yet (precompile, set warmup, or send a first request)"
         else:

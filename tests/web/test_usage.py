@@ -137,7 +137,41 @@ def test_input_megapixels_count_references_at_their_buckets_and_a_masked_source_
 
 
 def test_the_pages_info_line_carries_the_same_fields() -> None:
-    line = info_markdown(record(queue_s=0.25, device_s=0.5)).split("\n\n")[-1]
-    assert line.startswith("usage: ")
+    shown = info_markdown(record(queue_s=0.25, device_s=0.5))
+    short, details = shown.split("\n\n<details><summary>details</summary>\n\n")
+    assert "usage" not in short and "safety" not in short and short.startswith("**cache: memory**")  # turn 7's T7-5
+    (line,) = [part for part in details.split("\n\n") if part.startswith("usage: ")]  # one click away
     assert {part.split()[0] for part in line.removeprefix("usage: ").split(", ")} == FIELDS
     assert "queue_s 0.25" in line and "device_seconds 0.5" in line
+
+
+def test_a_book_written_before_the_interface_column_is_carried_over_as_the_openai_apis(tmp_path: Path) -> None:
+    """The usage table of an earlier version (the OpenAI API's alone, keyed by day and key): its rows are kept,
+    booked to `openai`, and the page's images book beside them."""
+    import sqlite3
+
+    from neuron_app.web.jobs.usage_book import MEASURES, UsageBook
+
+    path = tmp_path / "usage.sqlite3"
+    old = sqlite3.connect(path)
+    columns = ", ".join(f"{m} REAL NOT NULL DEFAULT 0" for m in MEASURES)
+    old.execute(
+        f"CREATE TABLE usage (day TEXT NOT NULL, key_name TEXT NOT NULL, {columns}, PRIMARY KEY (day, key_name))"
+    )
+    old.execute("INSERT INTO usage (day, key_name, requests, images) VALUES ('2026-12-01', 'team-a', 3, 5)")
+    old.execute(
+        "CREATE TABLE images (created REAL NOT NULL, day TEXT NOT NULL, key_name TEXT NOT NULL, user TEXT, "
+        "resolution TEXT NOT NULL, steps INTEGER NOT NULL, output_megapixels REAL NOT NULL, "
+        "device_seconds REAL NOT NULL)"
+    )
+    old.commit()
+    old.close()
+    book = UsageBook(path)
+    try:
+        book.book("page", [record(), record()])
+        rows = {(r["key_name"], r["interface"]): r for r in book.rows()}
+        assert rows[("team-a", "openai")]["images"] == 5 and rows[("team-a", "openai")]["requests"] == 3
+        assert rows[("-", "page")]["images"] == 2 and rows[("-", "page")]["requests"] == 1
+        assert [r["interface"] for r in book.images()] == ["page", "page"]
+    finally:
+        book.close()

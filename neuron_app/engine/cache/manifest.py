@@ -50,6 +50,9 @@ class ManifestEntry:
     compiled_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     #: Seconds of the last load from a cache (disk, remote); `compile_s` stays the last compile from scratch.
     load_s: float | None = None
+    #: Its compile was its process's first: it carries the one-time graphs and ops (the text encoder's, the shape-free
+    #: ones) that a later shape does not pay again, so it overstates a later compile (engine/cache/estimates.py).
+    first_in_process: bool = False
 
     @property
     def compiled_here(self) -> bool:

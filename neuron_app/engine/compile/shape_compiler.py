@@ -69,7 +69,9 @@ class ShapeCompiler:
             graph.state, graph.error = ShapeState.COMPILING, None
         if progress:
             shape = None if buckets else self.status().shapes.get(name)  # its row: a shared graph's entry counts
-            found = shape.estimate if shape is not None else estimate(self.manifest.entries(), name, self.fingerprint)
+            warm = self.counter.graphs > 0  # the one-time graphs are paid: a first compile overstates this one
+            entries = self.manifest.entries()
+            found = shape.estimate if shape is not None else estimate(entries, name, self.fingerprint, warm)
             words = estimate_words(None if found is None else found.seconds)
             if found is not None and found.kind == "load":  # precompiled: the graph comes from the cache folder
                 msg = f"Loading {name}'s precompiled graph from the cache ({words}); later requests reuse it"
@@ -125,7 +127,8 @@ class ShapeCompiler:
         log.info("compile done %s in %.2fs: %d graph(s), %d eager op(s), cache=%s", name, elapsed, graphs, eager, cache)
         if needs_run:
             fields = self.fingerprint_fields
-            self.manifest.record(ManifestEntry(name, self.fingerprint, fields, round(elapsed, 3), graphs, str(cache)))
+            entry = ManifestEntry(name, self.fingerprint, fields, round(elapsed, 3), graphs, str(cache))
+            self.manifest.record(dataclasses.replace(entry, first_in_process=graphs_before == 0))
         self._emit(outcome)
         return outcome
 

@@ -22,11 +22,15 @@ class Warmup:
         self.thread: threading.Thread | None = None
 
     def order(self) -> list[str]:
-        """The shapes warm-up compiles: none, those valid in the manifest (edit graphs included), or all."""
+        """The shapes warm-up compiles: none, the default shape (what the page preselects: once it is ready,
+        /readyz says 200 and a first click does not wait on a compile), those valid in the manifest (edit graphs
+        included), or all."""
         manager = self.manager
         mode = manager.settings.warmup
         if mode == "none":
             return []
+        if mode == "default":
+            return [manager.settings.default_resolution]
         names = [str(r) for r in manager.resolutions]
         if mode == "all":
             return names

@@ -44,8 +44,10 @@ class CompileSettings(BaseModel):
 
     load_on_start: bool = Field(False, description="Load the pipeline at start instead of on the first request.")
 
-    warmup: Literal["none", "precompiled", "all"] = Field(
-        "none", description="Compile shapes in the background at start: none, those in the manifest, or all."
+    warmup: Literal["none", "default", "precompiled", "all"] = Field(
+        "none",
+        description="Compile shapes in the background at start: none, the default shape (so /readyz turns 200 "
+        "with no request), those in the manifest, or all.",
     )
 
     only_precompiled: bool = Field(

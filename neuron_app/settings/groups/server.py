@@ -62,9 +62,9 @@ class ServerSettings(BaseModel):
     )
 
     strict_env: bool = Field(
-        False,
-        description="A NEURON_APP_* variable that is not a setting stops the start (default: a warning that "
-        "names the closest setting).",
+        True,
+        description="A NEURON_APP_* variable that is not a setting stops the start with one line naming the "
+        "closest setting, as an unknown settings-file key does; false: a warning each, and the start goes on.",
     )
 
     @property

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
 from neuron_app.engine.records import Usage
-from neuron_app.engine.requests import AUTO_SIZE, parse_resolution
+from neuron_app.engine.requests import AUTO_SIZE, parse_resolution, size_refusal
 from neuron_app.errors import RequestError, unprintable
 from neuron_app.web.openai.errors import ApiError
 
@@ -189,7 +189,7 @@ class ImageEditRequest(ImageRequest):
     image: Annotated[list[bytes], WithJsonSchema({"anyOf": [Binary, {"type": "array", "items": Binary}]})] = Field(
         description="1..16 images: references, or with mask or strength the image to redraw (also image[])"
     )
-    mask: Annotated[bytes | None, WithJsonSchema(Binary)] = Field(
+    mask: Annotated[bytes | None, WithJsonSchema({"anyOf": [Binary, {"type": "null"}]})] = Field(
         None, description="A PNG the first image's size: transparent where it is redrawn"
     )
     input_fidelity: Literal["high", "low"] | None = Field(
@@ -338,7 +338,7 @@ def check_size(size: Any, offered: list[str]) -> None:
         reason = f"resolution {parse_resolution(size, 'size')} is not offered"
     except RequestError as exc:
         reason = str(exc)
-    raise RequestError(f"{reason}; choose one of {', '.join(offered)}", param="size")
+    raise RequestError(size_refusal(reason, offered), param="size")
 
 
 def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -18,6 +18,9 @@ from neuron_app.engine.records import GenerationRecord, ProgressCallback, Progre
 from neuron_app.errors import app_error_of, one_line
 from neuron_app.web.access import Access, entry_of
 from neuron_app.web.page import tool_docs
+
+if TYPE_CHECKING:
+    from neuron_app.web.jobs.usage_book import UsageBook
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +60,9 @@ def progress_bridge(progress: gr.Progress) -> ProgressCallback:
     return on_event
 
 
-def runner(manager: Manager, access: Access) -> Runner:
-    """One generation for an API caller: the per-address page limit, errors counted and said for people."""
+def runner(manager: Manager, access: Access, usage: UsageBook | None = None) -> Runner:
+    """One generation for an API caller: the per-address page limit, errors counted and said for people, the
+    image booked by its interface (gradio_api or mcp)."""
 
     def run(
         prompt: Any,
@@ -71,10 +75,15 @@ def runner(manager: Manager, access: Access) -> Runner:
     ) -> GenerationRecord:
         try:
             with access.page_images_for(request, 1):
-                return manager.generate(prompt, resolution, steps, seed, progress=progress_bridge(progress), **options)
+                record = manager.generate(
+                    prompt, resolution, steps, seed, progress=progress_bridge(progress), **options
+                )
         except Exception as exc:
             access.observe_error(exc, entry_of(request, "gradio_api"))
             raise user_error(exc) from exc
+        if usage is not None:
+            usage.book(entry_of(request, "gradio_api"), [record])
+        return record
 
     return run
 

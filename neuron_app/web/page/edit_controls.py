@@ -93,7 +93,7 @@ def reference_input(settings: Settings) -> Any:
         file_types=["image"],
         interactive=True,
         columns=4,
-        height=160,
+        height="max-content",  # a fixed height showed a strip of a reference drawn at the column's width
         object_fit="contain",
         visible=settings.max_references > 0,
         elem_id="references",

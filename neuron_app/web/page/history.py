@@ -67,6 +67,7 @@ def panel(editing: bool) -> tuple[Any, Any, Any, Any]:
             label=f"Your last {KEEP} images: click one to reuse its settings",
             columns=6,
             height=220,
+            object_fit="contain",
             allow_preview=False,
             interactive=False,
             elem_id="history",

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 from gradio.context import LocalContext
@@ -45,6 +45,9 @@ from neuron_app.web.page.views import (
 )
 from neuron_app.web.queue_place import QueuePlace
 
+if TYPE_CHECKING:
+    from neuron_app.web.jobs.usage_book import UsageBook
+
 log = logging.getLogger(__name__)
 
 STATUS_REFRESH_S = 2.0
@@ -52,11 +55,14 @@ STATUS_REFRESH_S = 2.0
 TEMP_FILE_MAX_AGE_S = 3600
 
 
-def build_ui(manager: Manager, images: ImageStore, access: Access | None = None) -> gr.Blocks:
+def build_ui(
+    manager: Manager, images: ImageStore, access: Access | None = None, usage: UsageBook | None = None
+) -> gr.Blocks:
+    """The page; `usage` books what its Generate, gradio_client and MCP make (`python -m neuron_app usage`)."""
     settings = manager.settings
     access = access or Access(settings)  # the per-address page limit and the content-refusal counts
     lanes = request_slots(settings)  # one device event per replica, plus the post slots (engine/output/postprocess.py)
-    run = api_endpoints.runner(manager, access)
+    run = api_endpoints.runner(manager, access, usage)
 
     def ui_generate(
         prompt: str,
@@ -138,6 +144,8 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
             raise error from exc
         runs.end(session, run)
         kept = list(run.kept)
+        if usage is not None:  # a Stop's images too: they were made
+            usage.book(entry_of(request, "page"), [record for record, _path, _line in kept])
         status = manager.status()
         choices = choices_for(status, buckets)
         value = resolution if resolution == edit_controls.AUTO or not kept else kept[0][0].resolution
@@ -267,7 +275,17 @@ def build_ui(manager: Manager, images: ImageStore, access: Access | None = None)
                 stop_btn = gr.Button("Stop", variant="stop", size="sm", elem_id="stop")  # at the next step
                 gr.Examples(examples=[[e] for e in settings.example_prompts], inputs=[prompt])
             with gr.Column(scale=3):
-                gallery = gr.Gallery(label="Images", format="png", columns=2, interactive=False, elem_id="gallery")
+                # Every image whole: contain, not Gradio's cover, and as tall as it is drawn (a fixed height cut a
+                # square image's top and bottom off).
+                gallery = gr.Gallery(
+                    label="Images",
+                    format="png",
+                    columns=2,
+                    object_fit="contain",
+                    height="max-content",  # "auto" is Gradio's fixed 550 px; this grows with the images
+                    interactive=False,
+                    elem_id="gallery",
+                )
                 info = gr.Markdown(elem_id="info")
                 use_btn = gr.Button(
                     "Use as reference", size="sm", visible=settings.max_references > 0, elem_id="use-as-reference"

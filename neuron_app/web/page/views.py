@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_app.engine.cache.estimates import Estimate, human_seconds
+from neuron_app.engine.cache.estimates import Estimate, elapsed_words, human_seconds
 from neuron_app.engine.records import GenerationRecord, ManagerStatus, ProgressEvent, ShapeState, ShapeStatus, Usage
 
 SHAPE_COLUMNS = ["shape", "state", "estimate", "manifest", "compile s", "graphs", "hits", "cache", "last error"]
-#: The manifest's verdicts in words (engine/cache/manifest.py Validity).
-MANIFEST_WORDS = {"precompiled": "precompiled", "stale": "stale (other settings)", "absent": "not in the cache"}
+#: The manifest's verdicts in words (engine/cache/manifest.py Validity): an entry is written by `precompile` and by
+#: a first-use compile alike, so the table says where the graphs are, not how they got there.
+MANIFEST_WORDS = {"precompiled": "in the cache", "stale": "stale (other settings)", "absent": "not in the cache"}
 
 
 def state_word(shape: ShapeStatus) -> str:
@@ -109,7 +110,7 @@ def waiting_markdown(figures: dict[str, Any], status: ManagerStatus, elapsed_s: 
     busy = [name for name, shape in status.shapes.items() if shape.state is ShapeState.COMPILING]
     if busy:
         line += f" · {', '.join(busy)} compiling"
-    return f"{line} · {human_seconds(elapsed_s)} elapsed"
+    return f"{line} · {elapsed_words(elapsed_s)} elapsed"
 
 
 def progress_markdown(
@@ -118,7 +119,7 @@ def progress_markdown(
     """The output area while a request runs, from the manager's progress event and the shape's status record:
     the shape, what happens ("compiling (first use)" with the estimate, then the steps) and for how long."""
     name = event.resolution or ""
-    took = f"{human_seconds(elapsed_s)} elapsed"
+    took = f"{elapsed_words(elapsed_s)} elapsed"
     if event.phase == "loading":
         found = event.estimate
         about = f" (~{human_seconds(found.seconds)})" if found is not None else " (first request; no load measured yet)"
@@ -281,7 +282,7 @@ def shapes_table(status: ManagerStatus) -> list[list[Any]]:
                 state,
                 "" if shape.state is ShapeState.READY else estimate_text(shape),
                 MANIFEST_WORDS.get(shape.manifest, shape.manifest),
-                "" if shape.compile_s is None else f"{shape.compile_s:.2f}",
+                compile_cell(shape),
                 shape.graphs,
                 shape.hits,
                 shape.cache or "",
@@ -289,6 +290,16 @@ def shapes_table(status: ManagerStatus) -> list[list[Any]]:
             ]
         )
     return rows
+
+
+def compile_cell(shape: ShapeStatus) -> str:
+    """The seconds its compile took; with no graph of its own (its token family's was there), they were a run at
+    the shape and nothing compiled, which the cell says rather than `16.55` beside `graphs 0`."""
+    if shape.compile_s is None:
+        return ""
+    if shape.graphs == 0 and not shape.eager_compiles and shape.cache in ("memory", None):
+        return f"{shape.compile_s:.2f} (a run: no new graph)"
+    return f"{shape.compile_s:.2f}"
 
 
 def remote_markdown(status: ManagerStatus) -> str:
@@ -323,26 +334,29 @@ def source_words(source: dict[str, Any] | None) -> str:
 
 
 def info_markdown(record: GenerationRecord) -> str:
-    if record.compiled:
-        words = {"disk": "from the persistent cache", "remote": "from artifacts pulled from cache_remote"}
-        source = words.get(str(record.cache), "from scratch")
-        compiled = f" · compiled {record.graphs_compiled} graph(s) {source} in {record.compile_s:.2f} s"
+    if record.compiled:  # a disk or remote hit is a load of graphs compiled before, not a compile
+        words = {"disk": "loaded {} graph(s) from the persistent cache", "remote": "loaded {} graph(s) pulled from "
+                 "cache_remote"}  # fmt: skip
+        done = words.get(str(record.cache), "compiled {} graph(s)").format(record.graphs_compiled)
+        compiled = f" · {done} in {record.compile_s:.2f} s"
     else:
         compiled = ""
     refs = ", ".join(f"{r['size']} → {r['bucket']}" for r in record.references)
-    return (
+    short = (
         f"**cache: {record.cache}**{compiled} · inference {record.inference_s:.2f} s"
         f" · {record.resolution}, {record.steps} steps, seed {record.seed}"
         + lora_words(record)
         + (f" · references {refs}" if refs else "")
         + source_words(record.source)
         + (f" · resized to {record.resized_to} (size_policy nearest)" if record.resized_to else "")
-        + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
-        + f" · safety {record.safety}"
-        + marks_words(record.marks)
-        + "\n\n"
-        + usage_line(record.usage())
     )
+    details = (
+        f"safety {record.safety}"
+        + marks_words(record.marks)
+        + (f" · {record.eager_compiles} eager op(s) compiled" if record.eager_compiles else "")
+    )
+    # The short line for people; the rest, with the API's `usage` fields as they are named there, one click away.
+    return f"{short}\n\n<details><summary>details</summary>\n\n{details}\n\n{usage_line(record.usage())}\n\n</details>"
 
 
 def marks_words(marks: dict[str, str]) -> str:

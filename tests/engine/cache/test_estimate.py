@@ -83,14 +83,15 @@ def test_the_estimate_reaches_status_and_the_dropdown_label(module_manager: Any)
     cold = status.shapes["128x128"]
     expected = status.shapes["64x64"].compile_s * 2  # 4x the tokens of 64x64, clamped to 2x
     assert cold.estimate_s is not None and abs(cold.estimate_s - expected) < 0.01
-    assert cold.estimate is not None and cold.estimate.basis == "scaled from 64x64"
+    assert cold.estimate is not None and cold.estimate.basis.startswith("scaled from 64x64")  # (, a first compile)
     assert shape_label(replace(cold, estimate_s=42.0)) == "128x128 - not compiled, ~42 s"
     assert shape_label(replace(cold, estimate_s=150.0)) == "128x128 - not compiled, ~2 min"
     assert shape_label(status.shapes["64x64"]) == "64x64 - ready"
     assert estimate_text(cold) in shape_info(cold) and "not compiled" in shape_info(cold)
     row = next(r for r in shapes_table(status) if r[0] == "128x128")
     assert row[1:4] == ["not compiled", estimate_text(cold), "not in the cache"]
-    assert estimate_text(cold).startswith("compiles in about") and estimate_text(cold).endswith("(scaled from 64x64)")
+    assert estimate_text(cold).startswith(("compiles in about", "compiles in at most"))
+    assert "(scaled from 64x64" in estimate_text(cold)
     # the page's output area during that compile: the manager's event, the same status record, the same words
     events: list[Any] = []
     module_manager.generate("estimate", "128x128", 1, 0, progress=events.append)
@@ -170,3 +171,43 @@ def test_other_settings_only_when_the_fingerprint_differs() -> None:
     assert estimate(other, "512x256", "fp") == Estimate(
         20.0, "compile", "mean of 1 compile(s) under other settings", "rough"
     )
+
+
+#: How far an estimate may be from the compile that follows it (a ratio in one run, never a time): measured here
+#: (tiny, aot_eager, 2 busy cores) 0.9x to 1.5x for a shape and an edit graph scaled from a later compile.
+FACTOR = 3.0
+
+
+def test_each_estimate_is_checked_against_the_compile_that_follows(make_settings: Any) -> None:
+    """Turn 7's T7-3: 256x128 "about 7 min" was ready in 17 s (scaled from the process's first compile, which
+    carries one-time graphs), and the first edit graph had no estimate. Now a compile in a warm process is
+    compared with later compiles where there are any (the first one is only an upper bound), edit graphs are
+    scaled by their tokens (output and references), and each estimate is checked against what followed."""
+    from neuron_app.engine.manager import PipelineManager
+
+    manager = PipelineManager(make_settings())
+    manager.ensure_loaded()
+
+    def then_compile(name: str) -> tuple[Estimate, float]:
+        found = estimate(manager.manifest.entries(), name, manager.fingerprint, warm=manager.counter.graphs > 0)
+        assert found is not None, name
+        return found, manager.compile_shape(name).compile_s
+
+    assert estimate(manager.manifest.entries(), "64x64", manager.fingerprint, warm=False) is None
+    manager.compile_shape("64x64")  # the process's first: one-time graphs with it
+    assert manager.manifest.entries()["64x64"].first_in_process
+    bound, took = then_compile("128x64")
+    assert bound.sure == "upper bound" and "first compile" in bound.basis and took <= bound.seconds * FACTOR
+    assert not manager.manifest.entries()["128x64"].first_in_process
+    for name in ("128x128", "64x64 + 1 ref (64x64)"):  # a shape, then an edit graph (32 tokens with its reference)
+        found, took = then_compile(name)
+        assert found.sure in ("scaled", "interpolated") and "128x64" in found.basis, found
+        assert 1 / FACTOR <= took / found.seconds <= FACTOR, (name, found, took)
+
+
+def test_a_running_compile_line_moves_every_second() -> None:
+    from neuron_app.engine.cache.estimates import elapsed_words
+
+    assert [elapsed_words(s) for s in (12.4, 59.9, 60, 125.2, 3725)] == ["12 s", "59 s", "1 min 00 s", "2 min 05 s",
+                                                                          "62 min 05 s"]  # fmt: skip
+    assert elapsed_words(151) != elapsed_words(152)  # turn 7: "2 min elapsed" from 90 s to 150 s

@@ -81,10 +81,22 @@ class NeuronEmulatedBackend(NeuronBackend):
 
     def synchronize(self) -> None:
         """Wait for the emulated compile queue (its counters land, `emulator/cache.py`); what the emulator latched
-        (an asynchronous device failure) surfaces here."""
+        (an asynchronous device failure) surfaces here. One queue and one latch serve every core held: waiting
+        once waits for all of them, as NeuronBackend's loop over the cores does on a device."""
         if self._emulator is not None:
             self._emulator.store.flush()
             self._emulator.synchronize()
+
+    def current_device_index(self) -> int | None:
+        from neuron_app.backends.emulator.numbering import STATE
+
+        return STATE.current()
+
+    def set_current_device(self, index: int) -> None:
+        """The emulator runs a device graph on the current device, as TorchNeuron does (`current-device`)."""
+        from neuron_app.backends.emulator.numbering import STATE
+
+        STATE.set_current(index)
 
     # --- cache -----------------------------------------------------------------------------------
     def prepare_cache(self, cache_dir: Path) -> None:

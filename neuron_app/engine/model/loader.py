@@ -101,6 +101,7 @@ def load_pipeline(
     sharded_load: Callable[[Any], AbstractContextManager[None]] = lambda mesh: nullcontext(),
     placement: Placement | None = None,
     device_at: Callable[[int], str] | None = None,
+    switch: Any = None,
 ) -> Any:
     """Load `Flux2KleinPipeline` and move it to `device`, or each component to its own (`placement`, `device_at`).
 
@@ -129,7 +130,7 @@ def load_pipeline(
     pipe.preview_rgb = read_factors(Path(source.location)) if source.is_local else None
     truncate_pipeline_encoder(pipe)  # before the move: the cut layers never reach the device
     if tp_mesh is None and placement is not None and placement.name not in (None, "together") and device_at:
-        move(pipe, placement, device_at)  # each component straight to its core: never all on one first
+        move(pipe, placement, device_at, switch)  # each component straight to its core: never all on one first
     elif tp_mesh is None:
         pipe.to(device)
     else:

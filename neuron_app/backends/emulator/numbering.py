@@ -124,6 +124,8 @@ def on_process_group() -> None:
     from neuron_app.backends.emulator import lifecycle
     from neuron_app.environment import VISIBLE_CORES_VAR
 
+    if STATE.local_world_size is not None:  # a second group (a DeviceMesh's, new_group): set up once per process
+        return
     if lifecycle.started():
         raise AssertionError(
             f"{RUNTIME_BEFORE_GROUP} (neuron-emulated: this process used the device before "

@@ -5,7 +5,8 @@ The runtime reserves the cores a process asks for when it starts (`NEURON_RT_VIS
 process, it cannot be used by another process at all, until the process reserving that NeuronCore is terminated"
 (AWS, Neuron Runtime configuration guide). TorchNeuron gives a torchrun rank the core of its `LOCAL_RANK` when
 `NEURON_RT_VISIBLE_CORES` is unset, at `init_process_group` (`numbering.on_process_group` sets the variable), not
-at start: before it a rank asks for what it sees, like any process; after it a rank holds exactly one core. Here each core of the emulated instance is a file in one folder per machine
+at start: before it a rank asks for what it sees, like any process; after it a rank holds exactly one core. Here
+each core of the emulated instance is a file in one folder per machine
 and instance; holding a core is an `fcntl` lock on its file, which the kernel drops when the process dies (a
 SIGKILLed holder frees its cores), and never before: as on the device, a process keeps its cores until it exits.
 

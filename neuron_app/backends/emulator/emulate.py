@@ -75,10 +75,9 @@ def install(mode: str = "enforce") -> Any:
     import torch
 
     from neuron_app.backends.emulator import device as emulator_device
+    from neuron_app.backends.emulator import lifecycle
     from neuron_app.backends.emulator import numbering as memory_api
     from neuron_app.backends.emulator.rules import NeuronEmulator
-
-    from neuron_app.backends.emulator import lifecycle
 
     if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # A torchrun rank: the runtime starts at init_process_group (its core: NEURON_RT_VISIBLE_CORES, else

@@ -133,11 +133,14 @@ class NeuronEmulatedBackend(NeuronBackend):
         """`pipe.to("neuron")`, or each component to its own `neuron:N` (`placement`): weights on their core,
         compiled callables as device graphs."""
         super().adopt(pipe, host_modules)
+        from neuron_app.backends.emulator.numbering import STATE
+
         em = self.emulator
+        apart = placement is not None and placement.name not in (None, "together")
         for name, component in pipe.components.items():
-            if hasattr(component, "parameters"):
-                apart = placement is not None and placement.name not in (None, "together")
-                self.adopt_module(component, placement.index_of(name) if apart else None)
+            if hasattr(component, "parameters"):  # together: this process's first core (a rank's own), not the
+                # current device, which any earlier allocation of this thread may have moved (`current-device`)
+                self.adopt_module(component, placement.index_of(name) if apart else STATE.start)
         for module in host_modules:
             em.place(list(module.parameters()) + list(module.buffers()), False)
         decoder = getattr(getattr(pipe.vae, "decode", None), "__self__", None)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_app.engine.model.placement import Placement, move
+from neuron_app.engine.model.placement import Placement, move, place_pipeline
 from neuron_app.engine.model.real.random_weights import RANDOM_MODELS, ensure_random, remove_stale_staging
 from neuron_app.engine.model.real.random_weights import VERSION as RANDOM_VERSION
 from neuron_app.engine.model.real.random_weights import folder_name as random_folder
@@ -133,6 +133,8 @@ def load_pipeline(
         move(pipe, placement, device_at, switch)  # each component straight to its core: never all on one first
     elif tp_mesh is None:
         pipe.to(device)
+        if placement is not None and switch is not None and switch.current_device_index() is not None:
+            place_pipeline(pipe, placement, switch)  # one core: the call still runs with it current
     else:
         for name in ("text_encoder", "vae"):
             getattr(pipe, name).to(device)

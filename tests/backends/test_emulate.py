@@ -220,6 +220,13 @@ with torch.neuron.device(1):
 assert torch.neuron.current_device() == 0
 torch.neuron.manual_seed(0)
 torch.neuron.current_stream().synchronize()
+# The app's NeuronBackend waits for every core held (TorchNeuron's synchronize() waits for the current one only).
+from neuron_app.backends.neuron import NeuronBackend
+
+waited, wait = [], torch.neuron.synchronize
+torch.neuron.synchronize = lambda device=None: (waited.append(device), wait(device))
+NeuronBackend().synchronize()
+print("synchronized:", waited)
 """
 
 
@@ -246,6 +253,7 @@ def test_two_held_cores_are_two_devices_each_with_its_own_memory_and_a_third_ind
     assert "direct: neuron rule: Device-to-device copy requires tensors on same Neuron core" in done.stdout
     assert "set_device(2): Invalid device id: 2. Valid range is 0 to 1" in done.stdout
     assert "graph: neuron rule: the compiled device graph Linear runs on the current device neuron:0" in done.stdout
+    assert "synchronized: [0, 1]" in done.stdout
     assert "per device: neuron:0 (core 0)" in done.stderr and "neuron:1 (core 1)" in done.stderr
 
 

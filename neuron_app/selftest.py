@@ -5,7 +5,8 @@ and a 4032-token shape at the serving step count (compile seconds, device memory
 shape's own CPU fallbacks); VAE tiles of 256, 384 and 512 px, each compiled in a fresh cache in its own process, with
 the PSNR against `vae_device=cpu`; the restart in a second process on the same cache; image-to-image, inpaint, an
 edit and a LoRA switch (`--lora NAME=SOURCE` twice) at a ready shape meeting 0 compiles; NKI SDPA on against off;
-TP=2 against TP=1 (examples/guide_tp_compiled.py: the compiled sharded transformer, ranks on free cores). Every
+TP=2 against TP=1 (examples/guide_tp_compiled.py: the compiled sharded transformer, ranks on free cores); two cores
+in one process (whether a direct core-to-core copy works, which device a compiled graph runs on). Every
 other check runs in a process of its own, one at a time, on one NeuronCore; this process never opens the device (T1,
 T2). Elsewhere it runs on `neuron-emulated` with the tiny
 model (the NKI gate is then a prediction from the traced graph: 480 text tokens make 128x64 qualify, 64x64 not).
@@ -252,6 +253,37 @@ def check_nki_sdpa(device: str, model: str, shape: str, cache_dir: Path) -> Verd
     return Verdict("NKI SDPA on/off", "pass", found + f"; PSNR {psnr(got[0]['png'], got[1]['png']):.1f} dB")
 
 
+CORE_CHECKS = ("core-to-core copy", "compiled graph runs on")
+
+
+def check_cores(device: str, cache_dir: Path) -> list[Verdict]:
+    """Two NeuronCores in one process (`backends/core_probe.py`, well under a minute): whether a direct core-to-core
+    copy works and which device a compiled graph runs on, one line each; on the emulator, its rules."""
+    from neuron_app.scale.tp_check import tp_cores
+
+    pair = tp_cores(device, 2)
+    names = CORE_CHECKS
+    if isinstance(pair, str) or pair[1] != pair[0] + 1:
+        why = pair if isinstance(pair, str) else f"no two neighbouring free cores ({pair})"
+        return [Verdict(name, "skip", why) for name in names]
+    from neuron_app.environment import FALLBACK_VARS, VISIBLE_CORES_VAR
+
+    probe = ["-m", "neuron_app.backends.core_probe"]
+    cmd = [sys.executable, *(probe if device == "neuron" else ["-m", "neuron_app", "emulate", *probe])]
+    env = os.environ | FALLBACK_VARS | {VISIBLE_CORES_VAR: f"{pair[0]}-{pair[1]}"}
+    env["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache_dir / "core-probe")
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return [Verdict(name, "fail", "the probe took more than 600 s") for name in names]
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = ([x for x in done.stderr.splitlines() if x.strip()] or [f"exit code {done.returncode}"])[-1][:300]
+        return [Verdict(name, "fail", tail) for name in names]
+    got = json.loads(lines[-1])
+    return [Verdict(names[0], "pass", got["copy"]), Verdict(names[1], "pass", got["graph"])]
+
+
 def check_tp(device: str, model: str, cache_dir: Path) -> Verdict:
     """The compiled sharded transformer, 2 ranks against 1, on free cores (`scale/tp_check.py`)."""
     from neuron_app.scale.tp_check import check_tp as run_check
@@ -259,7 +291,13 @@ def check_tp(device: str, model: str, cache_dir: Path) -> Verdict:
     return Verdict("TP=2 equals TP=1", *run_check(device, model, cache_dir))
 
 
-def run(device: str, model: str, cache_dir: Path, loras: dict[str, str] | None = None) -> list[Verdict]:
+#: Checks `--skip` can leave out (one already run on its own, e.g. `scale/tp_check.py` by its own test).
+SKIPPABLE = ("tp", "cores")
+
+
+def run(
+    device: str, model: str, cache_dir: Path, loras: dict[str, str] | None = None, skip: tuple[str, ...] = ()
+) -> list[Verdict]:
     """Every check in a process of its own, one at a time, each on one NeuronCore (`check_core`); this process never
     opens the device (T1: the runtime gives a core to one process until it exits, so a check started beside a
     parent that held the cores could not start), and no process holds two pipelines (T2)."""
@@ -271,8 +309,14 @@ def run(device: str, model: str, cache_dir: Path, loras: dict[str, str] | None =
     verdicts = check_on_device(device, model, cache_dir / "main", loras)
     verdicts.append(check_restart(device, model, shapes[0], cache_dir / "main", loras))
     verdicts += check_tiles(device, model, tiles, cache_dir)
-    verdicts += [check_nki_sdpa(device, model, shapes[0], cache_dir), check_tp(device, model, cache_dir / "tp")]
-    return verdicts
+    verdicts.append(check_nki_sdpa(device, model, shapes[0], cache_dir))
+    if "tp" in skip:
+        verdicts.append(Verdict("TP=2 equals TP=1", "skip", "skipped (--skip tp)"))
+    else:
+        verdicts.append(check_tp(device, model, cache_dir / "tp"))
+    if "cores" in skip:
+        return verdicts + [Verdict(name, "skip", "skipped (--skip cores)") for name in CORE_CHECKS]
+    return verdicts + check_cores(device, cache_dir)
 
 
 def run_worker(job: str, device: str, model: str, arg: str, cache: str) -> int:
@@ -326,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=SOURCE",
         help="a LoRA style for the switch check (twice: a .safetensors path or a Hub id each); tiny ones by default",
     )
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=SKIPPABLE, help="leave a check out (its verdict says skip)"
+    )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -339,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="neuron-selftest-") as tmp:
         cache_dir = args.cache_dir or Path(tmp)
         loras = dict(item.split("=", 1) for item in args.lora) if args.lora else None
-        verdicts = run(device, model, cache_dir, loras)
+        verdicts = run(device, model, cache_dir, loras, tuple(args.skip))
     failed = [v for v in verdicts if v.verdict == "fail"]
     report = {"device": device, "model": model, "failed": len(failed), "checks": [asdict(v) for v in verdicts]}
     if args.report:

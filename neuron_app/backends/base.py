@@ -93,7 +93,15 @@ class DeviceBackend(ABC):
         """The device checks; under torchrun they run after init_process_group."""
 
     def synchronize(self) -> None:  # noqa: B027 (optional hook: synchronous devices have nothing to wait for)
-        """Wait for queued device work, so an asynchronous failure surfaces in the call that caused it."""
+        """Wait for queued device work on every core this process holds, so an asynchronous failure surfaces in the
+        call that caused it."""
+
+    def current_device_index(self) -> int | None:
+        """The thread's current device index (where a compiled graph runs on Neuron); None without indices."""
+        return None
+
+    def set_current_device(self, index: int) -> None:  # noqa: B027 (optional hook: no indices, nothing to set)
+        """Make device `index` current for this thread (`placement.place_pipeline`: each stage on its own core)."""
 
     def drain(self) -> None:
         """After a failed device call: wait for the device and drop what it latched (logged), so that the next,

@@ -281,10 +281,24 @@ class NeuronBackend(DeviceBackend):
         return NeuronCacheProbe(neff_cache_dir(cache_dir), counters=self.settled_counters)
 
     def synchronize(self) -> None:
-        """Wait for the device: NEFF compilation and execution are asynchronous, so an error surfaces here."""
+        """Wait for every core this process holds: NEFF compilation and execution are asynchronous, so an error
+        surfaces here. TorchNeuron's `synchronize()` without an index waits for the current device only
+        (`NeuronStream.cpp`, the seventh review's V5), and with components apart core 1 has its own queue."""
         import torch
 
-        torch.neuron.synchronize()
+        for index in range(max(torch.neuron.device_count(), 1)):
+            torch.neuron.synchronize(index)
+
+    def current_device_index(self) -> int | None:
+        import torch
+
+        return int(torch.neuron.current_device())
+
+    def set_current_device(self, index: int) -> None:
+        """TorchNeuron runs a compiled graph on the current device (its executor reads `current_device()`)."""
+        import torch
+
+        torch.neuron.set_device(index)
 
     def tp_mesh(self, world_size: int) -> Any:
         """One NeuronCore per rank (the guide's `DeviceMesh("neuron", ...)`)."""

@@ -81,10 +81,22 @@ class NeuronEmulatedBackend(NeuronBackend):
 
     def synchronize(self) -> None:
         """Wait for the emulated compile queue (its counters land, `emulator/cache.py`); what the emulator latched
-        (an asynchronous device failure) surfaces here."""
+        (an asynchronous device failure) surfaces here. One queue and one latch serve every core held: waiting
+        once waits for all of them, as NeuronBackend's loop over the cores does on a device."""
         if self._emulator is not None:
             self._emulator.store.flush()
             self._emulator.synchronize()
+
+    def current_device_index(self) -> int | None:
+        from neuron_app.backends.emulator.numbering import STATE
+
+        return STATE.current()
+
+    def set_current_device(self, index: int) -> None:
+        """The emulator runs a device graph on the current device, as TorchNeuron does (`current-device`)."""
+        from neuron_app.backends.emulator.numbering import STATE
+
+        STATE.set_current(index)
 
     # --- cache -----------------------------------------------------------------------------------
     def prepare_cache(self, cache_dir: Path) -> None:
@@ -121,11 +133,14 @@ class NeuronEmulatedBackend(NeuronBackend):
         """`pipe.to("neuron")`, or each component to its own `neuron:N` (`placement`): weights on their core,
         compiled callables as device graphs."""
         super().adopt(pipe, host_modules)
+        from neuron_app.backends.emulator.numbering import STATE
+
         em = self.emulator
+        apart = placement is not None and placement.name not in (None, "together")
         for name, component in pipe.components.items():
-            if hasattr(component, "parameters"):
-                apart = placement is not None and placement.name not in (None, "together")
-                self.adopt_module(component, placement.index_of(name) if apart else None)
+            if hasattr(component, "parameters"):  # together: this process's first core (a rank's own), not the
+                # current device, which any earlier allocation of this thread may have moved (`current-device`)
+                self.adopt_module(component, placement.index_of(name) if apart else STATE.start)
         for module in host_modules:
             em.place(list(module.parameters()) + list(module.buffers()), False)
         decoder = getattr(getattr(pipe.vae, "decode", None), "__self__", None)

@@ -192,6 +192,7 @@ class PipelineManager(ShapeCompiler, Admitted):
                     sharded_load=self.backend.sharded_load,
                     placement=self.placement,
                     device_at=self.backend.torch_device_at,
+                    switch=self.backend,
                 )
                 self.adapters.prepare(pipe)  # the LoRA slot goes in before compiling
                 apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)

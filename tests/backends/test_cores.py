@@ -62,7 +62,8 @@ def test_the_runtime_variables_are_read_as_the_runtime_reads_them() -> None:
     assert requested({"NEURON_RT_VISIBLE_CORES": "2,3"}) == ([2, 3], 2)
     assert requested({"NEURON_RT_VISIBLE_CORES": "0-1", "NEURON_RT_NUM_CORES": "1"}) == ([0, 1], 2)
     assert requested({"NEURON_RT_NUM_CORES": "2"}) == (None, 2)  # any two free ones
-    assert requested({"LOCAL_RANK": "1"}) == ([1], 1)  # TorchNeuron: a torchrun rank's own core
+    # A torchrun rank before init_process_group asks for what it sees (TorchNeuron sets its core only there).
+    assert requested({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == ([0, 1, 2, 3], 4)
     with pytest.raises(DeviceUnavailable, match=r"names NeuronCore 4, but the emulated trn2\.3xlarge has cores 0-3"):
         requested({"NEURON_RT_VISIBLE_CORES": "4"})
     with pytest.raises(DeviceUnavailable, match="not contiguous"):
@@ -77,7 +78,7 @@ def test_a_held_core_refuses_a_second_process_and_a_killed_holder_frees_it(holde
     assert error.startswith("neuron_app.errors.DeviceUnavailable: NeuronCore 1 of the emulated trn2.3xlarge")
     assert f"held by process {first.pid} (NEURON_RT_VISIBLE_CORES=0-1)" in error
     assert holders(NEURON_RT_NUM_CORES="2")[1] == "[2, 3]"  # the first two free cores in a row
-    assert holders(LOCAL_RANK="0")[1] == "[0]"
+    assert "held by process" in holders(LOCAL_RANK="0")[1]  # before init_process_group: every core, as any process
     assert "held by process" in holders()[1]  # every core, and none is free now
     first.kill()  # SIGKILL: no clean-up runs, the kernel drops its locks
     first.wait(timeout=30)

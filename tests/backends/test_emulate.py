@@ -112,17 +112,17 @@ def shard_lines(stderr: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["guide_tp.py", "guide_tp_compiled.py"])
 def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transformer_and_makes_the_same_image(
-    tmp_path: Path, script: str
+    tmp_path: Path,
 ) -> None:
     """`torchrun --nproc_per_node=2 -m neuron_app emulate examples/guide_tp.py`: `init_process_group("neuron")`
     (gloo underneath), `DeviceMesh("neuron", ...)` and diffusers' TensorParallelConfig really shard the
     transformer (DTensor parameters, each rank half of every sharded weight), `pipe.to(device)` moves it with the
     rest (no weak reference on a tensor to stop `swap_tensors`: review T5), and rank 0's image is one process's.
-    `guide_tp_compiled.py` adds the guide's `pipe.transformer.compile(backend="neuron", fullgraph=True,
-    dynamic=False)` on the sharded transformer (the review's U2: "Tensor device mismatch" on every rank before):
-    one graph per rank, each rank on its own device index (`neuron:<local rank>`, as TorchNeuron numbers it)."""
+    `guide_tp_compiled.py` (the guide's `pipe.transformer.compile(backend="neuron", ...)` on the sharded transformer)
+    runs once in the suite, in the selftest's TP check's own test (tests/test_selftest.py), which reads the same
+    per-rank lines (one graph per rank on `neuron:<local rank>`, 0 violations) and compares its image with TP=1."""
+    script = "guide_tp.py"
     import numpy as np
     from PIL import Image
 
@@ -141,11 +141,6 @@ def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transforme
         assert line.startswith("tensor parallel: mesh neuron x2, 28 sharded parameters"), line
         assert "this rank holds 638976 of their 1277952 elements, 0.50)" in line, line
     assert done.stderr.count("violations 0") == 2, done.stderr[-3000:]
-    if script == "guide_tp_compiled.py":
-        # Each rank traces its shard's graph (the second finds the first's artifact in the shared cache folder).
-        assert done.stderr.count("graph 0: 4 attention call(s)") == 2, done.stderr[-3000:]
-        for rank in (0, 1):
-            assert f"rank {rank}: compiled sharded transformer on neuron:{rank}, image made" in done.stdout
 
     (tmp_path / "reference.py").write_text(REFERENCE)
     single = emulate(["reference.py"], tmp_path, **guide, GUIDE_OUTPUT="one.png")
@@ -170,6 +165,8 @@ x = torch.ones(1024, device="neuron:1")
 assert x.device == torch.device("neuron", 1) and x.device.index == 1 and x.get_device() == 1
 assert torch.neuron.memory_allocated(1) == 4096 and torch.neuron.memory_allocated(0) == 0  # core 1's only
 assert torch.neuron.memory_allocated("neuron:1") == 4096 == torch.accelerator.memory_allocated(1)
+assert torch.neuron.current_device() == 1  # TorchNeuron: an allocation on neuron:1 makes it current
+torch.neuron.set_device(0)
 y = torch.ones(1024, device="neuron")  # the current device
 assert y.device.index == 0 and torch.neuron.memory_allocated(0) == 4096
 try:
@@ -182,7 +179,13 @@ try:
     raise SystemExit("an op on two cores ran")
 except RuntimeError as exc:
     print("mixed:", str(exc).splitlines()[0])
-z = y.to("neuron:1")
+try:
+    y.to("neuron:1")
+    raise SystemExit("a direct copy between two cores ran")
+except RuntimeError as exc:
+    print("direct:", str(exc).splitlines()[0])
+z = y.cpu().to("neuron:1")  # through the host: a read and a write
+assert z.device.index == 1 and torch.equal(z.cpu(), y.cpu())
 assert z.device.index == 1 and (x + z).device.index == 1 and torch.neuron.memory_allocated(1) == 8192
 layer = torch.nn.Linear(4, 4).to("neuron:1")
 assert layer.weight.device.index == 1 and layer(torch.ones(1, 4).to("neuron:1")).device.index == 1
@@ -198,6 +201,32 @@ assert torch.neuron.current_device() == 1 == torch.accelerator.current_device_in
 assert torch.ones(1, device="neuron").device.index == 1
 torch.neuron.synchronize()
 print("total", torch.neuron.get_device_properties(1).total_memory)
+try:
+    torch.neuron.set_device(2)
+    raise SystemExit("set_device(2) passed")
+except ValueError as exc:
+    print("set_device(2):", exc)
+# A compiled graph runs on the current device (TorchNeuron's executor), whatever core its inputs are on.
+lin = torch.compile(torch.nn.Linear(4, 4).to("neuron:1"), backend="neuron")
+inputs = torch.ones(1, 4).to("neuron:1")
+torch.neuron.set_device(0)
+try:
+    lin(inputs)
+    raise SystemExit("a graph ran on neuron:0 with inputs on neuron:1")
+except RuntimeError as exc:
+    print("graph:", str(exc).splitlines()[0])
+with torch.neuron.device(1):
+    assert lin(inputs).device.index == 1
+assert torch.neuron.current_device() == 0
+torch.neuron.manual_seed(0)
+torch.neuron.current_stream().synchronize()
+# The app's NeuronBackend waits for every core held (TorchNeuron's synchronize() waits for the current one only).
+from neuron_app.backends.neuron import NeuronBackend
+
+waited, wait = [], torch.neuron.synchronize
+torch.neuron.synchronize = lambda device=None: (waited.append(device), wait(device))
+NeuronBackend().synchronize()
+print("synchronized:", waited)
 """
 
 
@@ -205,7 +234,9 @@ def test_two_held_cores_are_two_devices_each_with_its_own_memory_and_a_third_ind
     """Issue 50's acceptance under `python -m neuron_app emulate` with NEURON_RT_VISIBLE_CORES=0-1: device_count()
     is 2, a tensor on neuron:1 has index 1 and is counted on core 1 only, neuron:2 is refused with TorchNeuron's
     message (`c10_neuron::set_device`), an op on two cores with torch's, and the memory functions (torch.neuron's,
-    torch.accelerator's, diffusers' backend ones) return numbers."""
+    torch.accelerator's, diffusers' backend ones) return numbers. Issue 56's: `x.to("neuron:1")` from neuron:0 is
+    refused with TorchNeuron's text and the host route works, `set_device(2)` is a ValueError, an allocation makes
+    its core current and a compiled graph runs on the current device; `manual_seed` and `current_stream` exist."""
     (tmp_path / "two_cores.py").write_text(TWO_CORES)
     done = emulate(["two_cores.py"], tmp_path, NEURON_RT_VISIBLE_CORES="0-1")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
@@ -218,6 +249,11 @@ def test_two_held_cores_are_two_devices_each_with_its_own_memory_and_a_third_ind
     numbers = done.stdout.split("numbers: ")[1].splitlines()[0].split()
     assert all(n.isdigit() for n in numbers) and int(numbers[0]) >= 8192, done.stdout
     assert "total 25769803776" in done.stdout  # a 24 GiB bank
+    # Issue 56: TorchNeuron's copy rule, its set_device check, graphs on the current device.
+    assert "direct: neuron rule: Device-to-device copy requires tensors on same Neuron core" in done.stdout
+    assert "set_device(2): Invalid device id: 2. Valid range is 0 to 1" in done.stdout
+    assert "graph: neuron rule: the compiled device graph Linear runs on the current device neuron:0" in done.stdout
+    assert "synchronized: [0, 1]" in done.stdout
     assert "per device: neuron:0 (core 0)" in done.stderr and "neuron:1 (core 1)" in done.stderr
 
 
@@ -437,3 +473,72 @@ def test_nki_sdpa_set_after_start_decides_each_graph_under_emulate(tmp_path: Pat
     assert done.returncode == 0, done.stderr[-3000:]
     assert "graph 0: 1 attention call(s), NKI attention no (TORCH_NEURONX_ENABLE_NKI_SDPA=0)" in done.stderr
     assert "graph 1: 1 attention call(s), NKI attention yes" in done.stderr, done.stderr[-2000:]
+
+
+#: Issue 56, under torchrun as a user writes it: a rank's core comes from init_process_group (TorchNeuron sets
+#: NEURON_RT_VISIBLE_CORES to LOCAL_RANK there when unset). argv[1]: `hold` (keep the cores until `release` exists),
+#: `plain`, `own` (each rank takes core 2 + LOCAL_RANK itself, as a launcher for a second group does), `touch`
+#: (the device used before init_process_group).
+RANKS = """import os, sys, time
+import torch
+import torch.distributed as dist
+
+mode = sys.argv[1]
+if mode == "own":
+    os.environ["NEURON_RT_VISIBLE_CORES"] = str(2 + int(os.environ["LOCAL_RANK"]))
+if mode == "touch":
+    torch.ones(1, device="neuron")
+dist.init_process_group(backend="neuron")
+x = torch.ones(2, device="neuron")
+print(f"rank {dist.get_rank()} on {x.device}, core {os.environ['NEURON_RT_VISIBLE_CORES']}", flush=True)
+dist.barrier()
+while mode == "hold" and not os.path.exists("release"):
+    time.sleep(0.2)
+dist.destroy_process_group()
+"""
+
+
+def torchrun(ranks: int, mode: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "TORCH_NEURONX_", "NEURON_RT_"))}
+    base |= {"PYTHONPATH": str(ROOT), "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")}
+    base |= {"GLOO_SOCKET_IFNAME": "lo"}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--master_addr=127.0.0.1"]
+    command += [f"--master_port={free_port()}", "-m", "neuron_app", "emulate", "ranks.py", mode]
+    return subprocess.Popen(
+        command, cwd=tmp_path, env=base | env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_rank_holds_one_core_from_init_process_group_and_groups_need_their_own_cores(
+    tmp_path: Path,
+) -> None:
+    """TorchNeuron's distributed start-up (`_neuron_runtime_setup`, `_set_rt_visible_cores`) on the emulator: two
+    default groups collide on cores 0-1 with the runtime's refusal, a group whose ranks take cores 2 and 3 runs
+    beside the first, a rank that sees two cores is refused ("device per process"), and a device used before
+    init_process_group is refused. Eager, no model: only the start-up is the point."""
+    (tmp_path / "ranks.py").write_text(RANKS)
+    holder = torchrun(2, "hold", tmp_path)
+    assert holder.stdout is not None
+    seen = [holder.stdout.readline() for _ in range(2)]  # each rank says so once it holds its core
+    assert sorted(line.split(",")[0] for line in seen) == ["rank 0 on neuron:0", "rank 1 on neuron:1"], seen
+    try:
+        second = torchrun(2, "plain", tmp_path)
+        out, err = second.communicate(timeout=600)
+        assert second.returncode != 0 and "Logical Neuron Core(s) not available - Requested:1" in err, err[-3000:]
+        beside = torchrun(2, "own", tmp_path)
+        out, err = beside.communicate(timeout=600)
+        assert beside.returncode == 0, err[-3000:]
+        assert "rank 0 on neuron:0, core 2" in out and "rank 1 on neuron:1, core 3" in out, out
+    finally:
+        (tmp_path / "release").touch()
+        holder.communicate(timeout=600)
+    assert holder.returncode == 0
+    two = torchrun(1, "plain", tmp_path, NEURON_RT_VISIBLE_CORES="0-1")
+    out, err = two.communicate(timeout=600)
+    assert two.returncode != 0
+    assert "Attempted to have more than one device per process in distributed setup" in err, err[-3000:]
+    early = torchrun(1, "touch", tmp_path)
+    out, err = early.communicate(timeout=600)
+    assert early.returncode != 0
+    assert "Neuron runtime should not be initialized before the init_process_group" in err, err[-3000:]

@@ -26,4 +26,10 @@ RULES: dict[str, str] = {
     "cores-taken": f"{_E}.emulate:take_cores",
     "memory-functions": f"{_E}.device:_DeviceModule.memory_allocated",
     "lnc-shared-bank": f"{_E}.placement:DeviceMemory.bank_in_use",
+    "cross-core-copy": f"{_E}.rules:NeuronEmulator.refuse_cross_core",
+    "current-device": f"{_E}.rules:NeuronEmulator.graph",
+    "set-device-index": f"{_E}.numbering:DeviceState.checked_by_python",
+    "runtime-before-group": f"{_E}.numbering:on_process_group",
+    "one-core-per-rank": f"{_E}.cores:acquire",
+    "rank-core-at-group": f"{_E}.numbering:on_process_group",
 }

@@ -4,7 +4,9 @@ The runtime reserves the cores a process asks for when it starts (`NEURON_RT_VIS
 `NEURON_RT_NUM_CORES` free cores, else every core of the instance), and "once a NeuronCore is reserved for a
 process, it cannot be used by another process at all, until the process reserving that NeuronCore is terminated"
 (AWS, Neuron Runtime configuration guide). TorchNeuron gives a torchrun rank the core of its `LOCAL_RANK` when
-`NEURON_RT_VISIBLE_CORES` is unset. Here each core of the emulated instance is a file in one folder per machine
+`NEURON_RT_VISIBLE_CORES` is unset, at `init_process_group` (`numbering.on_process_group` sets the variable), not
+at start: before it a rank asks for what it sees, like any process; after it a rank holds exactly one core. Here
+each core of the emulated instance is a file in one folder per machine
 and instance; holding a core is an `fcntl` lock on its file, which the kernel drops when the process dies (a
 SIGKILLed holder frees its cores), and never before: as on the device, a process keeps its cores until it exits.
 
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_app.backends.emulator.numbering import STATE
+from neuron_app.backends.emulator.numbering import ONE_DEVICE_PER_RANK, STATE
 from neuron_app.environment import VISIBLE_CORES_VAR, parse_cores
 from neuron_app.errors import DeviceUnavailable
 
@@ -118,11 +120,6 @@ def requested(env: Mapping[str, str] | None = None) -> tuple[list[int] | None, i
                 f"cores 0-{total - 1} ({INSTANCE_VAR}, {LNC_VAR})"
             )
         return list(range(first, last + 1)), last - first + 1
-    if "LOCAL_RANK" in env:  # TorchNeuron: a torchrun rank takes the core of its local rank
-        rank = int(env["LOCAL_RANK"])
-        if rank >= total:
-            raise DeviceUnavailable(f"torchrun local rank {rank} has no NeuronCore: the emulated instance has {total}")
-        return [rank], 1
     number = env.get(NUM_CORES_VAR, "").strip()
     if number and number != "0":  # 0 means all
         if not number.isdigit() or int(number) > total:
@@ -205,6 +202,11 @@ def acquire(env: Mapping[str, str] | None = None) -> list[int]:
     env = os.environ if env is None else env
     inst, where = instance(env), folder(env)
     exact, count = requested(env)
+    if STATE.local_world_size is not None and count != 1:  # TorchNeuron asserts one core per rank (after nrt_init)
+        raise DeviceUnavailable(
+            f"{ONE_DEVICE_PER_RANK} (neuron-emulated: {VISIBLE_CORES_VAR}={env.get(VISIBLE_CORES_VAR, '')} gives this "
+            f"rank {count} NeuronCores; give each rank its own core, NEURON_RT_VISIBLE_CORES=<base + LOCAL_RANK>)"
+        )
     where.mkdir(parents=True, exist_ok=True)
 
     def files(cores: list[int]) -> list[Path]:

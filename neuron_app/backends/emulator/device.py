@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from neuron_app.backends.emulator.numbering import STATE
+from neuron_app.backends.emulator.numbering import STATE, _str_index
 from neuron_app.errors import NeuronRuleViolation
 
 DEVICE_TYPE = "neuron"
@@ -86,7 +86,33 @@ class _DeviceModule:
 
     @staticmethod
     def set_device(device: Any) -> None:
-        STATE.set_current(STATE.resolve(device))
+        """TorchNeuron's Python `set_device`: an index past the cores held is a ValueError ("Invalid device id")."""
+        from neuron_app.backends.emulator import lifecycle
+
+        lifecycle.use()  # the device is touched (a torchrun rank before init_process_group: refused there)
+        index = device if isinstance(device, int) and not isinstance(device, bool) else None
+        if index is None:
+            index = getattr(device, "index", None) if not isinstance(device, str) else _str_index(device)
+        STATE.set_current(STATE.checked_by_python(STATE.current() if index is None else index))
+
+    @classmethod
+    def device(cls, device: Any) -> Any:
+        """`with torch.neuron.device(i):` the current device is i inside, the previous one after."""
+        return _CurrentDevice(cls, device)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        """TorchNeuron seeds its device generator; random numbers made on the device are refused here anyway
+        (`random-on-device`), so only the seed is kept."""
+        _DeviceModule.seed_value = int(seed)
+
+    manual_seed_all = manual_seed
+    seed_value: int | None = None
+
+    @classmethod
+    def current_stream(cls, device: Any = None) -> Any:
+        """The device's default stream (TorchNeuron's NeuronStream): `synchronize()` waits for the device."""
+        return _Stream(cls, cls._index(device))
 
     @classmethod
     def is_initialized(cls) -> bool:
@@ -94,6 +120,8 @@ class _DeviceModule:
 
     @classmethod
     def synchronize(cls, device: Any = None) -> None:
+        if device is not None:
+            STATE.resolve(device)  # an index past the cores held fails as TorchNeuron's guard does
         if cls.synchronize_hook is not None:
             cls.synchronize_hook()
 
@@ -145,6 +173,37 @@ class _DeviceModule:
         return SimpleNamespace(name=f"NeuronCore {STATE.core(index)} (emulated)", total_memory=total, index=index)
 
 
+class _CurrentDevice:
+    """`torch.neuron.device(i)`: sets the thread's current device for the block and restores it."""
+
+    def __init__(self, module: Any, device: Any) -> None:
+        self.module, self.device, self.previous = module, device, None
+
+    def __enter__(self) -> None:
+        self.previous = STATE.current()
+        self.module.set_device(self.device)
+
+    def __exit__(self, *exc: Any) -> None:
+        STATE.set_current(self.previous)
+
+
+class _Stream:
+    """A device's stream, as far as scripts ask it: its device, `synchronize()`, `query()`."""
+
+    def __init__(self, module: Any, index: int) -> None:
+        self.module, self.device_index = module, index
+        self.device = torch.device(DEVICE_TYPE, index)
+
+    def synchronize(self) -> None:
+        self.module.synchronize(self.device_index)
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream: Any) -> None:
+        """One stream per device here: nothing runs beside it."""
+
+
 _DEVICE_MODULE = _DeviceModule()
 
 
@@ -186,7 +245,10 @@ def register_dist_backend() -> None:
     if "neuron" not in dist.Backend.backend_list:
 
         def gloo_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
+            from neuron_app.backends.emulator import lifecycle
+
             on_process_group()  # TorchNeuron's numbering from here: the rank's core is neuron:<local rank>
+            lifecycle.start_deferred()  # the rank takes its cores now (`emulate`: NEURON_RT_VISIBLE_CORES as set)
             return dist.ProcessGroupGloo(store, rank, size, timeout)
 
         dist.Backend.register_backend("neuron", gloo_group, devices=["neuron", "cpu"])

@@ -75,10 +75,16 @@ def install(mode: str = "enforce") -> Any:
     import torch
 
     from neuron_app.backends.emulator import device as emulator_device
+    from neuron_app.backends.emulator import lifecycle
     from neuron_app.backends.emulator import numbering as memory_api
     from neuron_app.backends.emulator.rules import NeuronEmulator
 
-    take_cores()
+    if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        # A torchrun rank: the runtime starts at init_process_group (its core: NEURON_RT_VISIBLE_CORES, else
+        # LOCAL_RANK) or at a device use before it (then every core it sees, and init_process_group refuses).
+        lifecycle.defer(take_cores)
+    else:
+        take_cores()
     folder = Path(os.environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or DEFAULT_NEFF_CACHE) / "emulated"
     em = NeuronEmulator(folder, mode)
     emulator_device._DeviceModule.available = True
@@ -166,6 +172,7 @@ def spawn_child(mode: str) -> None:
 def _patch_module_to(em: Any) -> None:
     import torch
 
+    from neuron_app.backends.emulator import lifecycle
     from neuron_app.backends.emulator.device import _is_device_arg, _is_neuron
     from neuron_app.backends.emulator.numbering import STATE
 
@@ -177,7 +184,11 @@ def _patch_module_to(em: Any) -> None:
             return original(self, *args, **kwargs)
         rest = [a for a in args if not _is_device_arg(a)]
         options = {k: v for k, v in kwargs.items() if k != "device"}
+        lifecycle.use()
         index = STATE.resolve(device)  # `neuron:N` past the process's cores fails as on TorchNeuron
+        elsewhere = {em.index_of(t) for t in [*self.parameters(), *self.buffers()]} - {None, index}
+        if elsewhere:  # each weight's `.to` is a copy between two cores (`cross-core-copy`)
+            em.refuse_cross_core(min(elsewhere), index, f"{type(self).__name__}.to")
         if rest or options:  # a dtype too: convert on the host, then adopt
             original(self, *rest, **options)
         em.adopt(self, index)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 #: TorchNeuron's message, word for word (`torch_neuronx/__init__.py`, `_lazy_init`), raised as a RuntimeError.
 FORK_MESSAGE = (
@@ -25,6 +27,20 @@ _lock = threading.Lock()
 _started_in: int | None = None  # the pid whose device use started the runtime
 _bad_fork = False
 _registered = False
+#: What starting the runtime does that waits for it (a torchrun rank's cores, `emulate.install`): run at the first
+#: device use, or by `init_process_group` (`start_deferred`), whichever comes first.
+_deferred: list[Callable[[], Any]] = []
+
+
+def defer(start: Callable[[], Any]) -> None:
+    """Run `start` when the runtime starts, not now: a torchrun rank takes its cores at `init_process_group`
+    (TorchNeuron sets NEURON_RT_VISIBLE_CORES then) or, touching the device before it, all it sees."""
+    _deferred.append(start)
+
+
+def start_deferred() -> None:
+    while _deferred:
+        _deferred.pop(0)()
 
 
 def _after_fork_in_child() -> None:
@@ -53,6 +69,7 @@ def use() -> None:
         with _lock:
             if _started_in is None:
                 _started_in = os.getpid()
+        start_deferred()
 
 
 def started() -> bool:

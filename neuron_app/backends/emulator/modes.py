@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from neuron_app.backends.emulator import device as dev
+from neuron_app.backends.emulator import lifecycle
 from neuron_app.backends.emulator.device import _RANDOM_FUNCTIONS, _is_neuron, _spec
 from neuron_app.backends.emulator.numbering import STATE
 from neuron_app.backends.emulator.standin import accumulate_in_float32
@@ -76,6 +77,7 @@ class _PlacementMode(TorchFunctionMode):
             return em.index_of(args[0])
         device = kwargs.get("device")
         if _is_neuron(device):
+            lifecycle.use()  # an allocation starts the runtime (a torchrun rank's before init_process_group too)
             index = STATE.resolve(device)  # `neuron:N` past the process's cores fails as TorchNeuron's guard does
             if name in _RANDOM_FUNCTIONS:
                 em.violate(f"torch.{name}(device='neuron') makes random numbers on the device; use a CPU generator")
@@ -111,6 +113,9 @@ class _PlacementMode(TorchFunctionMode):
                     call_kwargs["memory_format"] = kwargs["memory_format"]
                 if device is not None and not _is_neuron(device) and torch.device(device).type != "cpu":
                     call_kwargs["device"] = device  # `meta` (accelerate's offload): torch's own move
+        source = em.index_of(src)
+        if target_device and source is not None and target_index is not None and source != target_index:
+            em.refuse_cross_core(source, target_index, f"Tensor.{name}")  # host route: x.cpu().to("neuron:N")
         with _disable_current_modes():  # a transfer or a cast, not an op the device compiles
             out = src.to(**call_kwargs) if call_kwargs else src
             moves_core = target_device and em.is_device(src) and em.index_of(src) != target_index

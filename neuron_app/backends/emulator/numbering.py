@@ -65,9 +65,23 @@ class DeviceState:
         return self._default if self._default is not None else self.start
 
     def set_current(self, index: int) -> None:
+        """The thread's current device (the first one set is the process default). TorchNeuron's
+        `make_neuron_storage` calls it for every allocation on `neuron:N`, so the current device is the index of
+        the last tensor this thread allocated (the review's V2); a compiled graph runs there."""
         self._thread.index = self.check(index)
         if self._default is None:
             self._default = index
+
+    def checked_by_python(self, index: int) -> int:
+        """`torch.neuron.set_device(N)` checks in Python first: TorchNeuron's `torch_neuronx/__init__.py` raises a
+        ValueError with its own text, where the device guard's C++ check is a RuntimeError (`check`)."""
+        span = self.valid()
+        if index not in span:
+            raise ValueError(
+                f"Invalid device id: {index}. Valid range is {span.start} to {span.stop - 1} (neuron-emulated: this "
+                f"process holds NeuronCore(s) {self.cores}; NEURON_RT_VISIBLE_CORES)"
+            )
+        return index
 
     def resolve(self, device: Any) -> int:
         """The index a device argument names (`neuron`, `neuron:1`, a torch.device, an int): checked."""
@@ -97,9 +111,29 @@ def _str_index(text: str) -> int | None:
 STATE = DeviceState()
 
 
+#: TorchNeuron's `_neuron_runtime_setup` (its `torch_neuronx/distributed/backend.py`), word for word.
+RUNTIME_BEFORE_GROUP = "Neuron runtime should not be initialized before the init_process_group"
+ONE_DEVICE_PER_RANK = "Attempted to have more than one device per process in distributed setup"
+
+
 def on_process_group() -> None:
-    """Called when the `neuron` process group is made: TorchNeuron's distributed numbering (LOCAL_RANK)."""
+    """Called when the `neuron` process group is made, as TorchNeuron's `_neuron_runtime_setup` does it: the runtime
+    must not have started (an assert there), an unset `NEURON_RT_VISIBLE_CORES` becomes the rank's `LOCAL_RANK`
+    (`_set_rt_visible_cores`: only now, not at start, and only when unset, so two default groups on one instance
+    both ask for cores 0..N-1), and the rank's device is `neuron:<local rank>` from here."""
+    from neuron_app.backends.emulator import lifecycle
+    from neuron_app.environment import VISIBLE_CORES_VAR
+
+    if STATE.local_world_size is not None:  # a second group (a DeviceMesh's, new_group): set up once per process
+        return
+    if lifecycle.started():
+        raise AssertionError(
+            f"{RUNTIME_BEFORE_GROUP} (neuron-emulated: this process used the device before "
+            "init_process_group(backend='neuron'); TorchNeuron asserts it has not)"
+        )
     rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "LOCAL_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ and not os.environ.get(VISIBLE_CORES_VAR):
+        os.environ[VISIBLE_CORES_VAR] = str(rank)
     STATE.distributed(rank, int(os.environ.get("LOCAL_WORLD_SIZE", str(rank + 1))))
 
 

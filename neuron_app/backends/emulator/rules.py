@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 UNIMPLEMENTED_OPS = frozenset({"scatter_.src"})
 #: HBM per chip, by instance family (AWS's Trn1 and Trn2 instance pages).
 HBM_PER_CHIP_GIB = {"trn1": 32.0, "trn2": 96.0}
+#: TorchNeuron's text for a copy between two NeuronCores (`csrc/utils/CopyUtils.cpp`, `copy_neuron_to_neuron`).
+CROSS_CORE_MESSAGE = "Device-to-device copy requires tensors on same Neuron core"
 #: Ops that write a strided view as a full-buffer copy on TorchNeuron instead of failing.
 _STRIDED_WRITE_OK = {"copy_"}
 
@@ -151,6 +153,7 @@ class NeuronEmulator:
         if on_device:
             lifecycle.use()  # the first device use starts the runtime; a forked child's is refused
         where = STATE.current() if index is None else index
+        placed = False
         for leaf in pytree.tree_leaves(value):
             if not isinstance(leaf, torch.Tensor):
                 continue
@@ -160,7 +163,19 @@ class NeuronEmulator:
             over = self.memory.claim(leaf, weight, force=self.mode != "enforce", index=where)
             if over is not None:
                 self._out_of_memory(leaf, *over, weight=weight, index=where)
+            placed = True
+        if placed and where != STATE.current():
+            STATE.set_current(where)  # TorchNeuron: every allocation on neuron:N makes N current (`current-device`)
         return value
+
+    def refuse_cross_core(self, src: int, dst: int, what: str) -> None:
+        """A copy between two NeuronCores: TorchNeuron's `copy_neuron_to_neuron` checks both indices are equal
+        (`CopyUtils.cpp`), and its own test expects the failure; with the app's fail-fast fallback setting it is
+        a RuntimeError. The host route (`x.cpu().to("neuron:N")`) is a read and a write, allowed."""
+        self.violate(
+            f"{CROSS_CORE_MESSAGE} ({what}: neuron:{src} -> neuron:{dst}; TorchNeuron's copy_neuron_to_neuron refuses "
+            f"a copy between two cores: go through the host, x.cpu().to('neuron:{dst}'))"
+        )
 
     def _out_of_memory(self, leaf: torch.Tensor, asked: int, in_use: int, weight: bool, index: int = 0) -> None:
         """The Neuron runtime's allocation failure ("Failed to allocate N bytes on DEVICE for tensor", with the
@@ -259,6 +274,9 @@ class NeuronEmulator:
         if name in _RANDOM_OPS:
             self.violate(f"{overload} makes random numbers on the device; use a CPU generator ({shapes})")
         if name in _TRANSFER_OPS:
+            indices = sorted({i for i in map(self.index_of, tensors) if i is not None})
+            if len(indices) > 1:  # `dst.copy_(src)` with the two on different cores
+                self.refuse_cross_core(indices[-1], indices[0], overload)
             return
         if name not in _MIXED_OK:
             host = [t for t in tensors if self.is_host(t) and t.dim() > 0]
@@ -344,11 +362,18 @@ class NeuronEmulator:
 
         def run_graph(*args: Any, **kwargs: Any) -> Any:
             self.raise_latched()
-            index = None
+            index = STATE.current()  # TorchNeuron's executor: `device_id = torch.neuron.current_device()`
             for leaf in pytree.arg_tree_leaves(*args, **kwargs):
                 if self.is_host(leaf) and leaf.dim() > 0:
                     self.violate(f"host tensor {_spec(leaf)} passed to the compiled device graph {name}")
-                index = self.index_of(leaf) if index is None else index
+                elsewhere = self.index_of(leaf)
+                if elsewhere is not None and elsewhere != index:
+                    self.violate(
+                        f"the compiled device graph {name} runs on the current device neuron:{index} (TorchNeuron's "
+                        f"executor takes torch.neuron.current_device(), which every allocation moves), but its input "
+                        f"{_spec(leaf)} is on neuron:{elsewhere}: make its core current first (torch.neuron.set_device "
+                        f"or `with torch.neuron.device({elsewhere})`)"
+                    )
             with _disable_current_modes(), torch._C.DisableTorchFunction(), _dtypes_as_on_neuron(), meshes_on_host():
                 try:
                     out = fn(*args, **kwargs)
@@ -357,7 +382,7 @@ class NeuronEmulator:
                     if named is exc:
                         raise
                     raise named from exc
-            return self.place(out, True, index=index)  # on its inputs' core
+            return self.place(out, True, index=index)  # its outputs are allocated on the current device
 
         run_graph.neuron_graph = name  # type: ignore[attr-defined]
         return run_graph

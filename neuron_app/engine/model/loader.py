@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_app.engine.model.placement import Placement, move
+from neuron_app.engine.model.placement import Placement, move, place_pipeline
 from neuron_app.engine.model.real.random_weights import RANDOM_MODELS, ensure_random, remove_stale_staging
 from neuron_app.engine.model.real.random_weights import VERSION as RANDOM_VERSION
 from neuron_app.engine.model.real.random_weights import folder_name as random_folder
@@ -101,6 +101,7 @@ def load_pipeline(
     sharded_load: Callable[[Any], AbstractContextManager[None]] = lambda mesh: nullcontext(),
     placement: Placement | None = None,
     device_at: Callable[[int], str] | None = None,
+    switch: Any = None,
 ) -> Any:
     """Load `Flux2KleinPipeline` and move it to `device`, or each component to its own (`placement`, `device_at`).
 
@@ -129,9 +130,11 @@ def load_pipeline(
     pipe.preview_rgb = read_factors(Path(source.location)) if source.is_local else None
     truncate_pipeline_encoder(pipe)  # before the move: the cut layers never reach the device
     if tp_mesh is None and placement is not None and placement.name not in (None, "together") and device_at:
-        move(pipe, placement, device_at)  # each component straight to its core: never all on one first
+        move(pipe, placement, device_at, switch)  # each component straight to its core: never all on one first
     elif tp_mesh is None:
         pipe.to(device)
+        if placement is not None and switch is not None and switch.current_device_index() is not None:
+            place_pipeline(pipe, placement, switch)  # one core: the call still runs with it current
     else:
         for name in ("text_encoder", "vae"):
             getattr(pipe, name).to(device)

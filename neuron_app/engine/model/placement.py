@@ -3,13 +3,21 @@
 Neuron numbers the cores a process holds `neuron:0`, `neuron:1`, ... (TorchNeuron's device indices); CUDA its GPUs.
 Each component is moved straight to its own index (never the whole pipeline to one core first: klein-9B's 27.9 GiB
 would not fit there on the way), and the pipeline's execution device is the transformer's, so the latents live where
-the transformer runs and diffusers moves the prompt embedding and the VAE's inputs across (its `encode_prompt` and
-decode move to the component's own device).
+the transformer runs.
+
+Between two NeuronCores nothing is copied directly: TorchNeuron refuses a copy between two device indices ("Device-to-
+device copy requires tensors on same Neuron core", the seventh review's V1). Every crossing (the prompt embedding from
+the text encoder's core; with the VAE apart, the latents to the VAE's core and an edit's reference latents back) goes
+to the host and back (`to_core`), at the pipeline's seams (`place_pipeline`: diffusers' own code is not patched). And
+a compiled graph runs on the thread's current device, which TorchNeuron moves at every allocation (V2): each stage
+runs with its own core current (the text encoder's, the transformer's for the call, the VAE's for the decode).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,23 +94,103 @@ def _placed(name: str, setting: str, core_ids: list[int] | None, why: str) -> Pl
     return Placement(name, setting, cores, why)
 
 
-def move(pipe: Any, placement: Placement, device_at: Any) -> None:
-    """Each component straight to its device (`device_at(index)`), and the execution device the transformer's."""
+def to_core(value: Any, device: Any, dtype: Any = None) -> Any:
+    """`value.to(device, dtype)`, and from another NeuronCore through the host: a read and a write (7.5 MiB for
+    klein-4B's prompt embedding, once per prompt) instead of the direct copy TorchNeuron refuses. The one way a
+    tensor crosses between cores here."""
+    import torch
+
+    target, here = torch.device(device), value.device
+    if here.type == target.type == "neuron" and here.index != target.index:
+        value = value.to("cpu")
+    return value.to(device=target, dtype=dtype) if dtype is not None else value.to(target)
+
+
+def move(pipe: Any, placement: Placement, device_at: Any, switch: Any = None) -> None:
+    """Each component straight to its device (`device_at(index)`), and the pipeline's seams placed."""
     for component in COMPONENTS:
         getattr(pipe, component).to(device_at(placement.index_of(component)))
-    follow_transformer(pipe)
+    place_pipeline(pipe, placement, switch)
 
 
-def follow_transformer(pipe: Any) -> None:
-    """diffusers takes the execution device from the first accelerator component it lists (for klein the text
-    encoder, measured): with the components apart the latents would be made on the text encoder's core. This
-    pipeline's class answers the transformer's device."""
+def place_pipeline(pipe: Any, placement: Placement, switch: Any = None) -> None:
+    """The pipeline's class, for components apart: its execution device is the transformer's (diffusers takes the
+    first accelerator component it lists, for klein the text encoder); the text encoder runs with its core current
+    and its embedding crosses through the host; with the VAE apart the unpacked latents cross to the VAE's core
+    (where the pipeline then de-normalises them with the VAE's batch-norm statistics and decodes, with that core
+    current) and an edit's reference latents cross back. `switch` (the backend) reads and sets the current device."""
     cls = type(pipe)
     if getattr(cls, "follows_transformer", False):
         return
-    placed = type(cls.__name__, (cls,), {"follows_transformer": True, "_execution_device": _transformer_device})
+    index = {component: placement.index_of(component) for component in COMPONENTS}
+    stage = _Stages(switch)
+
+    def _get_qwen3_prompt_embeds(text_encoder: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+        with stage.on(index["text_encoder"]):  # made on the text encoder's core, then across
+            out = cls._get_qwen3_prompt_embeds(text_encoder, *args, device=None, **kwargs)
+        return out if device is None else to_core(out, device)
+
+    def prepare_image_latents(self: Any, images: Any, batch_size: Any, generator: Any, device: Any, dtype: Any) -> Any:
+        from diffusers.utils.torch_utils import get_module_execution_device
+
+        with stage.on(index["vae"]):
+            own = get_module_execution_device(self.vae)
+            latents, ids = cls.prepare_image_latents(self, images, batch_size, generator, own, dtype)
+        return to_core(latents, device), to_core(ids, device)
+
+    def _encode_vae_image(self: Any, image: Any, generator: Any) -> Any:
+        with stage.on(index["vae"]):
+            return cls._encode_vae_image(self, image, generator)
+
+    def _unpack_latents_with_ids(*args: Any, **kwargs: Any) -> Any:
+        from diffusers.utils.torch_utils import get_module_execution_device
+
+        out = cls._unpack_latents_with_ids(*args, **kwargs)
+        vae = get_module_execution_device(pipe.vae)
+        stage.switch(index["vae"])  # the decode's stage: the call's own scope restores the device after it
+        return to_core(out, vae)
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with stage.on(index["transformer"]):
+            return cls.__call__(self, *args, **kwargs)
+
+    body: dict[str, Any] = {
+        "follows_transformer": True,
+        "_execution_device": _transformer_device,
+        "_get_qwen3_prompt_embeds": staticmethod(_get_qwen3_prompt_embeds),
+        "__call__": __call__,
+    }
+    if "vae" in layout(placement.name or "together").apart:
+        body |= {
+            "prepare_image_latents": prepare_image_latents,
+            "_encode_vae_image": _encode_vae_image,
+            "_unpack_latents_with_ids": staticmethod(_unpack_latents_with_ids),
+        }
+    placed = type(cls.__name__, (cls,), body)
     placed.__module__ = cls.__module__
     pipe.__class__ = placed
+
+
+class _Stages:
+    """The current device per pipeline stage, through the backend's `current_device_index` /
+    `set_current_device` (a compiled graph runs on the current device: TorchNeuron's executor reads it)."""
+
+    def __init__(self, switch: Any) -> None:
+        self.backend = switch
+
+    def switch(self, index: int) -> None:
+        if self.backend is not None:
+            self.backend.set_current_device(index)
+
+    @contextlib.contextmanager
+    def on(self, index: int) -> Iterator[None]:
+        before = self.backend.current_device_index() if self.backend is not None else None
+        self.switch(index)
+        try:
+            yield
+        finally:
+            if before is not None:
+                self.switch(before)
 
 
 @property  # type: ignore[misc]

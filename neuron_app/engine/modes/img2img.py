@@ -51,12 +51,15 @@ def prepare(pipe: Any, image: Any, mask: Any, strength: float, steps: int, gener
     from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
     from diffusers.utils.torch_utils import get_module_execution_device, randn_tensor
 
+    from neuron_app.engine.model.placement import to_core
+
     width, height = image.size
     device, dtype = pipe._execution_device, pipe.transformer.dtype
     rows, cols = height // (pipe.vae_scale_factor * 2), width // (pipe.vae_scale_factor * 2)
     tensor = pipe.image_processor.preprocess(image, height=height, width=width)
     tensor = tensor.to(device=get_module_execution_device(pipe.vae), dtype=pipe.vae.dtype)
-    source = pipe._encode_vae_image(tensor, generator).to(device=device, dtype=dtype)  # argmax: no randomness
+    source = pipe._encode_vae_image(tensor, generator)  # argmax: no randomness
+    source = to_core(source, device, dtype)  # from the VAE's core, through the host
     shape = (1, pipe.transformer.config.in_channels, rows, cols)
     noise = randn_tensor(shape, generator=generator, device=device, dtype=dtype)  # as the pipeline draws it
     full = np.linspace(1.0, 1 / steps, steps)

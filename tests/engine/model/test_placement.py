@@ -44,8 +44,9 @@ def test_text_encoder_apart_draws_what_it_is_asked_with_the_encoder_on_its_own_c
     two_cores: None, tmp_path: Any, shared_models: Any
 ) -> None:
     """NEURON_APP_PLACEMENT=text-encoder-apart over NeuronCores 0-1: the prompt is encoded on neuron:1 and carried
-    to the transformer on neuron:0 (the emulator refuses an op that mixes two cores), the judge reads the scenes,
-    and the status and each record name the cores."""
+    to the transformer on neuron:0 through the host (the emulator refuses an op that mixes two cores, and a direct
+    copy between them with TorchNeuron's text), with each stage's core current (a graph runs on the current device),
+    the judge reads the scenes, and the status and each record name the cores."""
     apart = _manager(tmp_path, shared_models, placement="text-encoder-apart")
     from neuron_app.web.page.views import status_markdown
 

@@ -85,7 +85,10 @@ def _group(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With `-n` (pytest-xdist, `--dist loadgroup`): a module's tests stay in one worker, so its module fixtures
     (a launched app, a Ray cluster) start once; the Ray modules share one worker; the heaviest groups are
-    collected first. A serial run keeps the files' order."""
+    collected first. pytest-randomly has shuffled the modules, and the tests in each, before this hook (its
+    wrapper runs first; every worker gets the same seed): the sort is stable, so the heavy groups lead and the order
+    is random within each group and among the rest. A serial run keeps randomly's order (or, with `-p no:randomly`,
+    the files')."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
     if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike (a stable sort)

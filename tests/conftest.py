@@ -163,18 +163,33 @@ def module_manager(tmp_path_factory: pytest.TempPathFactory, shared_models: Path
     return manager
 
 
-@pytest.fixture(scope="module")
-def launched_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Any]:
-    """The real app (tiny model, aot_eager) launched without blocking on a free local port."""
+def launch_on_a_free_port(overrides: dict[str, Any]) -> Any:
+    """The real app built from tiny settings plus `overrides` and launched without blocking on a free local port.
+    The machine is shared: a port that another process took between `free_port` and the bind is given up for
+    another one (Gradio's "Cannot find empty port"), a few times."""
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
     from neuron_app.web.server import build_app, launch
 
-    cache_dir = link_models(tmp_path_factory.mktemp("appcache"), shared_models)
-    settings = load_settings(**(TINY_OVERRIDES | {"cache_dir": cache_dir, "server_port": free_port()}))
-    app = build_app(settings, PipelineManager(settings))
-    launch(app, block=False)
-    app.url = f"http://127.0.0.1:{settings.server_port}/"
+    for attempt in range(3):
+        settings = load_settings(**(TINY_OVERRIDES | {"server_port": free_port()} | overrides))
+        app = build_app(settings, PipelineManager(settings))
+        try:
+            launch(app, block=False)
+        except OSError as exc:
+            app.demo.close()
+            if "Cannot find empty port" not in str(exc) or attempt == 2:
+                raise
+            continue
+        app.url = f"http://127.0.0.1:{settings.server_port}/"
+        return app
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def launched_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Any]:
+    """The real app (tiny model, aot_eager) launched without blocking on a free local port."""
+    app = launch_on_a_free_port({"cache_dir": link_models(tmp_path_factory.mktemp("appcache"), shared_models)})
     yield app
     app.demo.close()
 
@@ -190,19 +205,11 @@ def client(launched_app: Any) -> Any:
 def launch_tiny(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Callable[..., Any]]:
     """Launch the real tiny app with settings overrides (queue size, auth, compile backend...) on a free
     local port; every app launched is closed after the module."""
-    from neuron_app.engine.manager import PipelineManager
-    from neuron_app.settings import load_settings
-    from neuron_app.web.server import build_app, launch
-
     apps: list[Any] = []
 
     def launch_one(**overrides: Any) -> Any:
         cache_dir = link_models(tmp_path_factory.mktemp("appcache"), shared_models)
-        base = TINY_OVERRIDES | {"cache_dir": cache_dir, "server_port": free_port()}
-        settings = load_settings(**(base | overrides))
-        app = build_app(settings, PipelineManager(settings))
-        launch(app, block=False)
-        app.url = f"http://127.0.0.1:{settings.server_port}/"
+        app = launch_on_a_free_port({"cache_dir": cache_dir} | overrides)
         apps.append(app)
         return app
 

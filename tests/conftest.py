@@ -47,13 +47,13 @@ set_router_env()
 RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_serve_app"})
 
 
-#: The groups that take longest, heaviest first: rough seconds from `--durations` runs on the 2-core machine;
-#: only their order matters.
+#: The groups that take longest, heaviest first: rough seconds from `--durations` runs on the 2-core machine, and
+#: CPU seconds alone where docs/testing.md has them; only their order matters.
 #: xdist hands groups out in collection order (with `--no-loadscope-reorder`, set in pyproject.toml; its
 #: default orders them by test count), so under `-n` these start first and the short ones fill in around them.
 HEAVY_GROUPS = {
     "test_bench": 285,
-    "test_hardening_lows": 240,  # the queue ETA over loopback: a 128x128 compile and 40 steps
+    "test_hardening_lows": 90,  # the queue ETA over loopback: a 128x128 compile and 40 steps (44 CPU s alone)
     "test_plan": 200,  # three plan processes on fake tensors (4B with edits, 9B, LNC=1) and the status line
     "test_emulate": 200,  # user scripts under emulate, the guide's TP snippets under torchrun (eager, compiled)
     "test_diffusers_klein": 240,  # diffusers' klein tests twice (plain CPU, emulate), when fetched

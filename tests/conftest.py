@@ -47,13 +47,13 @@ set_router_env()
 RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_serve_app"})
 
 
-#: The groups that take longest, heaviest first: rough seconds from `--durations` runs on the 2-core machine;
-#: only their order matters.
+#: The groups that take longest, heaviest first: rough seconds from `--durations` runs on the 2-core machine, and
+#: CPU seconds alone where docs/testing.md has them; only their order matters.
 #: xdist hands groups out in collection order (with `--no-loadscope-reorder`, set in pyproject.toml; its
 #: default orders them by test count), so under `-n` these start first and the short ones fill in around them.
 HEAVY_GROUPS = {
     "test_bench": 285,
-    "test_hardening_lows": 240,  # the queue ETA over loopback: a 128x128 compile and 40 steps
+    "test_hardening_lows": 90,  # the queue ETA over loopback: a 128x128 compile and 40 steps (44 CPU s alone)
     "test_plan": 200,  # three plan processes on fake tensors (4B with edits, 9B, LNC=1) and the status line
     "test_emulate": 200,  # user scripts under emulate, the guide's TP snippets under torchrun (eager, compiled)
     "test_diffusers_klein": 240,  # diffusers' klein tests twice (plain CPU, emulate), when fetched
@@ -85,7 +85,10 @@ def _group(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With `-n` (pytest-xdist, `--dist loadgroup`): a module's tests stay in one worker, so its module fixtures
     (a launched app, a Ray cluster) start once; the Ray modules share one worker; the heaviest groups are
-    collected first. A serial run keeps the files' order."""
+    collected first. pytest-randomly has shuffled the modules, and the tests in each, before this hook (its
+    wrapper runs first; every worker gets the same seed): the sort is stable, so the heavy groups lead and the order
+    is random within each group and among the rest. A serial run keeps randomly's order (or, with `-p no:randomly`,
+    the files')."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
     if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike (a stable sort)
@@ -160,18 +163,33 @@ def module_manager(tmp_path_factory: pytest.TempPathFactory, shared_models: Path
     return manager
 
 
-@pytest.fixture(scope="module")
-def launched_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Any]:
-    """The real app (tiny model, aot_eager) launched without blocking on a free local port."""
+def launch_on_a_free_port(overrides: dict[str, Any]) -> Any:
+    """The real app built from tiny settings plus `overrides` and launched without blocking on a free local port.
+    The machine is shared: a port that another process took between `free_port` and the bind is given up for
+    another one (Gradio's "Cannot find empty port"), a few times."""
     from neuron_app.engine.manager import PipelineManager
     from neuron_app.settings import load_settings
     from neuron_app.web.server import build_app, launch
 
-    cache_dir = link_models(tmp_path_factory.mktemp("appcache"), shared_models)
-    settings = load_settings(**(TINY_OVERRIDES | {"cache_dir": cache_dir, "server_port": free_port()}))
-    app = build_app(settings, PipelineManager(settings))
-    launch(app, block=False)
-    app.url = f"http://127.0.0.1:{settings.server_port}/"
+    for attempt in range(3):
+        settings = load_settings(**(TINY_OVERRIDES | {"server_port": free_port()} | overrides))
+        app = build_app(settings, PipelineManager(settings))
+        try:
+            launch(app, block=False)
+        except OSError as exc:
+            app.demo.close()
+            if "Cannot find empty port" not in str(exc) or attempt == 2:
+                raise
+            continue
+        app.url = f"http://127.0.0.1:{settings.server_port}/"
+        return app
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def launched_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Any]:
+    """The real app (tiny model, aot_eager) launched without blocking on a free local port."""
+    app = launch_on_a_free_port({"cache_dir": link_models(tmp_path_factory.mktemp("appcache"), shared_models)})
     yield app
     app.demo.close()
 
@@ -187,19 +205,11 @@ def client(launched_app: Any) -> Any:
 def launch_tiny(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Iterator[Callable[..., Any]]:
     """Launch the real tiny app with settings overrides (queue size, auth, compile backend...) on a free
     local port; every app launched is closed after the module."""
-    from neuron_app.engine.manager import PipelineManager
-    from neuron_app.settings import load_settings
-    from neuron_app.web.server import build_app, launch
-
     apps: list[Any] = []
 
     def launch_one(**overrides: Any) -> Any:
         cache_dir = link_models(tmp_path_factory.mktemp("appcache"), shared_models)
-        base = TINY_OVERRIDES | {"cache_dir": cache_dir, "server_port": free_port()}
-        settings = load_settings(**(base | overrides))
-        app = build_app(settings, PipelineManager(settings))
-        launch(app, block=False)
-        app.url = f"http://127.0.0.1:{settings.server_port}/"
+        app = launch_on_a_free_port({"cache_dir": cache_dir} | overrides)
         apps.append(app)
         return app
 

@@ -81,8 +81,9 @@ def free_port() -> int:
     ephemeral range (where every `bind(0)` and outgoing connection lands; Ray's processes take many) and above
     Ray's worker ports. Port 0's answer is kept only where that band is empty."""
     high = _ephemeral_low() - 1
+    draw = random.SystemRandom()  # not the global generator, which a test runner may seed alike in every process
     for _ in range(50) if high > _FIRST_FREE_PORT else ():
-        port = random.randint(_FIRST_FREE_PORT, high)
+        port = draw.randint(_FIRST_FREE_PORT, high)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, TINY_OVERRIDES, AppProcess, link_models, pid_alive, ray_head, wait_for
+from tests.support import ROOT, TEST_SHAPES, TINY_OVERRIDES, AppProcess, link_models, pid_alive, ray_head, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -105,6 +105,11 @@ def test_a_replica_that_cannot_load_the_model_fails_the_start_in_one_line(
 
 
 # --- one running cluster, joined through ray_address ----------------------------------------------------------
+#: The routing test's own shape (48 tokens: a graph no other shape here shares), so that its first request compiles
+#: whichever of the module's tests ran before it.
+SHAPE = "128x96"
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """An already running cluster the app joins."""
@@ -118,11 +123,21 @@ def replicas(cluster: str, tmp_path_factory: pytest.TempPathFactory, shared_mode
     from neuron_app.settings import load_settings
 
     cache = link_models(tmp_path_factory.mktemp("replicas"), shared_models)
-    settings = load_settings(**(TINY_OVERRIDES | {"cache_dir": cache, "replicas": 2, "ray_address": cluster}))
+    shapes = {"resolutions": [*TEST_SHAPES, SHAPE]}
+    settings = load_settings(**(TINY_OVERRIDES | shapes | {"cache_dir": cache, "replicas": 2, "ray_address": cluster}))
     client = start_replicas(settings)
     wait_for(lambda: len([r for r in client.status().replicas if r["healthy"]]) == 2, 60, "2 healthy replicas")
     yield client
+    # close() stops this app's replicas but never the cluster it joined: checked after the module's last test,
+    # whichever it was (a test that closed the shared replicas had to run last, and a random order broke that).
     client.close()
+    import ray
+
+    ray.init(address=cluster, namespace="check", logging_level="WARNING")
+    try:
+        assert ray.cluster_resources().get("CPU") == 2.0, "closing the replicas stopped the cluster they joined"
+    finally:
+        ray.shutdown()
 
 
 def routed_holders(client: Any, graph_id: str) -> list[str]:
@@ -135,17 +150,18 @@ def routed_holders(client: Any, graph_id: str) -> list[str]:
 
 
 def test_two_replicas_serve_and_routing_prefers_the_replica_with_the_graph(replicas: Any) -> None:
-    """The first 64x64 request compiles on one replica; every later 64x64 request is routed there (no second
+    """The first request of a shape compiles on one replica; every later request of it is routed there (no second
     compile anywhere), and the record says which replica served it."""
     seen: list[Any] = []
+    compiles = replicas.status().compiles
     unsubscribe = replicas.subscribe(seen.append)
-    first = replicas.generate("a fox", "64x64", 2, 0)
-    assert first.compiled and first.replica and first.image.size == (64, 64)
+    first = replicas.generate("a fox", SHAPE, 2, 0)
+    assert first.compiled and first.replica and first.image.size == (128, 96)
     # The replica reports the graph it now holds (Serve's multiplexed ids, the status board) asynchronously: a
     # request sent in the same instant may still be routed by load alone (seen once in a full run).
-    wait_for(lambda: replicas.status().shapes["64x64"].ready_replicas == 1, 30, "the graph to be reported")
-    wait_for(lambda: routed_holders(replicas, "graph-64x64") == [first.replica], 30, "Serve's router to learn it")
-    later = [replicas.generate("a fox", "64x64", 2, seed) for seed in range(1, 7)]
+    wait_for(lambda: replicas.status().shapes[SHAPE].ready_replicas == 1, 30, "the graph to be reported")
+    wait_for(lambda: routed_holders(replicas, f"graph-{SHAPE}") == [first.replica], 30, "Serve's router to learn it")
+    later = [replicas.generate("a fox", SHAPE, 2, seed) for seed in range(1, 7)]
     unsubscribe()
     # The router (routing.GraphAffinityRouter) waits for the holder, which looks busy for an instant after each
     # answer; Serve's default router sent every other request elsewhere (CI, stop 37: the replicas alternated).
@@ -153,9 +169,9 @@ def test_two_replicas_serve_and_routing_prefers_the_replica_with_the_graph(repli
     assert not any(r.compiled for r in later)
     # Replicas publish their status every half second (and after each request): the merged view follows.
     status = wait_for(
-        lambda: (st := replicas.status()).shapes["64x64"].ready_replicas >= 1 and st, 30, "the status to follow"
+        lambda: (st := replicas.status()).shapes[SHAPE].ready_replicas >= 1 and st, 30, "the status to follow"
     )
-    assert status.compiles == 1 and status.shapes["64x64"].state == "ready"
+    assert status.compiles == compiles + 1 and status.shapes[SHAPE].state == "ready"
     assert [type(e).__name__ for e in seen].count("GenerationRecord") == 7  # local subscribers (metrics) see them
     assert later[0].info()["replica"] == first.replica
 
@@ -266,15 +282,3 @@ def test_a_killed_replica_costs_at_most_its_request_and_is_replaced(replicas: An
     again = replicas.generate("after", "128x64", 2, 11)
     diff = [abs(a - b) for a, b in zip(again.image.tobytes(), record.image.tobytes(), strict=True)]
     assert max(diff) <= 2  # seeded: the same image (up to float rounding between processes)
-
-
-def test_closing_leaves_a_joined_cluster_running(cluster: str, replicas: Any) -> None:
-    """close() stops this app's replicas but never the cluster it joined (runs last in this module)."""
-    import ray
-
-    replicas.close()
-    ray.init(address=cluster, namespace="check", logging_level="WARNING")
-    try:
-        assert ray.cluster_resources().get("CPU") == 2.0
-    finally:
-        ray.shutdown()

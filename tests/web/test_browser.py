@@ -339,7 +339,7 @@ WATCH_GALLERY = """() => {
   }).observe(document.querySelector('#gallery'), {subtree: true, childList: true, attributes: true,
                                                    attributeFilter: ['src']});
 }"""
-SIDE = 1024
+SIDE = 256
 SHAPE = f"{SIDE}x{SIDE}"
 SHOWN = "() => { const img = document.querySelector('#gallery img'); return img ? [img.src, img.naturalWidth] : null; }"
 
@@ -354,10 +354,28 @@ def picture_in(shot: Path, box: dict[str, float]) -> bool:
 
 
 def test_previews_show_in_the_image_slot_mid_generation(browser: Any, launch_tiny: Any, tmp_path: Path) -> None:
-    """At 1024x1024 the tiny model takes a tenth of a second or more a step on the 2-core host, so 32 steps leave
-    time to see (and photograph) a preview: the gallery shows the quarter-size host preview while the steps run, then
-    the image."""
-    app = launch_tiny(resolutions=[SHAPE], default_resolution=SHAPE, max_steps=32, default_steps=32)
+    """The gallery shows the quarter-size host preview while the steps run, then the image. The run waits after
+    its first and second steps until the page has shown that step's preview (and been photographed): the test
+    waits on the page's events, never races the steps (a 1024x1024 run raced them before, and lost on a busy
+    host)."""
+    import threading
+
+    app = launch_tiny(resolutions=[SHAPE], default_resolution=SHAPE, max_steps=4, default_steps=4)
+    manager, original = app.manager, app.manager._execute
+    release = {1: threading.Event(), 2: threading.Event()}  # set once the page showed that step's preview
+
+    def held(call: Any, on_step: Any = None) -> Any:
+        if on_step is None:  # the compile's warm-up call, not the request
+            return original(call)
+
+        def step(number: int, total: int, preview: Any = None) -> None:
+            on_step(number, total, preview)
+            if number in release:
+                release[number].wait(TIMEOUT_MS / 1000)
+
+        return original(call, step)
+
+    manager._execute = held
     page = open_page(browser, app.url)
     try:
         page.locator("#gallery").wait_for()  # the page has rendered
@@ -365,30 +383,25 @@ def test_previews_show_in_the_image_slot_mid_generation(browser: Any, launch_tin
         page.locator("#randomize input").uncheck()
         page.locator("#prompt textarea").fill("a harbour at night")
         page.locator("#generate").click()
-        # The screenshot counts when a loaded preview (a quarter of the side) is on show before and after it and
-        # the image slot in the shot holds a picture (previews change every step, faster than a full-page shot);
-        # the final image must not have come yet.
         preview, side = SIDE // 4, SIDE
-        on_show = f"() => {{ const s = ({SHOWN})(); return s && s[1] === {preview}; }}"
-        for _attempt in range(16):
-            page.wait_for_function(on_show, timeout=TIMEOUT_MS)
-            before = page.evaluate(f"({SHOWN})()")
-            box = page.locator("#gallery img").first.bounding_box()
-            screenshot(page, tmp_path / "preview.png", publish=False)
-            after = page.evaluate(f"({SHOWN})()")
-            assert after is not None and after[1] != side, "the final image came before a preview was photographed"
-            if before[1] == after[1] == preview and box and picture_in(tmp_path / "preview.png", box):
-                break
-        else:
-            raise AssertionError("no screenshot caught a preview in the image slot")
+        loaded = f"(n) => window.__shown.filter((s) => s[0] === {preview}).length >= n"
+        page.wait_for_function(loaded, arg=1, timeout=TIMEOUT_MS)  # step 1's preview, the run held after it
+        assert page.evaluate(f"({SHOWN})()")[1] == preview
+        box = page.locator("#gallery img").first.bounding_box()
+        screenshot(page, tmp_path / "preview.png", publish=False)
+        assert box and picture_in(tmp_path / "preview.png", box), "no picture in the image slot during the steps"
+        release[1].set()
+        page.wait_for_function(loaded, arg=2, timeout=TIMEOUT_MS)  # step 2's, a new preview in the same slot
+        release[2].set()
         info = page.locator("#info").filter(has_text=f"{SHAPE},").filter(has_text="cache: miss")
         info.wait_for()
         page.wait_for_function(f"() => ({SHOWN})()[1] === {side}", timeout=TIMEOUT_MS)  # the image replaced it
         shown = page.evaluate("() => window.__shown")
-        previews = [w for w, _h in shown if w == preview]
-        assert len(previews) >= 2, shown  # one per step, more than one seen
         assert shown[-1] == [side, side] and [side, side] not in shown[: shown.index([preview, preview])], shown
     finally:
+        for event in release.values():
+            event.set()
+        manager._execute = original
         page.close()
 
 

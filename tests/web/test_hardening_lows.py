@@ -29,7 +29,11 @@ LONG = 40  # steps of the long request in the ETA test
 
 @pytest.fixture(scope="module")
 def app(launch_tiny: Callable[..., Any]) -> Any:
-    return launch_tiny(loras=LORAS, blocked_terms=["forbiddenword"], max_steps=LONG)
+    """64x64 compiled here, with the fixture's own budget: a test's request timeout covers its run, never a
+    first-use compile (120 s once did not cover one on a busy host)."""
+    app = launch_tiny(loras=LORAS, blocked_terms=["forbiddenword"], max_steps=LONG)
+    app.manager.compile_shape("64x64")
+    return app
 
 
 async def _mcp_generate(url: str, args: dict[str, Any]) -> Any:

@@ -81,8 +81,12 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def jobs_app(launch_tiny: Callable[..., Any]) -> Any:
+    """The model loaded and 64x64 compiled here, whichever test runs first: a job sent while the model loads is a
+    503 ("the model is loading"), which the first test in file order used to absorb for the rest."""
     keys = {"alice": {"key": KEY}, "bob": {"key": OTHER_KEY}}
-    return launch_tiny(api_keys=keys, webhook_hosts=["127.0.0.1"], webhook_secret=SECRET)
+    app = launch_tiny(api_keys=keys, webhook_hosts=["127.0.0.1"], webhook_secret=SECRET)
+    app.manager.compile_shape("64x64")
+    return app
 
 
 def auth() -> dict[str, str]:

@@ -236,13 +236,15 @@ def test_edits_answer_a_clear_501_when_editing_is_off(keyed_app: Any) -> None:
 def test_api_key_is_required_when_set(keyed_app: Any) -> None:
     """With an API key: no key or a wrong one is 401 (nothing runs); the right one generates."""
     app = keyed_app
+    before = (app.manager.status().compiles, app.manager.loaded, app.manager.status().stages["device"]["served"])
     for wrong in ("unused", KEY + "x", KEY[:-1]):
         with pytest.raises(openai.AuthenticationError) as caught:
             openai_client(app, wrong).images.generate(prompt=PROMPT, size="64x64")
         assert caught.value.body["code"] == "invalid_api_key"
     reply = httpx.post(app.url + "v1/images/generations", json={"prompt": PROMPT}, timeout=10)
     assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer"
-    assert app.manager.status().compiles == 0 and not app.manager.loaded
+    now = app.manager.status()  # nothing ran: counted from this test's start (the module's app is shared)
+    assert (now.compiles, app.manager.loaded, now.stages["device"]["served"]) == before
     result = openai_client(app, KEY).images.generate(prompt=PROMPT, size="64x64", extra_body={"num_inference_steps": 1})
     assert png(base64.b64decode(result.data[0].b64_json)).size == (64, 64)
 
@@ -257,10 +259,11 @@ def test_page_auth_without_api_key_refuses_the_api_and_mcp(launch_tiny: Callable
     assert not app.manager.loaded
 
 
-def test_full_queue_is_429_and_shutdown_is_503(keyed_app: Any) -> None:
+def test_full_queue_is_429_and_shutdown_is_503(launch_tiny: Callable[..., Any]) -> None:
     """API requests wait on the same device as the page: with the device held and the queue full (one running,
-    one waiting), the next is 429 at once; the held ones finish. While draining, 503."""
-    app = keyed_app
+    one waiting), the next is 429 at once; the held ones finish. While draining, 503. On an app of its own, as the
+    keyed app's settings: the drain shuts it down, which any test after it on a shared app would meet."""
+    app = launch_tiny(api_key=KEY, queue_max_size=1, max_references=0)
     client = openai_client(app, KEY)
     client.images.generate(prompt=PROMPT, size="64x64", extra_body={"num_inference_steps": 1})  # load + compile
     results: list[Any] = []

@@ -21,8 +21,12 @@ BOB = "bob-key-0123456789abcdefgh"
 
 @pytest.fixture(scope="module")
 def app(launch_tiny: Callable[..., Any]) -> Any:
+    """64x64 compiled here: the per-minute limits are counted on the clock, and a stream's reads wait at most 60 s,
+    neither of which should have to cover a first-use compile on a busy host."""
     keys = {"alice": {"key": ALICE, "images_per_minute": 2}, "bob": {"key": BOB, "images_per_minute": 1}}
-    return launch_tiny(api_keys=keys)
+    app = launch_tiny(api_keys=keys)
+    app.manager.compile_shape("64x64")
+    return app
 
 
 @pytest.fixture

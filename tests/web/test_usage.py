@@ -64,11 +64,12 @@ def test_compile_s_is_positive_exactly_when_the_request_compiled(client: OpenAI)
         assert set(item.model_dump()["provenance"]["usage"]) == FIELDS
 
 
-def test_a_job_record_carries_usage_with_its_wait(api_app: Any, client: OpenAI) -> None:
+def finished_job(api_app: Any, client: OpenAI, steps: int) -> dict[str, Any]:
+    """A 64x64 job sent through the SDK, and its view once it ended."""
     created = client.images.generate(
         prompt="a job",
         size="64x64",
-        extra_body={"num_inference_steps": 2},
+        extra_body={"num_inference_steps": steps},
         extra_headers={"Prefer": "respond-async"},
     )
     job_id = created.model_dump()["id"]
@@ -78,7 +79,11 @@ def test_a_job_record_carries_usage_with_its_wait(api_app: Any, client: OpenAI) 
         view = httpx.get(f"{api_app.url}v1/images/jobs/{job_id}", headers=headers, timeout=30).json()
         return view if view["status"] in ("succeeded", "failed") else None
 
-    view = wait_for(ended, 300, "the job's end")
+    return wait_for(ended, 300, "the job's end")
+
+
+def test_a_job_record_carries_usage_with_its_wait(api_app: Any, client: OpenAI) -> None:
+    view = finished_job(api_app, client, 2)
     assert view["status"] == "succeeded", view
     assert set(view["usage"]) >= FIELDS and view["usage"]["queue_s"] >= 0 and view["usage"]["steps"] == 2
 
@@ -99,7 +104,9 @@ def test_metrics_have_per_shape_histograms_and_usage_per_key_today(api_app: Any,
 
 
 def test_the_usage_command_reads_the_table_and_the_jobs(api_app: Any, client: OpenAI) -> None:
+    """Its own image and its own job (the book it reads is the module app's: other tests' rows only add)."""
     client.images.generate(prompt="counted", size="64x64", extra_body={"num_inference_steps": 1})
+    assert finished_job(api_app, client, 1)["status"] == "succeeded"
     cache_dir = Path(api_app.settings.cache_dir)
     out = run_cli(tiny_env(cache_dir), "usage", "--json", timeout=120)
     assert out.returncode == 0, out.stderr

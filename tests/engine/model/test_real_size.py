@@ -54,8 +54,18 @@ def real_manager(real_cache: Path) -> Iterator[Any]:
         manager.close()
 
 
+@pytest.fixture(scope="module")
+def first_image(real_manager: Any) -> dict[str, Any]:
+    """The manager's first image, whichever test asks first (the order is random): the placement before it, its
+    record, and the status and each core's HBM right after it."""
+    before = real_manager.status().placement["name"]
+    record = real_manager.generate("a red circle", SHAPE, 1, 7)
+    devices = {d["index"]: d for d in real_manager.backend.emulator.devices()}
+    return {"placement_before": before, "record": record, "status": real_manager.status(), "devices": devices}
+
+
 def test_klein_4b_random_on_10_gib_cores_places_the_text_encoder_apart_by_itself_within_the_plan(
-    real_manager: Any,
+    real_manager: Any, first_image: dict[str, Any]
 ) -> None:
     """Issue 50: everything on one core is 13.2 GiB and does not fit in 10; `auto` asks the plan at load, puts the
     text encoder on neuron:1 and the transformer and VAE on neuron:0, and serves an image. What each core holds is
@@ -66,10 +76,10 @@ def test_klein_4b_random_on_10_gib_cores_places_the_text_encoder_apart_by_itself
     from neuron_app.engine.model.real.plan import plan_one
     from neuron_app.shapes import Resolution
 
-    assert real_manager.status().placement["name"] is None  # chosen at load, not before
-    record = real_manager.generate("a red circle", SHAPE, 1, 7)
+    assert first_image["placement_before"] is None  # chosen at load, not before
+    record = first_image["record"]
     assert record.resolution == SHAPE and record.cache == "miss"
-    status = real_manager.status()
+    status = first_image["status"]
     assert status.shapes[SHAPE].state == "ready" and status.compiles >= 1
     pipe = real_manager.pipe
     assert sum(p.numel() for p in pipe.transformer.parameters()) == 3_875_544_576  # klein-4B's, counted loaded
@@ -84,7 +94,7 @@ def test_klein_4b_random_on_10_gib_cores_places_the_text_encoder_apart_by_itself
 
     planned = plan_one("klein-4b", "klein-4b-random", Resolution.parse(SHAPE), 1, instance("trn2"))
     weights = {name: c["weights_gib_per_core"] for name, c in planned["components"].items()}
-    devices = {d["index"]: d for d in real_manager.backend.emulator.devices()}
+    devices = first_image["devices"]
     for index, names in ((0, ("transformer", "vae")), (1, ("text_encoder",))):
         expected = sum(weights[n] for n in names)
         assert abs(devices[index]["in_use_gib"] - expected) / expected < 0.03, (devices, weights)
@@ -92,7 +102,9 @@ def test_klein_4b_random_on_10_gib_cores_places_the_text_encoder_apart_by_itself
     assert status.neuron_rules["violation_count"] == 0
 
 
-def test_a_second_klein_4b_on_the_same_cores_runs_out_of_device_memory(real_manager: Any) -> None:
+def test_a_second_klein_4b_on_the_same_cores_runs_out_of_device_memory(
+    real_manager: Any, first_image: dict[str, Any]
+) -> None:
     """The fourth review's T2: the old selftest's tile check built a second klein-4B manager in the process holding
     the cores. On the emulator that is the device's out-of-memory at load, with the figures (7.4 + 7.4 GiB against
     neuron:0's 10), and the first manager keeps serving (the selftest now runs each check in a process of its own)."""

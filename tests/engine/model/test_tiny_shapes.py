@@ -78,6 +78,7 @@ def test_inpaint_draws_inside_the_mask_and_keeps_the_rest(drawn: PipelineManager
     alpha = np.full((128, 128), 255, np.uint8)
     alpha[:, :64] = 0  # OpenAI's rule: transparent = edit
     mask = png(Image.fromarray(np.dstack([np.zeros((128, 128, 3), np.uint8), alpha]), "RGBA"))
+    drawn.compile_shape("128x128")  # ready whichever test ran first: the inpaint must add no graph to it
     before = drawn.status().compiles
     out = drawn.generate(
         "a blue circle on a green background on the left", "128x128", 4, 3, image=png(source), mask=mask

@@ -44,14 +44,16 @@ def png_header(width: int, height: int) -> bytes:
 
 
 def test_one_and_two_references_through_the_manager(module_manager: PipelineManager, tmp_path: Path) -> None:
+    """Both graphs are this test's own (80 and 112 tokens: no other test here edits at those totals), so each first
+    request compiles whichever test ran before it."""
     before = module_manager.status().compiles
-    record = module_manager.generate("make it blue", "64x64", 2, 3, references=[png(200, 100)])
+    record = module_manager.generate("make it blue", "64x64", 2, 3, references=[png(200, 200)])
     assert record.image.size == (64, 64)
     assert record.compiled and record.graphs_compiled == 1 and record.cache == "miss"
     assert [{k: r[k] for k in ("size", "bucket")} for r in record.info()["references"]] == [
-        {"size": "200x100", "bucket": "128x64"}
+        {"size": "200x200", "bucket": "128x128"}
     ]
-    assert record.info()["references"][0]["sha256"] == hashlib.sha256(png(200, 100)).hexdigest()
+    assert record.info()["references"][0]["sha256"] == hashlib.sha256(png(200, 200)).hexdigest()
 
     path = tmp_path / "square.png"
     path.write_bytes(png(100, 100, (10, 200, 10)))
@@ -60,7 +62,7 @@ def test_one_and_two_references_through_the_manager(module_manager: PipelineMana
     assert two.graphs_compiled == 1
     status = module_manager.status()
     assert status.compiles == before + 2
-    assert status.edits["64x64 + 1 ref (128x64)"].state == "ready"
+    assert status.edits["64x64 + 1 ref (128x128)"].state == "ready"
     assert status.edits["64x64 + 2 refs (128x128, 64x128)"].hits == 1
     assert status.shapes["64x64"].state == "not_compiled"  # an edit graph is not the text-to-image graph
 

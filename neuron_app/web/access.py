@@ -64,7 +64,7 @@ class Limit:
     span_s: float
     words: str  # "per minute", "per day"
     reason: str  # the /metrics label of a refusal: images_per_minute, images_per_day
-    unit: str = "images"  # or "bytes" (uploads, web/door.py)
+    unit: str = "images"  # or "bytes" (uploads, web/door/)
 
     def amount(self, count: int) -> str:
         return f"{count / (1 << 20):.1f} MB" if self.unit == "bytes" else _images(count)

@@ -87,7 +87,7 @@ class BodyRules:
 
     @classmethod
     def for_settings(cls, settings: Settings) -> BodyRules:
-        from neuron_app.web.door import MCP_BODY_LIMIT, MCP_PATH, UPLOAD_PATHS
+        from neuron_app.web.door.middleware import MCP_BODY_LIMIT, MCP_PATH, UPLOAD_PATHS
 
         upload = int(settings.upload_mb_per_minute * MB)  # the most one address may upload in a minute
         gradio = int(settings.request_body_mb * MB)

@@ -174,7 +174,7 @@ def launch(app: App, *, block: bool = True, quiet: bool = False, **overrides: An
     result = app.demo.launch(**kwargs)
     if not kwargs["share"]:
         wait_for_page(app.demo.local_url)
-    from neuron_app.web.door import Aliases
+    from neuron_app.web.door.aliases import Aliases
     from neuron_app.web.mcp.tools import mend
 
     aliases = Aliases.for_settings(settings)
@@ -216,10 +216,10 @@ def wait_for_page(url: str, timeout_s: float = PAGE_ANSWER_S) -> None:
 
 
 def door_kwargs(app: App) -> dict[str, Any]:
-    """Gradio's FastAPI keyword arguments: our routes (web/ops.py) and the door every request meets (web/door.py)."""
+    """Gradio's FastAPI keyword arguments: our routes (web/ops.py) and the door every request meets (web/door/)."""
     from starlette.middleware import Middleware
 
-    from neuron_app.web.door import Door
+    from neuron_app.web.door.middleware import Door
     from neuron_app.web.guard import Guard
 
     kwargs = app.ops.app_kwargs() if app.ops is not None else {}

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from neuron_app.web.door import _upload_folder
+from neuron_app.web.door.aliases import upload_folder
 
 TIGHT_KEY = f"sk-tight-{uuid.uuid4().hex}"
 BOB_KEY = f"sk-bob-{uuid.uuid4().hex}"
@@ -45,7 +45,7 @@ def upload(app: Any, address: str, size: int) -> httpx.Response:
 
 def kept(payload: bytes) -> list[Path]:
     """Files in Gradio's temp folder holding exactly `payload` (other tests may write there too)."""
-    folder = Path(_upload_folder())
+    folder = Path(upload_folder())
     found = [p for p in folder.rglob("*") if p.is_file() and p.stat().st_size == len(payload)]
     return [p for p in found if p.read_bytes() == payload]
 
@@ -166,7 +166,7 @@ def test_one_address_may_take_a_quarter_of_the_hourly_upload_space(make_settings
     from starlette.routing import Route
 
     from neuron_app.web.access import Limiter
-    from neuron_app.web.door import Door
+    from neuron_app.web.door.middleware import Door
 
     async def take(request: Request) -> JSONResponse:
         return JSONResponse({"bytes": len(await request.body())})

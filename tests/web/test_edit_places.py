@@ -27,7 +27,7 @@ import pytest
 from PIL import Image
 
 from neuron_app.shapes import Resolution
-from neuron_app.web.door import FILE_BLOCK, MAX_UPLOAD_FILES
+from neuron_app.web.door.middleware import FILE_BLOCK, MAX_UPLOAD_FILES
 
 QUEUE = 2
 BACKSTOP_S = 120.0

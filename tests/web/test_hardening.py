@@ -163,7 +163,7 @@ def test_deeply_nested_json_is_a_400_in_openai_shape(app: Any) -> None:
     assert response.json()["error"]["code"] == "invalid_json"
 
 
-# --- the door: uploads, the queue, connections (web/door.py) --------------------------------------------------
+# --- the door: uploads, the queue, connections (web/door/) --------------------------------------------------
 
 
 def upload(app: Any, address: str, size: int, **headers: str) -> httpx.Response:

@@ -270,7 +270,7 @@ def test_image_store_keeps_the_newest(tmp_path: Path, make_settings: Callable[..
 
 def test_outputs_are_served_in_place(auth_app: Any) -> None:
     """The API's image is served from the outputs folder itself (Gradio's static paths): no hash and copy into
-    Gradio's cache on every answer. The answer names it by its alias (web/door.py: no server path), and its URL
+    Gradio's cache on every answer. The answer names it by its alias (web/door/: no server path), and its URL
     downloads the server's own file, byte-identical."""
     import httpx
 

@@ -6,7 +6,7 @@ be handed on; a server path is useless to a remote client. So each image output 
 - an `image` block: a preview at most PREVIEW_PX on its longer side, as WebP (a few kB), carrying the same IPTC
   digital source type (trainedAlgorithmicMedia) as the image it was made from;
 - a `resource_link` block: the URL of the image itself (the PNG the page shows, every mark in it), at
-  `/gradio_api/file=/@outputs/<name>` on the server the client called (web/door.py serves the alias; no server path
+  `/gradio_api/file=/@outputs/<name>` on the server the client called (web/door/ serves the alias; no server path
   is shown). Any HTTP client fetches it, for as long as `outputs_dir` keeps it (`outputs_keep`).
 
 The record (seed, resolution, steps, cache, seconds, usage: the OpenAI API's `provenance`) is JSON text and the
@@ -66,7 +66,7 @@ def content_of(
     """One tool output as MCP content: an image as a preview and a link to it (module docstring), data as JSON
     text. `local_path` reads an answer's aliased path back; `public_path` gives a server path's alias."""
     if is_file_data(output):
-        path = Path(local_path(str(output.get("path") or "")))  # answers name files by alias (web/door.py)
+        path = Path(local_path(str(output.get("path") or "")))  # answers name files by alias (web/door/)
         if path.suffix.lower() == ".png" and path.is_file():
             data = base64.b64encode(preview_bytes(path)).decode("ascii")
             blocks: list[Any] = [types.ImageContent(type="image", data=data, mimeType=PREVIEW_MIME)]

@@ -38,7 +38,7 @@ def mend(
     demo: Any, local_path: Callable[[str], str] = str, public_path: Callable[[str], str | None] | None = None
 ) -> None:
     """Apply every mend below to a launched demo's MCP server (nothing when MCP is off). `local_path` reads an
-    aliased path back, `public_path` gives a server path's alias (web/door.py's `Aliases`)."""
+    aliased path back, `public_path` gives a server path's alias (web/door/aliases.py's `Aliases`)."""
     server = getattr(demo, "mcp_server_obj", None)
     if server is None:
         return

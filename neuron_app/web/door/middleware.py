@@ -31,27 +31,25 @@
   deadline, cap and bytes in flight, on every route, are web/bodies.py's (this door's caps come after them).
 
 A pure ASGI middleware (`app_kwargs={"middleware": [...]}` reaches Gradio's FastAPI app): bodies stream through.
+Its helpers: door/aliases.py (server folders <-> aliases, a body read whole), door/mcp_checks.py (what an MCP
+message is parsed for).
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from neuron_app.errors import RateLimited, RequestError
 from neuron_app.settings import Settings
 from neuron_app.web.access import MCP_SECRET, MCP_SECRET_HEADER, MINUTE_S, Limit, Limiter
+from neuron_app.web.door.aliases import Aliases, Receive, Scope, Send, answer, read_capped
+from neuron_app.web.door.mcp_checks import answer_rpc, data_urls, progress_token_refusal, too_deep
 
 log = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 HOUR_S = 3600.0
 MB = 1 << 20
@@ -76,14 +74,6 @@ FILE_BLOCK = 4096
 MAX_UPLOAD_FILES = 17
 #: An upload's first bytes are held until counted (999 one-byte files take 135 KB): Gradio writes none of them.
 PARTS_WINDOW = 256 << 10
-
-
-async def _answer(send: Send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-    body = json.dumps({"detail": message, "error": message}).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
 
 
 class Door:
@@ -126,7 +116,7 @@ class Door:
         if post and path.startswith(GRADIO_API):
             body = await read_capped(receive, headers, self.body_limit)
             if body is None:
-                await _answer(send, 413, f"the request body is larger than {self.body_limit} bytes")
+                await answer(send, 413, f"the request body is larger than {self.body_limit} bytes")
                 return
             scope, receive = self.aliases.with_body(scope, receive, body)
         if path.startswith(QUEUE_JOIN) or path.startswith(GRADIO_CALL):
@@ -137,18 +127,18 @@ class Door:
         """An MCP message: capped at MCP_BODY_LIMIT; one with a `data:` URL charged as an upload by its size."""
         body = await read_capped(receive, headers, MCP_BODY_LIMIT)
         if body is None:
-            await _answer(send, 413, f"an MCP request may be at most {MCP_BODY_LIMIT} bytes")
+            await answer(send, 413, f"an MCP request may be at most {MCP_BODY_LIMIT} bytes")
             return
-        if isinstance(body, bytes) and _too_deep(body):  # the MCP SDK's parser answered a deep one with a 500
-            await _answer(send, 400, "the request body is nested too deeply")
+        if isinstance(body, bytes) and too_deep(body):  # the MCP SDK's parser answered a deep one with a 500
+            await answer(send, 400, "the request body is nested too deeply")
             return
         refusal = progress_token_refusal(body) if isinstance(body, bytes) else None
         if refusal is not None:
-            await _answer_rpc(send, refusal, body)
+            await answer_rpc(send, refusal, body)
             return
         files, chars = data_urls(body) if isinstance(body, bytes) else (0, 0)
         if files > MAX_UPLOAD_FILES:  # each becomes a file of its own: capped as an upload's parts are
-            await _answer(send, 413, f"an MCP request may carry at most {MAX_UPLOAD_FILES} data: URLs")
+            await answer(send, 413, f"an MCP request may carry at most {MAX_UPLOAD_FILES} data: URLs")
             return
         if files and await self.charge(scope, chars + files * FILE_BLOCK, send) is None:  # a block each at least
             return
@@ -172,10 +162,10 @@ class Door:
                 refund()
             log.info("upload refused: %s", exc)
             if isinstance(exc, RequestError):
-                await _answer(send, 413, str(exc))
+                await answer(send, 413, str(exc))
             else:
                 status = 429 if not refunds else 507
-                await _answer(send, status, str(exc), {"Retry-After": str(max(1, round(exc.retry_after_s)))})
+                await answer(send, status, str(exc), {"Retry-After": str(max(1, round(exc.retry_after_s)))})
             return None
         return refunds
 
@@ -186,7 +176,7 @@ class Door:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         declared = headers.get("content-length", "")
         if not declared.isdigit():
-            await _answer(send, 411, "an upload must declare its size (Content-Length)")
+            await answer(send, 411, "an upload must declare its size (Content-Length)")
             return
         refunds = await self.charge(scope, int(declared), send)
         if refunds is None:
@@ -207,7 +197,7 @@ class Door:
                 if parts.files > MAX_UPLOAD_FILES:
                     answered[0] = True
                     log.info("upload refused: more than %d files", MAX_UPLOAD_FILES)
-                    await _answer(send, 413, f"an upload may carry at most {MAX_UPLOAD_FILES} files")
+                    await answer(send, 413, f"an upload may carry at most {MAX_UPLOAD_FILES} files")
                     break
                 if new:
                     charged = await self.charge(scope, new * FILE_BLOCK, send)  # answers a refusal itself
@@ -267,196 +257,6 @@ class PartCounter:
         self.delimiters += data.count(self.delimiter)
         self.tail = data[-(len(self.delimiter) - 1) :]  # shorter than a delimiter: none is counted twice
         return self.files - before
-
-
-def _upload_folder() -> str:
-    """Where Gradio keeps uploads (gradio.utils.get_upload_folder, without importing gradio here)."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    return os.environ.get("GRADIO_TEMP_DIR") or str((Path(tempfile.gettempdir()) / "gradio").resolve())
-
-
-class Aliases:
-    """Server folders <-> the aliases answers show (see the module docstring)."""
-
-    def __init__(self, folders: dict[str, str]) -> None:
-        # The longest folder first (outputs_dir lies inside cache_dir); a folder only as a whole path segment.
-        pairs = sorted(((real.rstrip("/"), alias) for real, alias in folders.items()), key=lambda p: -len(p[0]))
-        self.out = [(re.compile(re.escape(real.encode()) + rb"(?![\w.-])"), alias.encode()) for real, alias in pairs]
-        self.back = [(alias.encode(), real.encode()) for real, alias in pairs]
-
-    @classmethod
-    def for_settings(cls, settings: Settings) -> Aliases:
-        folders = {str(settings.outputs_dir): "/@outputs", _upload_folder(): "/@uploads"}
-        return cls(folders | {str(settings.cache_dir): "/@cache"})
-
-    def local_path(self, path: str) -> str:
-        """The server's path of an aliased one (what the MCP mend reads the PNG from); others as they are."""
-        for alias, real in self.back:
-            if path.startswith(alias.decode() + "/"):
-                return real.decode() + path[len(alias) :]
-        return path
-
-    def public_path(self, path: str) -> str | None:
-        """The alias of a server path inside an aliased folder (what the MCP mend links to), or None."""
-        aliased = self.outbound(path.encode()).decode()
-        return aliased if aliased != path and aliased.startswith("/@") else None
-
-    def outbound(self, data: bytes) -> bytes:
-        for pattern, alias in self.out:
-            data = pattern.sub(alias, data)
-        return data
-
-    def inbound(self, data: bytes) -> bytes:
-        """Aliases back to folders, only where a path starts: a JSON string's first character, or after `file=`."""
-        for alias, real in self.back:
-            for lead in (b'"', b"file="):
-                data = data.replace(lead + alias + b"/", lead + real + b"/")
-        return data
-
-    def outbound_send(self, send: Send, *, refusals_only: bool = False) -> Send:
-        """Rewrite text answers (JSON, server-sent events, HTML); their length changes, so it is not declared.
-        `refusals_only`: only answers of status 400 and above (a file's own bytes are left as they are)."""
-        rewrite = [False]
-
-        async def wrapped(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                kind = next((v for k, v in headers if k.lower() == b"content-type"), b"")
-                rewrite[0] = any(t in kind for t in (b"json", b"event-stream", b"text/html", b"text/plain"))
-                rewrite[0] = rewrite[0] and (message.get("status", 200) >= 400 or not refusals_only)
-                if rewrite[0]:
-                    headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-                    message = {**message, "headers": headers}
-            elif message["type"] == "http.response.body" and rewrite[0] and message.get("body"):
-                message = {**message, "body": self.outbound(message["body"])}
-            await send(message)
-
-        return wrapped
-
-    def with_body(
-        self, scope: Scope, receive: Receive, body: bytes | MutableMapping[str, Any]
-    ) -> tuple[Scope, Receive]:
-        """A body read whole (`read_capped`), given to the app with the real folders; a disconnect as it came."""
-        if not isinstance(body, bytes):
-            return scope, _replay([body], receive)
-        body = self.inbound(body)
-        raw = [
-            (k, v) for k, v in scope.get("headers", []) if k.lower() not in (b"content-length", b"transfer-encoding")
-        ]
-        raw.append((b"content-length", str(len(body)).encode()))
-        return {**scope, "headers": raw}, _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
-
-
-async def read_capped(receive: Receive, headers: dict[str, str], cap: int) -> bytes | Message | None:
-    """The whole body, or None once it is known to pass `cap`: from its declared length before a byte is read,
-    or as it streams. A disconnect is returned as its message, for the app to see."""
-    declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        return None
-    chunks, size, more = [], 0, True
-    while more:
-        message = await receive()
-        if message["type"] != "http.request":
-            return message
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            return None
-        chunks.append(chunk)
-        more = message.get("more_body", False)
-    return b"".join(chunks)
-
-
-#: Brackets beyond which a JSON body is parsed once here to see whether Python's parser can take its depth.
-DEEP_BRACKETS = 900
-
-
-def _too_deep(body: bytes) -> bool:
-    """A JSON body nested beyond what Python's parser takes (it raises RecursionError); counted first, so an
-    ordinary message is never parsed twice."""
-    if body.count(b"[") + body.count(b"{") < DEEP_BRACKETS:
-        return False
-    try:
-        json.loads(body)
-    except RecursionError:
-        return True
-    except ValueError:
-        return False  # not JSON at all: the MCP server says so itself
-    return False
-
-
-def data_urls(body: bytes) -> tuple[int, int]:
-    """How many strings of a JSON message Gradio will write to a file (those that start with `data:`) and their
-    characters, decided on the parsed message: `\\u0064ata:` or any other JSON spelling is the same string (row 6).
-    Without `data:` or a `\\u` escape in its bytes, a message holds none, and is not parsed."""
-    if b"data:" not in body.lower() and b"\\u" not in body:
-        return 0, 0
-    try:
-        stack = [json.loads(body)]
-    except (ValueError, RecursionError):
-        return 0, 0  # not JSON (the MCP server says so itself), or too deep (refused before this)
-    files = chars = 0
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, str) and node[:5].lower() == "data:":
-            files, chars = files + 1, chars + len(node)
-    return files, chars
-
-
-#: The longest `_meta.progressToken` an MCP request may carry: each progress notification echoes it (row 29).
-MAX_PROGRESS_TOKEN_CHARS = 256
-
-
-def progress_token_refusal(body: bytes) -> str | None:
-    """Why the message's `params._meta.progressToken` is refused (not a string of at most
-    MAX_PROGRESS_TOKEN_CHARS characters, nor an integer), or None. Parsed only when its name may be in it."""
-    if b"progresstoken" not in body.lower() and b"\\u" not in body:
-        return None
-    try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):
-        return None  # not JSON: the MCP server says so itself
-    for one in message if isinstance(message, list) else [message]:
-        params = one.get("params") if isinstance(one, dict) else None
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        if not isinstance(meta, dict) or "progressToken" not in meta:
-            continue
-        token = meta["progressToken"]
-        if isinstance(token, bool) or not isinstance(token, str | int):
-            return "_meta.progressToken must be a string or an integer"
-        if isinstance(token, str) and len(token) > MAX_PROGRESS_TOKEN_CHARS:
-            return f"_meta.progressToken may be at most {MAX_PROGRESS_TOKEN_CHARS} characters"
-    return None
-
-
-async def _answer_rpc(send: Send, message: str, body: bytes) -> None:
-    """A 400 in JSON-RPC's shape (invalid params, -32602), with the request's id where it has one."""
-    try:
-        request = json.loads(body)
-    except ValueError:
-        request = None
-    ident = request.get("id") if isinstance(request, dict) else None
-    answer = json.dumps({"jsonrpc": "2.0", "id": ident, "error": {"code": -32602, "message": message}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
-    await send({"type": "http.response.start", "status": 400, "headers": headers})
-    await send({"type": "http.response.body", "body": answer})
-
-
-def _replay(messages: list[MutableMapping[str, Any]], then: Receive) -> Receive:
-    """`messages` first, then the connection's own (a streaming answer waits there for the disconnect)."""
-    pending = list(messages)
-
-    async def receive() -> MutableMapping[str, Any]:
-        return pending.pop(0) if pending else await then()
-
-    return receive
 
 
 def _retry_after_on_503(send: Send) -> Send:

@@ -35,7 +35,8 @@ def serve_page(manager: Any) -> Callable[[float], bool]:
 
 def main() -> None:
     from neuron_app.environment import launched_by_torchrun, prepare_process
-    from neuron_app.scale.distributed import check_single_process, serve_distributed
+    from neuron_app.scale.distributed import serve_distributed
+    from neuron_app.scale.tp_startup import check_single_process
 
     if launched_by_torchrun():  # `torchrun --nproc_per_node=N app.py`: tensor-parallel ranks in lockstep
         raise SystemExit(serve_distributed(serve_page, prepare_page))

@@ -14,12 +14,13 @@ gloo group (plain CPU sockets, whatever the device backend), as pickled objects:
 On Neuron, and on `neuron-emulated` (the tests), the transformer is loaded sharded over a
 `DeviceMesh` with `TensorParallelConfig` (`backend.tp_mesh`); on plain `cpu` diffusers cannot
 shard (no accelerator), so every rank runs the whole pipeline and only the protocol is exercised.
+
+Its start-up checks are scale/tp_startup.py's; a TP group as one Ray replica is scale/group_rank.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -28,12 +29,11 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from neuron_app.engine.model.runner import PipelineCall
-from neuron_app.environment import launched_by_torchrun
-from neuron_app.errors import LockstepError, SettingsError, one_line
+from neuron_app.errors import LockstepError, one_line
+from neuron_app.scale.tp_startup import check_loras_unsharded, check_tp_degree, settings_for_world, transformer_heads
 from neuron_app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,6 @@ HEARTBEAT_S = 30.0
 #: After SIGTERM, the most rank 0 lets a running call finish before stopping the followers anyway
 #: (`shutdown_grace_s` capped below torchrun's 30 s between its SIGTERM and SIGKILL).
 SHUTDOWN_GRACE_S = 20.0
-#: Head counts of known models, for the start-up check when the model's config cannot be read yet.
-KNOWN_HEADS = {"black-forest-labs/FLUX.2-klein-4B": 24}
 
 CALL, PING, SHUTDOWN = "call", "ping", "shutdown"
 #: Rank 0's page, wired by app.py (scale/ never imports web/): starts serving `manager`, returns its stop, which
@@ -75,82 +73,6 @@ def describe_call(call: PipelineCall) -> str:
     """How a call appears in the logs: the shape and numbers, never the prompt."""
     style = (" lora=" + "+".join(f"{name} x{scale:g}" for name, scale in call.loras)) if call.loras else ""
     return f"{call.width}x{call.height} steps={call.steps} seed={call.seed}{style}"
-
-
-# --- start-up checks ---------------------------------------------------------------------------------
-def check_single_process(settings: Settings) -> None:
-    """`tp_degree > 1` needs one process per NeuronCore: refuse to start as one process (replicas start their
-    groups themselves, `start_group`)."""
-    if settings.tp_degree > 1 and not launched_by_torchrun() and not settings.uses_replicas:
-        n = settings.tp_degree
-        raise SettingsError(
-            f"tp_degree={n} needs {n} processes, one per NeuronCore: start `torchrun --nproc_per_node={n} app.py` "
-            "(scripts/launch-trn.sh does it when TP > 1), or set NEURON_APP_TP_DEGREE=1"
-        )
-
-
-def settings_for_world(world_size: int) -> Settings:
-    """The process settings with `tp_degree` = torchrun's WORLD_SIZE (it is part of the compile fingerprint),
-    passed as an argument: the environment is left as torchrun set it."""
-    from neuron_app.settings import load_settings
-
-    settings = load_settings()
-    if settings.tp_degree == world_size:
-        return settings
-    if settings.tp_degree != 1:
-        raise SettingsError(
-            f"tp_degree={settings.tp_degree} is configured but torchrun started {world_size} processes (WORLD_SIZE): "
-            f"use `torchrun --nproc_per_node={settings.tp_degree}` or change tp_degree"
-        )
-    return load_settings(tp_degree=world_size)
-
-
-def transformer_heads(settings: Settings) -> int | None:
-    """The transformer's attention head count from its config (None when it cannot be read here)."""
-    from neuron_app.engine.model.loader import resolve_source
-    from neuron_app.engine.model.tiny import ensure_tiny
-
-    source = resolve_source(settings)
-    try:
-        if source.tiny:
-            folder = ensure_tiny(settings.cache_dir / "models", source.tiny)
-            config_path = folder / "transformer" / "config.json"
-        elif source.is_local:
-            config_path = Path(source.location) / "transformer" / "config.json"
-        else:
-            from huggingface_hub import hf_hub_download
-
-            token = settings.hf_token.get_secret_value() if settings.hf_token else None
-            config_path = Path(
-                hf_hub_download(source.location, "transformer/config.json", revision=source.revision, token=token)
-            )
-        return int(json.loads(config_path.read_text())["num_attention_heads"])
-    except Exception as exc:
-        known = KNOWN_HEADS.get(source.location)
-        log.warning("could not read the transformer config (%s); assuming %s heads", one_line(exc), known)
-        return known
-
-
-def check_tp_degree(degree: int, heads: int | None) -> None:
-    """Each rank gets heads/degree attention heads: the degree must divide the head count."""
-    if heads is None or degree <= 1:
-        return
-    if heads % degree:
-        fits = [d for d in range(2, heads + 1) if heads % d == 0]
-        raise SettingsError(
-            f"tensor-parallel degree {degree} does not divide the transformer's {heads} attention heads: "
-            f"use one of {', '.join(map(str, fits))} (torchrun --nproc_per_node=N)"
-        )
-
-
-def check_loras_unsharded(settings: Settings, mesh: Any) -> None:
-    """diffusers adds no LoRA adapter to a sharded transformer (its layers are outside the `_tp_plan`): refuse the
-    combination before the model loads, not after."""
-    if mesh is not None and settings.loras:
-        raise SettingsError(
-            f"LoRA styles ({', '.join(sorted(settings.loras))}) cannot be served with tensor parallelism: diffusers "
-            "cannot add adapters to a sharded transformer. Unset NEURON_APP_LORAS, or serve with tp_degree=1"
-        )
 
 
 # --- the protocol -------------------------------------------------------------------------------------
@@ -425,87 +347,3 @@ def leave(lockstep: Lockstep) -> None:
 
     if lockstep.broken is None and dist.is_initialized():
         dist.destroy_process_group()
-
-
-# --- a TP group as one replica (Ray Serve): rank 0 in the replica, the other ranks its children -----------------
-def start_group(settings: Settings, block: list[int]) -> tuple[Any, Lockstep, list[Any]]:
-    """Rank 0 of a TP group on `block`, in this process (a Ray replica): its own rendezvous store on a port the
-    kernel picks (no probe to race), the other ranks started as children (`python -m neuron_app.scale.group_rank`,
-    the settings on their stdin), each exporting its own core before torch; (manager, lockstep, children)."""
-    import pickle
-    import subprocess
-
-    from neuron_app.scale import topology
-
-    world = len(block)
-    topology.apply_rank_env(block, 0)  # before torch: this process is rank 0, on the block's first core
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # a group lives on one host: its control group on loopback
-    settings = settings.model_copy(update={"visible_cores": str(block[0])})
-    from neuron_app.environment import prepare_process
-
-    prepare_process(settings)
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-    children = []
-    for rank in range(1, world):
-        env = {
-            **os.environ,
-            **topology.rank_env(block, rank),
-            **_rank_vars(rank, world),
-            "MASTER_PORT": str(store.port),
-        }
-        command = [sys.executable, "-m", "neuron_app.scale.group_rank"]
-        child = subprocess.Popen(command, stdin=subprocess.PIPE, env=env)
-        child.stdin.write(pickle.dumps(settings.model_copy(update={"visible_cores": str(block[rank])})))
-        child.stdin.close()
-        children.append(child)
-    os.environ.update(_rank_vars(0, world))
-    manager, lockstep = join_group(settings, RankInfo(0, world, 0), store=store)
-    lockstep.start_heartbeat()
-    return manager, lockstep, children
-
-
-def _rank_vars(rank: int, world: int) -> dict[str, str]:
-    """What torchrun would set for a rank of a one-node group (TorchNeuron reads LOCAL_RANK, LOCAL_WORLD_SIZE)."""
-    return {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1",
-    }
-
-
-def follow_group(settings: Settings) -> int:
-    """A child rank of `start_group`: its environment is set; join, load, follow rank 0; dies with its parent."""
-    info = RankInfo.from_env()
-    configure_rank_logging(settings, info)
-    _die_with_parent()
-    from neuron_app.environment import prepare_process
-
-    prepare_process(settings)
-    import torch.distributed as dist
-
-    # A client of rank 0's own store (not env://, which would prefix its keys "default_pg" where rank 0's do not).
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size, is_master=False)
-    manager, lockstep = join_group(settings, info, store=store)
-    try:
-        return follow(manager, lockstep)
-    finally:
-        leave(lockstep)
-
-
-def _die_with_parent() -> None:
-    """This rank exits as soon as its replica (rank 0, its parent) is gone, so a killed group leaves no rank holding
-    a core: a watcher sees the parent change (the orphan is re-parented). Not PR_SET_PDEATHSIG, which fires when
-    the parent's *thread* that started us ends (the replica starts its group on a worker thread)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        log.error("rank %s: its replica (pid %d) is gone; exiting", os.environ.get("RANK", "?"), parent)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -147,7 +147,7 @@ class ReplicaServer:
         self.block, self._block_lock = taken if taken else (None, None)
         self._ranks: list[Any] = []
         if self.block is not None and settings.tp_degree > 1:  # one TP group: rank 0 here, the others children
-            from neuron_app.scale.distributed import start_group
+            from neuron_app.scale.group_rank import start_group
 
             manager, _lockstep, self._ranks = start_group(settings, self.block)
             return manager

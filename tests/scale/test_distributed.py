@@ -27,7 +27,7 @@ from PIL import Image
 
 from neuron_app.engine.model.shapes_world import judge
 from neuron_app.errors import SettingsError
-from neuron_app.scale.distributed import check_single_process, check_tp_degree, settings_for_world, transformer_heads
+from neuron_app.scale.tp_startup import check_single_process, check_tp_degree, settings_for_world, transformer_heads
 from neuron_app.settings import get_settings
 from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models, pid_alive
 
@@ -225,7 +225,7 @@ def test_two_sharded_ranks_on_neuron_emulated_draw_the_single_process_scene(
 
 def test_lora_styles_with_a_sharded_transformer_are_refused_before_loading(make_settings: Any) -> None:
     """diffusers adds no adapter to a sharded transformer: the combination is a start-up error naming the fix."""
-    from neuron_app.scale.distributed import check_loras_unsharded
+    from neuron_app.scale.tp_startup import check_loras_unsharded
 
     check_loras_unsharded(make_settings(loras={"red": "tiny:1"}), None)  # replicated ranks: allowed
     check_loras_unsharded(make_settings(), object())  # sharded, no styles: allowed

@@ -285,7 +285,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
     scripts/launch-trn.sh exports it (NEURON_APP_TOPOLOGY) so that every torchrun rank reads the same one."""
     import json
 
-    from neuron_app.engine.model.real.plan import topology_words
+    from neuron_app.engine.model.real.best import topology_words
     from neuron_app.scale.topology import settle
     from neuron_app.settings import get_settings
 

@@ -383,7 +383,7 @@ def check_plan(settings: Any) -> Check:
     """The topology the app would serve (scale/topology.py): the plan for the served model, shapes, TP and placement
     on this instance (trn2 when not one) at its LNC, laid out on the cores this process holds (V4: a placement that
     needs 2 cores is a problem with 1), before any compile."""
-    from neuron_app.engine.model.real.plan import topology_words
+    from neuron_app.engine.model.real.best import topology_words
     from neuron_app.engine.model.real.served import planned
     from neuron_app.scale.topology import choose, held_cores
 

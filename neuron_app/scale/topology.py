@@ -2,7 +2,7 @@
 
 The front process (app start, `doctor`, scripts/launch-trn.sh through `python -m neuron_app topology`) chooses the
 topology before any replica or rank starts, against the cores this host holds, from the plan
-(engine/model/real/plan.py `best`), and writes it into the settings (`topology`, with `replicas`, `tp_degree`
+(engine/model/real/best.py `best`), and writes it into the settings (`topology`, with `replicas`, `tp_degree`
 and the placement it implies) that it hands to its Ray replicas and torchrun ranks. They read it; nobody
 derives a core index again:
 
@@ -93,8 +93,8 @@ def held_cores(settings: Any, device: str | None = None) -> list[int] | None:
         from neuron_app.backends.emulator import cores
 
         return list(range(cores.instance().cores))
+    from neuron_app.engine.model.real.best import host_cores
     from neuron_app.engine.model.real.catalog import instance
-    from neuron_app.engine.model.real.plan import host_cores
 
     return host_cores(instance("trn2"), None)
 
@@ -181,8 +181,8 @@ def _plan_best(settings: Any, cores: list[int], tp: int | None, in_process: bool
         hbm = hbm_per_core_gib()
     setting = settings.placement if not tp or tp == 1 else "auto"
     if in_process:
+        from neuron_app.engine.model.real.best import best
         from neuron_app.engine.model.real.catalog import instance, spec_name
-        from neuron_app.engine.model.real.plan import best
         from neuron_app.shapes import Resolution
 
         shapes = [Resolution.parse(s) for s in settings.resolutions]
@@ -195,7 +195,7 @@ def _plan_best(settings: Any, cores: list[int], tp: int | None, in_process: bool
 
 def _family() -> str:
     """This instance's Trainium family (trn2 where it is not one)."""
-    from neuron_app.engine.model.real.plan import this_instance_type
+    from neuron_app.engine.model.real.best import this_instance_type
 
     found = this_instance_type()
     return found.split(".")[0] if found else "trn2"

@@ -33,7 +33,7 @@ def test_blocks_are_aligned_disjoint_and_on_one_chip() -> None:
 def best() -> dict[str, dict[str, Any]]:
     """`plan --best` for klein-4B and klein-9B at 1024x1024 on a trn2.3xlarge and a trn2.48xlarge (in this process:
     the fake-tensor measurements are cached per shape and TP, so the four share them)."""
-    from neuron_app.engine.model.real.plan import best as plan_best
+    from neuron_app.engine.model.real.best import best as plan_best
     from neuron_app.shapes import Resolution
 
     shape, trn2 = [Resolution.parse("1024x1024")], instance("trn2", 2)
@@ -61,7 +61,7 @@ def test_plan_best_lays_tp_groups_on_the_whole_instance(best: dict[str, dict[str
 
 
 def test_the_latency_goal_takes_the_shortest_floor() -> None:
-    from neuron_app.engine.model.real.plan import best as plan_best
+    from neuron_app.engine.model.real.best import best as plan_best
     from neuron_app.shapes import Resolution
 
     fast = plan_best(

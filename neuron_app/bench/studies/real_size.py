@@ -91,7 +91,7 @@ def _weights(module: Any) -> int:
 def _plan(model: str, shape: str) -> dict[str, Any]:
     """What `python -m neuron_app plan --model MODEL --shape SHAPE --tp 1 --instance trn2` says of the same weights."""
     from neuron_app.engine.model.real.catalog import instance, spec_name
-    from neuron_app.engine.model.real.plan import plan_one
+    from neuron_app.engine.model.real.fit import plan_one
     from neuron_app.shapes import Resolution
 
     row = plan_one(spec_name(model), model, Resolution.parse(shape), 1, instance("trn2"))

@@ -21,8 +21,9 @@ SIZES = {"trn2.3xlarge": 4, "trn2.48xlarge": 64}  # logical cores at LNC=2
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from neuron_app.engine.model.real.best import best
     from neuron_app.engine.model.real.catalog import instance
-    from neuron_app.engine.model.real.plan import best, plan_one
+    from neuron_app.engine.model.real.fit import plan_one
     from neuron_app.shapes import Resolution
 
     shape, trn2 = Resolution.parse(args.shape), instance("trn2", 2)

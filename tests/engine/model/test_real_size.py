@@ -73,7 +73,7 @@ def test_klein_4b_random_on_10_gib_cores_places_the_text_encoder_apart_by_itself
     import torch
 
     from neuron_app.engine.model.real.catalog import instance
-    from neuron_app.engine.model.real.plan import plan_one
+    from neuron_app.engine.model.real.fit import plan_one
     from neuron_app.shapes import Resolution
 
     assert first_image["placement_before"] is None  # chosen at load, not before

@@ -10,26 +10,21 @@ figures (specs/instances.json, cited in docs/real-size.md):
 - an instance view: how many copies of that placement an EC2 size holds, and its floor in images per second;
 - a roofline floor per image: each call takes at least max(FLOPs / peak bfloat16 rate, weight bytes / HBM
   bandwidth) of one core (weights read once per call; collectives and activation traffic left out: a lower bound).
+
+One row is fit.py's (`plan_one`); `--best`'s topology is best.py's; this module is the command: arguments, rows, table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from neuron_app.engine.model.real import layout
-from neuron_app.engine.model.real.catalog import (
-    GIB,
-    Instance,
-    check_tp,
-    instance,
-    instance_type,
-    load_spec,
-    spec_name,
-)
+from neuron_app.engine.model.real.best import GOALS, best, host_cores, topology_words
+from neuron_app.engine.model.real.catalog import Instance, check_tp, instance, instance_type, load_spec, spec_name
+from neuron_app.engine.model.real.fit import plan_one
 from neuron_app.errors import RequestError
 from neuron_app.shapes import Resolution
 
@@ -120,90 +115,6 @@ def _unique(items: list[Any]) -> list[Any]:
     return list(dict.fromkeys(items))
 
 
-def _gib(nbytes: float) -> float:
-    return round(nbytes / GIB, 3)
-
-
-def _seconds(measured: Any, inst: Instance) -> float:
-    compute = measured.flops / (inst.bf16_tflops_per_core * 1e12)
-    memory = measured.weight_bytes / inst.hbm_bytes_per_s_per_core
-    return max(compute, memory)
-
-
-def plan_one(
-    spec: str,
-    model: str,
-    shape: Resolution,
-    tp: int,
-    inst: Instance,
-    references: int = 0,
-    type_name: str | None = None,
-    hbm_gib: float | None = None,
-    setting: str = "auto",
-) -> dict[str, Any]:
-    """One model x shape x TP x instance (x references), as the JSON object the command prints."""
-    from neuron_app.engine.model.real import measure
-
-    pipeline = load_spec(spec)["pipeline"]
-    steps, tokens = pipeline["default_steps"], pipeline["max_sequence_length"]
-    w, h = shape.width, shape.height
-    measured = {
-        "transformer": measure.transformer(spec, w, h, tp, tokens, references),
-        "text_encoder": measure.text_encoder(spec, tokens),
-        "vae": measure.vae(spec, w, h),
-    }
-    encode = measure.vae_encode(spec, w, h) if references else None
-    if encode is not None and encode.activation_bytes > measured["vae"].activation_bytes:
-        measured["vae"] = replace(measured["vae"], activation_bytes=encode.activation_bytes)
-    whole_step = measure.transformer(spec, w, h, 1, tokens, references).flops
-    placed = layout.place(measured, tp, inst, hbm_gib, setting)
-    inst = placed["inst"]
-    fullest = placed["fullest"]
-    step_s = _seconds(measured["transformer"], inst)
-    encodes_s = references * _seconds(encode, inst) if encode else 0.0
-    floor = steps * step_s + _seconds(measured["text_encoder"], inst) + _seconds(measured["vae"], inst) + encodes_s
-    total = round((fullest["weights"] + fullest["activations"]) / GIB + inst.reserve_gib_per_core, 3)
-    encode_flops = references * encode.flops if encode else 0
-    image_flops = steps * whole_step + measured["text_encoder"].flops + measured["vae"].flops + encode_flops
-    return {
-        "model": model,
-        "spec": spec,
-        "shape": str(shape),
-        "references": references,
-        "tp": tp,
-        "instance": inst.name,
-        "lnc": inst.lnc,
-        "dtype": "bfloat16",
-        "steps": steps,
-        "text_tokens": tokens,
-        "joint_tokens": (w // 16) * (h // 16) * (1 + references) + tokens,
-        "components": {
-            name: {
-                "params": m.params,
-                "weights_gib_per_core": _gib(m.weight_bytes),
-                "activations_gib": _gib(m.activation_bytes),
-                "tflop_per_call_per_core": round(m.flops / 1e12, 3),
-            }
-            for name, m in measured.items()
-        },
-        "activations_gib_per_core": _gib(fullest["activations"]),
-        "runtime_reserve_gib_per_core": round(inst.reserve_gib_per_core, 3),
-        "total_gib_per_core": total,
-        "hbm_gib_per_core": inst.hbm_gib_per_core,
-        "cores_per_bank": inst.cores_per_bank,
-        "fits": placed["fits"],
-        "placement": placed["placement"],
-        "core_loads_gib": [round(g, 3) for g in placed["loads_gib"]],
-        "instance_view": layout.instance_view(placed["loads_gib"], inst, floor, type_name, tp),
-        "tflop_per_step": round(whole_step / 1e12, 3),
-        "tflop_per_image": round(image_flops / 1e12, 3),
-        "floor_s_per_step": round(step_s, 4),
-        "floor_s_per_image": round(floor, 3),
-        "peak_bf16_tflops_per_core": inst.bf16_tflops_per_core,
-        "hbm_gb_per_s_per_core": round(inst.hbm_bytes_per_s_per_core / 1e9, 1),
-    }
-
-
 def plan(request: Request) -> list[dict[str, Any]]:
     return [
         plan_one(
@@ -222,112 +133,6 @@ def plan(request: Request) -> list[dict[str, Any]]:
         for tp in request.tps
         for inst in request.instances
     ]
-
-
-#: What `--best` (and `replicas`/`tp_degree` = "auto") maximises: images per second of the instance, or the
-#: shortest floor per image (then images per second).
-GOALS = ("throughput", "latency")
-#: TP degrees a topology tries: powers of two, so that a group's block is aligned on one chip (layout.block_width).
-BEST_TPS = (1, 2, 4, 8)
-
-
-def best(
-    spec: str,
-    model: str,
-    shapes: list[Resolution],
-    inst: Instance,
-    cores: list[int],
-    goal: str = "throughput",
-    tps: list[int] | None = None,
-    hbm_gib: float | None = None,
-    setting: str = "auto",
-) -> dict[str, Any]:
-    """The topology `auto` serves: for each TP degree (`tps`, else every power of two that divides the heads and fits
-    one chip and the cores held), the placement fitting every shape (the widest `auto` picks among them), its
-    aligned blocks among `cores`, the floor per image (the slowest shape's) and the instance's images per second;
-    the best by `goal`. No candidate fits: `copies` 0 and `why` says what was tried."""
-    heads = load_spec(spec)["transformer"]["num_attention_heads"]
-    limit = min(inst.cores_per_chip, len(cores))
-    tried = tps or [tp for tp in BEST_TPS if heads % tp == 0 and tp <= limit]
-    options, notes = [], []
-    for tp in tried:
-        rows = [plan_one(spec, model, s, tp, inst, 0, None, hbm_gib, setting) for s in shapes]
-        if not all(r["fits"] for r in rows):
-            worst = max(rows, key=lambda r: r["total_gib_per_core"])
-            notes.append(f"TP {tp}: {worst['shape']} does not fit ({worst['total_gib_per_core']:.1f} GiB per core)")
-            continue
-        chosen = max((r["placement"]["setting"] for r in rows), key=layout.SETTINGS.index)
-        if any(r["placement"]["setting"] != chosen for r in rows):  # the widest placement, planned at every shape
-            rows = [plan_one(spec, model, s, tp, inst, 0, None, hbm_gib, chosen) for s in shapes]
-        loads = [max(column) for column in zip(*(r["core_loads_gib"] for r in rows), strict=True)]
-        found = layout.blocks(loads, inst, cores)
-        floor = max(r["floor_s_per_image"] for r in rows)
-        rate = round(len(found) / floor, 3) if found and floor > 0 else 0.0
-        notes.append(f"TP {tp}: {len(found)} x {chosen} at {floor:.3f} s = {rate:g}/s")
-        options.append((tp, chosen, found, floor, rate, len(loads)))
-    key = (lambda o: (o[4], -o[0])) if goal == "throughput" else (lambda o: (bool(o[2]), -o[3], o[4]))
-    span = f"cores {cores[0]}-{cores[-1]}" if cores else "no cores"
-    if not any(o[2] for o in options):  # none laid out: the copy that needs the fewest cores, with 0 copies
-        first = (tried or [1])[0]
-        fallback = min(options, key=lambda o: o[5]) if options else (first, setting, [], None, 0.0, first)
-        tp, chosen, _, floor, _, width = fallback
-        why = f"nothing fits {span} ({'; '.join(notes) or 'no TP degree tried'})"
-        return _topology(tp, chosen, [], floor, 0.0, goal, why, cores, width)
-    tp, chosen, found, floor, rate, width = max(options, key=key)
-    why = f"{goal}: best of {'; '.join(notes)} on {span} ({inst.name} LNC={inst.lnc})"
-    return _topology(tp, chosen, found, floor, rate, goal, why, cores, width)
-
-
-def _topology(
-    tp: int,
-    placement: str,
-    found: list[list[int]],
-    floor: float | None,
-    rate: float,
-    goal: str,
-    why: str,
-    cores: Any,
-    width: int,
-) -> dict[str, Any]:
-    return {
-        "tp": tp,
-        "placement": placement,
-        "copies": len(found),
-        "core_blocks": found,
-        "cores_per_copy": width,
-        "images_per_s_floor": rate,
-        "floor_s_per_image": floor,
-        "goal": goal,
-        "why": why,
-        "cores_held": len(cores),
-    }
-
-
-def host_cores(inst: Instance, type_name: str | None) -> list[int]:
-    """The cores `--best` lays copies on: NEURON_RT_VISIBLE_CORES' range where this process has one, else every core
-    of `type_name` (this EC2 instance's size where it is a Trainium, else the family's smallest)."""
-    import os
-
-    from neuron_app.engine.model.real.catalog import instance_types
-    from neuron_app.environment import VISIBLE_CORES_VAR, parse_cores
-
-    visible = os.environ.get(VISIBLE_CORES_VAR, "").strip()
-    if visible and type_name is None:
-        first, last = parse_cores(visible)
-        return list(range(first, last + 1))
-    name = type_name or this_instance_type() or inst.default_instance_type
-    _family, chips = instance_types()[name]
-    return list(range(chips * inst.cores_per_chip))
-
-
-def this_instance_type() -> str | None:
-    from neuron_app.engine.model.real.catalog import instance_types
-
-    try:
-        found = Path("/sys/devices/virtual/dmi/id/product_name").read_text(errors="replace").strip().lower()
-    except OSError:
-        return None
-    return found if found in instance_types() else None
 
 
 def best_of(request: Request) -> dict[str, Any]:
@@ -360,15 +165,6 @@ def table(rows: list[dict[str, Any]]) -> list[list[Any]]:
         ]
         for r in rows
     ]
-
-
-def topology_words(t: dict[str, Any]) -> str:
-    """A topology in one line: "32 copies of TP 2 (together) on cores [0, 1], [2, 3], ...: 31.9 images/s ..." """
-    shown = ", ".join(str(b) for b in t["core_blocks"][:4]) + (", ..." if len(t["core_blocks"]) > 4 else "")
-    floor = f"{t['floor_s_per_image']:.3f} s per image" if t["floor_s_per_image"] else "no floor planned"
-    rate = f"{t['images_per_s_floor']:g} images/s floor, " if t["images_per_s_floor"] is not None else ""
-    copies = f"{t['copies']} cop{'y' if t['copies'] == 1 else 'ies'}"
-    return f"{copies} of TP {t['tp']} ({t['placement']}) on cores {shown or '(none)'}: {rate}{floor}; {t['why']}"
 
 
 def _cores(count: int) -> str:

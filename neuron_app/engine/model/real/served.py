@@ -35,7 +35,7 @@ def words(r: dict[str, Any]) -> str:
 def rows_here(model: str, resolutions: list[str], tp: int, family: str, setting: str = "auto") -> list[dict[str, Any]]:
     """The plan's rows, measured in this process (`doctor`, which serves nothing)."""
     from neuron_app.engine.model.real.catalog import instance
-    from neuron_app.engine.model.real.plan import plan_one
+    from neuron_app.engine.model.real.fit import plan_one
     from neuron_app.shapes import Resolution
 
     spec = planned(model)

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from neuron_app.doctor import check_cache, check_instance, check_sdk_import, check_sdk_release, sdk_release
+from neuron_app.doctor import check_cache, check_instance
+from neuron_app.doctor_stack import check_sdk_import, check_sdk_release, sdk_release
 from tests.neuron_fakes import BROKEN_IMPORT, FAKE_SDK, XLA_VERSION, fake_sdk_dir
 from tests.support import PROBE, ROOT, WATCHED
 
@@ -184,7 +185,7 @@ def test_the_compiler_version_names_its_release(cc: str | None, release: str) ->
     [("2.13.3.1", "2.34"), ("2.14.3.1.412", "2.34"), ("2.13.3.0", "2.33"), ("2.13.3.2", None), ("0.1.0", None)],
 )
 def test_the_torchneuron_build_names_its_release(neuronx: str, release: str | None) -> None:
-    from neuron_app.doctor import torchneuron_release
+    from neuron_app.doctor_stack import torchneuron_release
 
     assert torchneuron_release(neuronx) == release
 

@@ -68,7 +68,7 @@ def test_a_source_build_is_told_from_the_xla_package_by_its_dynamo_backend(
 
 
 def test_the_doctor_does_not_match_a_source_builds_version_against_torch() -> None:
-    from neuron_app.doctor import check_torch
+    from neuron_app.doctor_stack import check_torch
 
     assert check_torch("0.1.0").verdict == "ok" and "source build" in check_torch("0.1.0").found
     assert check_torch("2.13.3.0").verdict == "ok"  # torch 2.13.0 here

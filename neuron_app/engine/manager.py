@@ -3,7 +3,7 @@
 Neuron compiles static shapes: each new transformer graph costs minutes. The manager keys
 its compile state on what really changes the graph (`GraphKey`), serializes device work
 behind one lock, refuses unlisted shapes before any model work, and tells the UI what
-happened (compile states, cache results) as data.
+happened (compile states, cache results) as data. Loading the pipeline is engine/loading.py's.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from neuron_app.engine.admission import Admission, Admitted, admitted, reports_f
 from neuron_app.engine.cache.load_times import LoadTimes
 from neuron_app.engine.cache.manifest import FolderSize, Manifest, fingerprint_of
 from neuron_app.engine.cache.prompt_cache import PromptCache
-from neuron_app.engine.compile.compiler import CountingBackend, apply_compile, recompile_room
+from neuron_app.engine.compile.compiler import CountingBackend, recompile_room
 from neuron_app.engine.compile.shape_compiler import ShapeCompiler
 from neuron_app.engine.compile.warmup import Warmup
 from neuron_app.engine.identity import BATCH_SIZE, fingerprint_fields
+from neuron_app.engine.loading import PipelineLoader
 from neuron_app.engine.model import placement
-from neuron_app.engine.model.loader import ModelSource, load_pipeline, resolve_source
+from neuron_app.engine.model.loader import ModelSource, resolve_source
 from neuron_app.engine.model.runner import Lockstep, PipelineCall, run_call
-from neuron_app.engine.model.vae import TileSpec, install_host_decode, install_tiled_decode, vae_backend, vae_compiled
+from neuron_app.engine.model.vae import vae_backend, vae_compiled
 from neuron_app.engine.modes.edit_graphs import check_edit_compiled, parse_label
 from neuron_app.engine.modes.lora import AdapterSet
 from neuron_app.engine.observers import Listener, Observers
@@ -40,14 +41,13 @@ from neuron_app.engine.records import (
     GraphState,
     ManagerStatus,
     ProgressCallback,
-    ProgressEvent,
 )
 from neuron_app.engine.remote.cache import RemoteCache
 from neuron_app.engine.requests import Request
 from neuron_app.engine.status_view import build_status
 from neuron_app.engine.steps import StepEvents
 from neuron_app.engine.trust.safety import SafetyChecker
-from neuron_app.errors import Cancelled, GenerationFailed, ModelLoadError, RequestError, one_line, rule_of
+from neuron_app.errors import Cancelled, GenerationFailed, RequestError, one_line, rule_of
 from neuron_app.settings import Settings, get_settings
 from neuron_app.shapes import GraphKey, Resolution
 
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 __all__ = ["BATCH_SIZE", "PipelineManager", "get_manager"]
 
 
-class PipelineManager(ShapeCompiler, Admitted):
+class PipelineManager(PipelineLoader, ShapeCompiler, Admitted):
     def __init__(self, settings: Settings, *, lockstep: Lockstep | None = None) -> None:
         self.settings = settings
         self.lockstep = lockstep
@@ -157,84 +157,6 @@ class PipelineManager(ShapeCompiler, Admitted):
 
             check_edit_compiled(self.settings, self.status().edits, req.resolution, req.buckets, same)
         return req
-
-    # --- loading -------------------------------------------------------------------------------
-    @property
-    def loaded(self) -> bool:
-        return self._pipe is not None
-
-    @property
-    def pipe(self) -> Any:
-        return self._pipe
-
-    def ensure_loaded(self, progress: ProgressCallback | None = None) -> Any:
-        if self._pipe is not None:
-            return self._pipe
-        if progress:  # also while another thread (load_on_start) loads: this request waits on it
-            progress(ProgressEvent("loading", message=self.load_times.words(), estimate=self.load_times.estimate()))
-        with self._load_lock:
-            if self._pipe is not None:
-                return self._pipe
-            self.remote.pull_once()  # what the remote holds for this fingerprint, before anything compiles
-            with self._state_lock:
-                self._loading = True
-            start = time.perf_counter()
-            try:
-                import torch
-
-                self._choose_placement()
-                pipe = load_pipeline(
-                    self.settings,
-                    self.source,
-                    self.backend.torch_device(),
-                    getattr(torch, self.dtype_name),
-                    tp_mesh=getattr(self.lockstep, "mesh", None),
-                    sharded_load=self.backend.sharded_load,
-                    placement=self.placement,
-                    device_at=self.backend.torch_device_at,
-                    switch=self.backend,
-                )
-                self.adapters.prepare(pipe)  # the LoRA slot goes in before compiling
-                apply_compile(pipe.transformer, self.settings.compile_mode, self.counter)
-                host: tuple[Any, ...] = ()
-                if self.vae_compiled:
-                    spec = TileSpec(self.settings.vae_tile, self.settings.vae_tile_overlap)
-                    install_tiled_decode(pipe, spec, self.vae_counter)
-                elif self.vae_on_host:
-                    host = install_host_decode(pipe).modules
-                self.backend.adopt(pipe, host, self.placement)  # the emulator: weights and graphs on their cores
-                self.adapters.synchronize = self.backend.synchronize
-                with self.backend.device_work():
-                    self.adapters.warm()
-            except Exception as exc:
-                with self._state_lock:
-                    self._load_error = str(exc) if isinstance(exc, ModelLoadError) else one_line(exc)
-                raise
-            finally:
-                with self._state_lock:
-                    self._loading = False
-            with self._state_lock:
-                self._pipe = pipe
-                self._load_s = time.perf_counter() - start
-                self._load_error = None
-            self.load_times.record(self._load_s)  # the next start's "loading the model (~N s)"
-            log.info(
-                "loaded %s on %s (%s, compile %s/%s) in %.1fs",
-                self.settings.model,
-                self.backend.name,
-                self.dtype_name,
-                self.settings.compile_mode,
-                self.compile_backend,
-                self._load_s,
-            )
-            return pipe
-
-    def _choose_placement(self) -> None:
-        """`placement = "auto"`: the plan's first fitting placement, decided once, at the first load."""
-        if self.placement.name is None and self.core_ids is not None:
-            chosen = placement.choose(self.settings, self.core_ids, self.backend)
-            with self._state_lock:
-                self.placement = chosen
 
     # --- device work -------------------------------------------------------------------------------
     def _execute(self, call: PipelineCall, on_step: Callable[[int, int], None] | None = None) -> Any:

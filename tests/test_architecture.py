@@ -11,7 +11,7 @@ from tests.support import ROOT
 PAGE = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "neuron_app"
 ROOMS = ("model", "compile", "cache", "remote", "modes", "trust", "output")
-CLI = {"__main__", "doctor", "doctor_stack", "verify", "selftest"}
+CLI = {"__main__", "commands", "doctor", "doctor_stack", "verify", "selftest"}
 WINGS = ("web", "scale", "backends", "bench", "training")
 #: web/'s rooms, each a box of its own; `server` (web/server.py) composes them, `web` is the rest of its top level.
 WEB_ROOMS = ("page", "openai", "jobs", "mcp")

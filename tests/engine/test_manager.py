@@ -23,9 +23,10 @@ def test_loads_the_tiny_model_through_from_pretrained(module_manager: PipelineMa
     assert status.loaded and status.device == "cpu" and status.compile_backend == "aot_eager"
 
 
-def test_one_compile_per_new_shape_and_none_for_repeats_or_other_inputs(module_manager: PipelineManager) -> None:
-    """Steps, seed, prompt and guidance do not recompile; a new token count does, exactly once."""
-    m = module_manager
+def test_one_compile_per_new_shape_and_none_for_repeats_or_other_inputs(make_settings: Any) -> None:
+    """Steps, seed, prompt and guidance do not recompile; a new token count does, exactly once. A manager of its own:
+    the module's is compiled by whichever tests ran before."""
+    m = PipelineManager(make_settings())
     base = m.counter.graphs
     first = m.generate("a red cube", "64x64", 4, 1)
     assert (first.cache, first.compiled, first.graphs_compiled) == (CacheResult.MISS, True, 1)

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_app.crossing import to_core
 from neuron_app.engine.model.real.layout import COMPONENTS, layout
 from neuron_app.errors import DeviceUnavailable
 
@@ -92,18 +93,6 @@ def _placed(name: str, setting: str, core_ids: list[int] | None, why: str) -> Pl
     if core_ids is None:
         cores = {component: [] for component in COMPONENTS}
     return Placement(name, setting, cores, why)
-
-
-def to_core(value: Any, device: Any, dtype: Any = None) -> Any:
-    """`value.to(device, dtype)`, and from another NeuronCore through the host: a read and a write (7.5 MiB for
-    klein-4B's prompt embedding, once per prompt) instead of the direct copy TorchNeuron refuses. The one way a
-    tensor crosses between cores here."""
-    import torch
-
-    target, here = torch.device(device), value.device
-    if here.type == target.type == "neuron" and here.index != target.index:
-        value = value.to("cpu")
-    return value.to(device=target, dtype=dtype) if dtype is not None else value.to(target)
 
 
 def move(pipe: Any, placement: Placement, device_at: Any, switch: Any = None) -> None:

@@ -51,7 +51,7 @@ def prepare(pipe: Any, image: Any, mask: Any, strength: float, steps: int, gener
     from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
     from diffusers.utils.torch_utils import get_module_execution_device, randn_tensor
 
-    from neuron_app.engine.model.placement import to_core
+    from neuron_app.crossing import to_core
 
     width, height = image.size
     device, dtype = pipe._execution_device, pipe.transformer.dtype

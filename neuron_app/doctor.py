@@ -47,7 +47,8 @@ def check_device(torchneuron: bool) -> Check:
     try:
         import importlib
 
-        from neuron_app.backends.neuron import SDK_MODULE, neuron_device_count
+        from neuron_app.backends.neuron import neuron_device_count
+        from neuron_app.backends.neuron_sdk import SDK_MODULE
 
         importlib.import_module(SDK_MODULE)  # torch autoloads it; explicit where autoload is off
         count = neuron_device_count()

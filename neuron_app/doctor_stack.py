@@ -50,7 +50,7 @@ def check_python() -> Check:
 
 
 def check_torch_neuronx() -> tuple[Check, str | None]:
-    from neuron_app.backends.neuron import INSTALL_HINT, XLA_FIX, installed_version, sdk_kind
+    from neuron_app.backends.neuron_sdk import INSTALL_HINT, XLA_FIX, installed_version, sdk_kind
 
     found = installed_version()
     kind = sdk_kind(found)
@@ -67,7 +67,7 @@ def check_torch(neuronx: str | None) -> Check:
         return Check(
             "torch", "problem", "absent", "install torch==2.13.0 with torch-neuronx==2.13.* (or 2.14.0 with 2.14.*)"
         )
-    from neuron_app.backends.neuron import TORCHNEURON_FROM, release_family
+    from neuron_app.backends.neuron_sdk import TORCHNEURON_FROM, release_family
 
     released = neuronx is not None and (release_family(neuronx) or (0, 0)) >= TORCHNEURON_FROM
     if neuronx is not None and not released:  # a source build's version (0.1.0) says nothing about its torch

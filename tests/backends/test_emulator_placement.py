@@ -195,7 +195,7 @@ def test_the_neuron_backend_does_not_take_the_emulators_stand_in_for_an_sdk(tmp_
     done = emulate(
         tmp_path,
         "import importlib.metadata as m\n"
-        "from neuron_app.backends.neuron import installed_version\n"
+        "from neuron_app.backends.neuron_sdk import installed_version\n"
         "print('SEEN', m.version('torch-neuronx'), 'BACKEND', installed_version())\n",
     )
     assert done.returncode == 0, done.stderr[-2000:]

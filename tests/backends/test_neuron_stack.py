@@ -17,7 +17,8 @@ import pytest
 
 from neuron_app import environment
 from neuron_app.backends import resolve_backend
-from neuron_app.backends.neuron import NeuronCacheProbe, sdk_kind
+from neuron_app.backends.neuron import NeuronCacheProbe
+from neuron_app.backends.neuron_sdk import sdk_kind
 from neuron_app.errors import DeviceUnavailable, SettingsError
 from tests.neuron_fakes import FAKE_SDK, XLA_VERSION, fake_sdk_dir, fake_sdk_on_path
 from tests.support import FALLBACKS, PROBE, ROOT, TINY_OVERRIDES, WATCHED, free_port, link_models

@@ -176,7 +176,7 @@ def _plan_best(settings: Any, cores: list[int], tp: int | None, in_process: bool
 
     hbm = None
     if _device(settings) == "neuron-emulated":
-        from neuron_app.backends.emulator.rules import hbm_per_core_gib
+        from neuron_app.backends.emulator.cores import hbm_per_core_gib
 
         hbm = hbm_per_core_gib()
     setting = settings.placement if not tp or tp == 1 else "auto"

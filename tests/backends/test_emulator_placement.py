@@ -119,7 +119,7 @@ def test_hbm_counts_weights_and_live_activations_by_storage_with_a_peak(tmp_path
 
 
 def test_hbm_per_core_follows_the_instance_and_its_lnc() -> None:
-    from neuron_app.backends.emulator.rules import hbm_per_core_gib
+    from neuron_app.backends.emulator.cores import hbm_per_core_gib
 
     assert hbm_per_core_gib({}) == 24.0  # trn2.3xlarge at LNC=2: 96 GiB over 4 logical cores, a bank each
     assert hbm_per_core_gib({"NEURON_LOGICAL_NC_CONFIG": "1"}) == 24.0  # 8 cores, two to a 24 GiB bank (U6)

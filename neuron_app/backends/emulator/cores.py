@@ -45,6 +45,8 @@ INSTANCES: dict[str, tuple[int, int, bool]] = {
     "trn2.48xlarge": (16, 8, True),
 }
 
+#: HBM per chip, by instance family (AWS's Trn1 and Trn2 instance pages).
+HBM_PER_CHIP_GIB = {"trn1": 32.0, "trn2": 96.0}
 #: This process's held cores: lock file -> open descriptor. Never closed: closing any descriptor of a file drops
 #: every fcntl lock this process has on it (POSIX), and the runtime keeps its cores until the process exits.
 _HELD: dict[Path, int] = {}
@@ -66,6 +68,18 @@ def instance(env: Mapping[str, str] | None = None) -> Instance:
         raise DeviceUnavailable(f"{INSTANCE_VAR}={name!r} is not an emulated instance: use one of {known}")
     chips, physical, grouped = INSTANCES[name]
     return Instance(name, chips * physical // lnc(env) if grouped else chips * physical)
+
+
+def hbm_per_core_gib(env: dict[str, str] | None = None) -> float:
+    """The HBM one logical core allocates from, its bank (`NEURON_EMULATOR_HBM_GIB` overrides): a Trainium2 has
+    four 24 GiB banks, each shared by two physical NeuronCore-v3 (AWS, Logical NeuronCore configuration): a core's
+    own at LNC=2, shared with its neighbour at LNC=1 (`numbering.DeviceState.bank`), 24 GiB either way."""
+    env = dict(os.environ) if env is None else env
+    if env.get("NEURON_EMULATOR_HBM_GIB", "").strip():
+        return float(env["NEURON_EMULATOR_HBM_GIB"])
+    found = instance(env)
+    physical = INSTANCES[found.name][1]
+    return HBM_PER_CHIP_GIB[found.name.split(".")[0]] / (physical // 2)  # two physical cores per bank
 
 
 def lnc(env: Mapping[str, str] | None = None) -> int:

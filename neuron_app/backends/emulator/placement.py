@@ -167,3 +167,50 @@ class DeviceMemory:
     def storages(self) -> int:
         with self._lock:
             return len(self._entries)
+
+
+class OnDevice:
+    """What the emulator answers about placement, read from its `DeviceMemory` (`self.memory`)."""
+
+    memory: DeviceMemory
+
+    def is_device(self, t: Any) -> bool:
+        """On the device: its storage is (a view, `.data` or a new Parameter over it too; a DTensor by its local
+        shard: tensor parallel, each rank its shard)."""
+        return self.memory.holds(t)
+
+    def index_of(self, t: Any) -> int | None:
+        """The device index (`neuron:N`) a tensor's storage is on; None on the host."""
+        return self.memory.index_of(t)
+
+    def is_host(self, t: Any) -> bool:
+        """On the host: a tensor whose storage is not on the device, however it was made."""
+        return self.memory.is_host(t)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.memory.weights
+
+    def hbm_bytes_in_use(self) -> int:
+        """Device memory held now (weights and live activations, by storage, from every thread)."""
+        return self.memory.in_use
+
+    def hbm_peak_bytes(self) -> int:
+        """The most device memory held at once since the start (or the last `reset_hbm_peak`)."""
+        return self.memory.peak
+
+    def reset_hbm_peak(self) -> int:
+        return self.memory.reset_peak()
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Per device index this process has (`neuron:N`): its NeuronCore and the HBM it holds now and at most."""
+        gib = 2**30
+        return [
+            {
+                "index": i,
+                "core": STATE.core(i),
+                "in_use_gib": round(self.memory.in_use_of(i) / gib, 3),
+                "peak_gib": round(self.memory.peak_of(i) / gib, 3),
+            }
+            for i in STATE.valid()
+        ]

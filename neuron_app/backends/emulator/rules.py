@@ -43,6 +43,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_app.backends.emulator import lifecycle
 from neuron_app.backends.emulator.cache import ArtifactStore
+from neuron_app.backends.emulator.cores import hbm_per_core_gib
 from neuron_app.backends.emulator.device import (
     _MIXED_OK,
     _NO_KERNEL,
@@ -54,7 +55,7 @@ from neuron_app.backends.emulator.device import (
 )
 from neuron_app.backends.emulator.modes import _dtypes_as_on_neuron, _PlacementMode, _returns_view, _RulesMode
 from neuron_app.backends.emulator.numbering import STATE, meshes_on_host
-from neuron_app.backends.emulator.placement import DeviceMemory
+from neuron_app.backends.emulator.placement import DeviceMemory, OnDevice
 from neuron_app.backends.emulator.standin import named_failure
 from neuron_app.errors import NeuronRuleViolation
 
@@ -64,26 +65,10 @@ log = logging.getLogger(__name__)
 #: `scatter_.src` from a third-party Trn2 measurement (diffusers' latent unpack uses it); extend with
 #: NEURON_EMULATOR_UNIMPLEMENTED (comma-separated `name.overload`).
 UNIMPLEMENTED_OPS = frozenset({"scatter_.src"})
-#: HBM per chip, by instance family (AWS's Trn1 and Trn2 instance pages).
-HBM_PER_CHIP_GIB = {"trn1": 32.0, "trn2": 96.0}
 #: TorchNeuron's text for a copy between two NeuronCores (`csrc/utils/CopyUtils.cpp`, `copy_neuron_to_neuron`).
 CROSS_CORE_MESSAGE = "Device-to-device copy requires tensors on same Neuron core"
 #: Ops that write a strided view as a full-buffer copy on TorchNeuron instead of failing.
 _STRIDED_WRITE_OK = {"copy_"}
-
-
-def hbm_per_core_gib(env: dict[str, str] | None = None) -> float:
-    """The HBM one logical core allocates from, its bank (`NEURON_EMULATOR_HBM_GIB` overrides): a Trainium2 has
-    four 24 GiB banks, each shared by two physical NeuronCore-v3 (AWS, Logical NeuronCore configuration): a core's
-    own at LNC=2, shared with its neighbour at LNC=1 (`numbering.DeviceState.bank`), 24 GiB either way."""
-    from neuron_app.backends.emulator import cores
-
-    env = dict(os.environ) if env is None else env
-    if env.get("NEURON_EMULATOR_HBM_GIB", "").strip():
-        return float(env["NEURON_EMULATOR_HBM_GIB"])
-    found = cores.instance(env)
-    physical = cores.INSTANCES[found.name][1]
-    return HBM_PER_CHIP_GIB[found.name.split(".")[0]] / (physical // 2)  # two physical cores per bank
 
 
 def _unimplemented() -> frozenset[str]:
@@ -91,7 +76,7 @@ def _unimplemented() -> frozenset[str]:
     return UNIMPLEMENTED_OPS | extra
 
 
-class NeuronEmulator:
+class NeuronEmulator(OnDevice):
     """The device's state in this process: which tensors live on it, what compiled, what broke a rule."""
 
     def __init__(self, folder: Path, mode: str = "enforce", hbm_gib: float | None = None) -> None:
@@ -117,35 +102,7 @@ class NeuronEmulator:
         self._latched: str | None = None
         self._lock = threading.Lock()
 
-    # --- placement -------------------------------------------------------------------------------
-    def is_device(self, t: Any) -> bool:
-        """On the device: its storage is (a view, `.data` or a new Parameter over it too; a DTensor by its local
-        shard: tensor parallel, each rank its shard)."""
-        return self.memory.holds(t)
-
-    def index_of(self, t: Any) -> int | None:
-        """The device index (`neuron:N`) a tensor's storage is on; None on the host."""
-        return self.memory.index_of(t)
-
-    def is_host(self, t: Any) -> bool:
-        """On the host: a tensor whose storage is not on the device, however it was made."""
-        return self.memory.is_host(t)
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.memory.weights
-
-    def hbm_bytes_in_use(self) -> int:
-        """Device memory held now (weights and live activations, by storage, from every thread)."""
-        return self.memory.in_use
-
-    def hbm_peak_bytes(self) -> int:
-        """The most device memory held at once since the start (or the last `reset_hbm_peak`)."""
-        return self.memory.peak
-
-    def reset_hbm_peak(self) -> int:
-        return self.memory.reset_peak()
-
+    # --- placement (its queries: `placement.OnDevice`) ---------------------------------------------
     def place(self, value: Any, on_device: bool, weight: bool = False, index: int | None = None) -> Any:
         """Put every tensor in `value` on device `index` (default the current device; its storage: HBM it takes
         from now on, past its bank's capacity an out-of-memory failure) or take it off. A tensor on the device
@@ -386,19 +343,6 @@ class NeuronEmulator:
 
         run_graph.neuron_graph = name  # type: ignore[attr-defined]
         return run_graph
-
-    def devices(self) -> list[dict[str, Any]]:
-        """Per device index this process has (`neuron:N`): its NeuronCore and the HBM it holds now and at most."""
-        gib = 2**30
-        return [
-            {
-                "index": i,
-                "core": STATE.core(i),
-                "in_use_gib": round(self.memory.in_use_of(i) / gib, 3),
-                "peak_gib": round(self.memory.peak_of(i) / gib, 3),
-            }
-            for i in STATE.valid()
-        ]
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

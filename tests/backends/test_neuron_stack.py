@@ -168,8 +168,10 @@ def test_core_reservation(make_settings: Any, monkeypatch: pytest.MonkeyPatch) -
         environment.prepare_process(make_settings(visible_cores="4-7"))
     monkeypatch.delenv("NEURON_RT_VISIBLE_CORES")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(SettingsError, match=r"torchrun.*LOCAL_RANK"):
+    with pytest.raises(SettingsError, match=r"visible_cores=4-7 reached a torchrun rank: a rank holds exactly one"):
         environment.prepare_process(make_settings(visible_cores="4-7"))
+    environment.prepare_process(make_settings(visible_cores="5"))  # a rank's own core of its block (rank_env)
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "5"
 
 
 @pytest.mark.parametrize(
@@ -211,14 +213,18 @@ def test_a_core_list_is_one_reservation_in_any_spelling(make_settings: Any, monk
 def test_any_core_reservation_in_the_environment_is_refused_under_torchrun(
     make_settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TorchNeuron keeps a user's NEURON_RT_VISIBLE_CORES for every rank: refused before any rank loads."""
+    """A rank holds exactly one NeuronCore (TorchNeuron asserts it): a range reaching a rank is refused before any
+    rank loads; one core, the rank's own that the topology exports (scale/topology.py rank_env), is kept."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     settings = make_settings()
     environment.prepare_process(settings)  # nothing reserved: each rank gets core LOCAL_RANK
-    for value in ("0-1", "0"):
+    for value in ("0-1", "2,3"):
         monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", value)
         with pytest.raises(SettingsError, match=rf"NEURON_RT_VISIBLE_CORES={value} cannot be used under torchrun"):
             environment.prepare_process(settings)
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "3")
+    values = {v.name: v for v in environment.prepare_process(settings)}
+    assert values["NEURON_RT_VISIBLE_CORES"].value == "3"
 
 
 @pytest.mark.parametrize(
@@ -267,7 +273,7 @@ def test_the_replicas_load_runs_prepare_process_before_the_manager(make_settings
 
     settings = make_settings()
     assert environment.NEFF_CACHE_VAR not in os.environ
-    manager = ReplicaServer._load(settings)
+    manager = ReplicaServer.__new__(ReplicaServer)._load(settings)  # the method alone: no Ray actor around it
     folder = environment.neff_cache_dir(settings.cache_dir)
     assert manager.loaded and os.environ[environment.NEFF_CACHE_VAR] == str(folder)
 

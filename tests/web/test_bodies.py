@@ -276,7 +276,9 @@ def test_one_address_cannot_hold_more_than_its_bytes_of_bodies_in_flight(app: An
 def test_a_streamed_body_is_counted_as_it_arrives(app: Any) -> None:
     """Row 12, no declared length: chunked bytes count against the address's room as they arrive (a 429 once past)."""
 
-    def chunks() -> Iterator[bytes]:
+    def chunks() -> Iterator[bytes]:  # a well-formed form whose one file goes on (the form streams as it comes)
+        yield b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n'
+        yield b"Content-Type: image/png\r\n\r\n"
         for _ in range(ADDRESS_BODY_MB * 2 + 1):
             yield b"x" * (MB // 2)
 

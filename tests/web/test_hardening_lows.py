@@ -191,7 +191,11 @@ def test_usage_users_prints_every_cell_escaped_and_no_user_apart(tmp_path: Any) 
     with sqlite3.connect(tmp_path / "usage.sqlite3") as db:
         rows = [(FORGED, 1), ("-", 2), (None, 3)]
         day = "2026-12-06"
-        db.executemany("INSERT INTO images VALUES (0, ?, '-', ?, '64x64', 1, 0.004, ?)", [(day, u, s) for u, s in rows])
+        db.executemany(
+            "INSERT INTO images (created, day, key_name, user, resolution, steps, output_megapixels, device_seconds) "
+            "VALUES (0, ?, '-', ?, '64x64', 1, 0.004, ?)",
+            [(day, u, s) for u, s in rows],
+        )
     out = run_cli(tiny_env(tmp_path), "usage", "--users", timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

@@ -27,7 +27,11 @@ def test_readme_is_a_front_door() -> None:
     text = README.read_text()
     assert len(text.splitlines()) <= 120
     assert "NEURON_APP_SETTINGS=quickstart.toml python app.py" in text
-    assert "python -m pytest -n 2\n" in text and 'python -m pytest -n 2 -m "not slow and not browser"' in text
+    assert (
+        "python -m pytest -n 2 -p no:randomly\n" in text
+        and 'python -m pytest -n 2 -m "not slow and not browser"' in text
+    )
+    assert "python3 -m pytest -n 2 -p no:randomly\n" in (README.parent / ".ci" / "run").read_text()  # CI runs it
 
 
 def test_code_map_names_every_module() -> None:

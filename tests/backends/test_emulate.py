@@ -491,7 +491,7 @@ if mode == "touch":
 dist.init_process_group(backend="neuron")
 x = torch.ones(2, device="neuron")
 # One write of the whole line: both ranks share torchrun's stdout, and print's text and newline interleaved.
-os.write(1, f"rank {dist.get_rank()} on {x.device}, core {os.environ['NEURON_RT_VISIBLE_CORES']}\n".encode())
+os.write(1, f"rank {dist.get_rank()} on {x.device}, core {os.environ['NEURON_RT_VISIBLE_CORES']}\\n".encode())
 dist.barrier()
 while mode == "hold" and not os.path.exists("release"):
     time.sleep(0.2)

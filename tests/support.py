@@ -315,3 +315,17 @@ class OtlpReceiver(http.server.ThreadingHTTPServer):
 
         super().__init__(("127.0.0.1", free_port()), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def guard_of(app: Any) -> Any:
+    """The `web.guard.Guard` in a launched server's middleware stack (Starlette builds the stack at its first
+    request: one is sent first)."""
+    import httpx
+
+    from neuron_app.web.guard import Guard
+
+    httpx.get(app.url + "healthz", timeout=30)
+    layer = app.demo.server_app.middleware_stack
+    while not isinstance(layer, Guard):
+        layer = layer.app
+    return layer

@@ -22,8 +22,7 @@ import httpx
 import pytest
 
 from neuron_app.web.bodies import SMALLEST_BODY
-from neuron_app.web.guard import Guard
-from tests.support import ROOT, wait_for
+from tests.support import ROOT, guard_of, wait_for
 
 CAP, PER_ADDRESS, BODY_S = 16, 8, 20.0
 ADDRESS_BODY_MB = 2
@@ -42,15 +41,6 @@ def app(launch_tiny: Callable[..., Any]) -> Any:
     )
     launched.manager.ensure_loaded()
     return launched
-
-
-def guard_of(app: Any) -> Guard:
-    """The Guard instance in the launched server's middleware stack (built at its first request)."""
-    httpx.get(app.url + "healthz", timeout=30)
-    layer = app.demo.server_app.middleware_stack
-    while not isinstance(layer, Guard):
-        layer = layer.app
-    return layer
 
 
 def connect(app: Any, address: str = "127.0.0.1") -> socket.socket:

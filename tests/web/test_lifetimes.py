@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from neuron_app.web.guard import Guard
-from tests.support import wait_for
+from tests.support import guard_of, wait_for
 
 CAP, PER_ADDRESS = 40, 8
 STREAMS, STREAMS_PER_ADDRESS = 24, 6
@@ -44,14 +44,6 @@ def app(launch_tiny: Callable[..., Any]) -> Any:
     )
 
 
-def guard_of(app: Any) -> Guard:
-    httpx.get(app.url + "healthz", timeout=30)
-    layer = app.demo.server_app.middleware_stack
-    while not isinstance(layer, Guard):
-        layer = layer.app
-    return layer
-
-
 def connect(port: int, address: str = "127.0.0.1", rcvbuf: int | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.settimeout(BACKSTOP_S)
@@ -69,6 +61,18 @@ def read_to_close(sock: socket.socket) -> bytes:
         while chunk := sock.recv(65536):
             data += chunk
     return data
+
+
+def answer_while_sending(sock: socket.socket, sender: Callable[[], None]) -> bytes:
+    """The server's whole answer, read while `sender` (a thread) keeps writing: a server that answers early and
+    closes must not wait for a body it will never read."""
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    try:
+        return read_to_close(sock)
+    finally:
+        sock.close()
+        thread.join(BACKSTOP_S)
 
 
 def test_never_ending_heartbeats_from_five_addresses_leave_a_sixth_answered(app: Any) -> None:
@@ -282,13 +286,7 @@ def send_trailers(port: int, path: str, megabytes: int) -> tuple[bytes, int]:
                 sent[0] += len(field)
             sock.sendall(b"\r\n")
 
-    thread = threading.Thread(target=sender, daemon=True)
-    thread.start()
-    try:
-        answer = read_to_close(sock)
-    finally:
-        sock.close()
-    thread.join(BACKSTOP_S)
+    answer = answer_while_sending(sock, sender)
     return answer, sent[0]
 
 
@@ -363,11 +361,5 @@ def test_a_body_left_unread_after_an_early_answer_is_drained_for_a_bounded_numbe
                 sock.sendall(chunk)
                 sent[0] += MB
 
-    thread = threading.Thread(target=sender, daemon=True)
-    thread.start()
-    try:
-        answer = read_to_close(sock)
-    finally:
-        sock.close()
-    thread.join(BACKSTOP_S)
+    answer = answer_while_sending(sock, sender)
     assert answer.startswith(b"HTTP/1.1 405") and sent[0] < 3 * DRAIN_BYTES, sent[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -27,8 +28,12 @@ def get(app: Any, path: str, **kwargs: Any) -> httpx.Response:
     return httpx.get(app.url.rstrip("/") + path, timeout=10, **kwargs)
 
 
-def test_health_ready_and_metrics_follow_a_generate(launched_app: Any, client: Client) -> None:
-    """Alive at once; not ready (503 with a reason) before the model is loaded; ready and counted after one generate."""
+def test_health_ready_and_metrics_follow_a_generate(launch_tiny: Callable[..., Any]) -> None:
+    """Alive at once; not ready (503 with a reason) before the model is loaded; ready and counted after one generate.
+    On an app of its own: the module's shared app has served whatever the tests before this one asked (a random
+    order put a generate first, stop 59)."""
+    launched_app = launch_tiny()
+    client = Client(launched_app.url, verbose=False)
     health = get(launched_app, "/healthz")
     assert health.status_code == 200 and health.json() == {"status": "alive"}
 

@@ -305,6 +305,16 @@ def summary(em: Any) -> str:
     return "\n".join(lines)
 
 
+def write_whole(text: str) -> None:
+    """The block and its newline in one write(2) to stderr: torchrun's ranks share one pipe, and `print` writes its
+    newline apart, so another rank's summary began on this one's last line (CI, stop 60). A pipe keeps one write of
+    up to 4 KiB whole; a summary is well under that."""
+    sys.stderr.flush()
+    data = (text + "\n").encode()
+    while data:
+        data = data[os.write(2, data) :]
+
+
 USAGE = """usage: python -m neuron_app emulate [--rules enforce|record] (SCRIPT | -m MODULE) [ARGS ...]
 
 Run a script, or a module as __main__ (like python -m), on the emulated neuron device; everything after SCRIPT
@@ -340,7 +350,7 @@ def main(argv: list[str]) -> int:
     kept: list[Any] = []  # the script's globals: held by `report` until the summary has read its model
 
     def report() -> None:
-        print(summary(em), file=sys.stderr, flush=True)
+        write_whole(summary(em))
         kept.clear()
 
     atexit.register(report)

@@ -129,8 +129,7 @@ def replicas(cluster: str, tmp_path_factory: pytest.TempPathFactory, shared_mode
     others = {"cache_dir": cache, "replicas": 2, "ray_address": cluster, "warmup": "default"}
     settings = load_settings(**(TINY_OVERRIDES | shapes | others))
     client = start_replicas(settings)
-    wait_for(lambda: len([r for r in client.status().replicas if r["healthy"]]) == 2, 60, "2 healthy replicas")
-    warm_replicas(client)
+    warm_replicas(client)  # two healthy replicas, each with the default shape compiled
     yield client
     # close() stops this app's replicas but never the cluster it joined: checked after the module's last test,
     # whichever it was (a test that closed the shared replicas had to run last, and a random order broke that).

@@ -51,6 +51,7 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     plan = Plan(
         minutes=args.minutes,
+        steps=args.steps,
         seed=args.seed,
         out=Path(args.out),
         init=Path(args.init) if args.init else None,
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     cache.set_defaults(func=cmd_cache)
     train_tiny = sub.add_parser("train-tiny", help="train tiny-shapes (the shapes world) on this machine's CPU")
     train_tiny.add_argument("--minutes", type=float, default=20.0, help="time budget of all stages (default 20)")
+    train_tiny.add_argument(
+        "--steps", type=int, default=0, help="steps per stage instead of the time budget (the same run on any machine)"
+    )
     train_tiny.add_argument("--seed", type=int, default=0)
     train_tiny.add_argument("--out", default="neuron_app/models/tiny-shapes", help="folder the pipeline is saved to")
     train_tiny.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")

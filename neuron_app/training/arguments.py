@@ -18,6 +18,8 @@ def problem_of(args: Any) -> str | None:
         return f"--out: cannot write in the folder above {out.name!r}"
     if not (math.isfinite(args.minutes) and args.minutes > 0):
         return f"--minutes must be a positive number, not {args.minutes}"
+    if args.steps < 0:
+        return f"--steps must be 0 (the time budget) or more, not {args.steps}"
     if not (math.isfinite(args.lr) and args.lr >= 0):
         return f"--lr must be 0 (the plan's) or a positive number, not {args.lr}"
     if args.threads is not None and args.threads < 0:

@@ -1,4 +1,4 @@
-"""python -m neuron_app train-tiny: train `tiny-shapes` on the shapes world, on the CPU, within a time budget.
+"""python -m neuron_app train-tiny: train `tiny-shapes` on the shapes world, on the CPU, within a time (or step) budget.
 
 Stages, each a share of the budget: the VAE (reconstruction, then the latent batch-norm statistics the pipeline
 de-normalises with); the transformer and the text encoder together with the flow-matching objective, at the
@@ -50,6 +50,7 @@ EMA_DECAY = 0.999  # the saved weights are an exponential moving average of the 
 @dataclass
 class Plan:
     minutes: float = 20.0
+    steps: int = 0  # > 0: each stage runs this many steps whatever the clock (the same run on a busy machine)
     seed: int = 0
     out: Path = Path("neuron_app/models/tiny-shapes")
     shares: dict[str, float] = field(default_factory=lambda: {"vae": 0.08, "transformer": 0.74, "lora": 0.18})
@@ -82,8 +83,12 @@ class Log:
             log.info("train-tiny %s", " ".join(f"{k}={v}" for k, v in row.items()))
 
 
-def _timed(seconds: float) -> Iterator[tuple[int, float]]:
-    """(step, share of the stage's time gone) until its time runs out (at least 10 steps)."""
+def _timed(seconds: float, steps: int = 0) -> Iterator[tuple[int, float]]:
+    """(step, share of the stage gone) until its time runs out (at least 10 steps), or for exactly `steps` steps:
+    a budget in steps makes a run that does not depend on how busy the machine is (the test's)."""
+    if steps:
+        yield from ((step, step / steps) for step in range(steps))
+        return
     start, step = time.monotonic(), 0
     while step < 10 or time.monotonic() - start < seconds:
         yield step, min(1.0, (time.monotonic() - start) / seconds)
@@ -98,7 +103,7 @@ def _lr(step: int, done: float, base: float, warmup: int = 40, floor: float = 0.
 
 
 # --- stage 1: the VAE ---------------------------------------------------------------------------------------------
-def train_vae(vae: Any, seconds: float, rng: random.Random, out: Log) -> None:
+def train_vae(vae: Any, seconds: float, rng: random.Random, out: Log, steps: int = 0) -> None:
     """From 8x8 average pooling and back (vae_init.py), refined towards sharp edges on rendered scenes."""
     import torch
 
@@ -107,7 +112,7 @@ def train_vae(vae: Any, seconds: float, rng: random.Random, out: Log) -> None:
     average_pool_vae(vae)
     vae.train()
     optimizer = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
-    for step, done in _timed(seconds):
+    for step, done in _timed(seconds, steps):
         size = rng.choice([(64, 64), (64, 64), (128, 64), (64, 128)])
         scenes = [world.random_scene(rng) for _ in range(12)]
         for i in range(len(scenes)):
@@ -154,7 +159,7 @@ def train_flow(
     table: dict[int, list[list[float]]] = {}
     checks = [0.25, 0.5, 0.75]
     average = [p.detach().clone() for p in params] if plan.ema else []
-    for step, done in _timed(seconds):
+    for step, done in _timed(seconds, plan.steps):
         if checks and done >= checks[0] and stage == "transformer":
             checks.pop(0)
             _eval_now(pipe, out, stage, step)
@@ -261,8 +266,8 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
     import torch
     from safetensors.torch import save_file
 
-    if not plan.scenes_per_size:
-        plan.scenes_per_size = max(16, min(160, int(plan.minutes * 6)))
+    if not plan.scenes_per_size:  # by the budget: 6 a minute, or one per 2 steps of a budget in steps
+        plan.scenes_per_size = max(16, min(160, plan.steps // 2 if plan.steps else int(plan.minutes * 6)))
     plan.lr = plan.lr or (8e-4 if plan.init else 1e-3)  # the recipe records the rate used
     rng = random.Random(plan.seed)
     torch.manual_seed(plan.seed)
@@ -283,7 +288,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
     pipe.set_progress_bar_config(disable=True)
 
     if not plan.init:
-        train_vae(pipe.vae, budget * plan.shares["vae"], rng, out)
+        train_vae(pipe.vae, budget * plan.shares["vae"], rng, out, plan.steps)
     with torch.no_grad():
         if not plan.init:
             set_latent_statistics(pipe, rng)
@@ -326,6 +331,7 @@ def train(plan: Plan, progress: Callable[[str], None] = log.info) -> dict[str, A
     run = {
         "plan": {
             "minutes": plan.minutes,
+            "steps": plan.steps,
             "seed": plan.seed,
             "shares": plan.shares,
             "init": bool(plan.init),

@@ -66,6 +66,9 @@ def corrupt_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -
     finally:
         logger.removeHandler(lines)
     launch(app, block=False)
+    # Loaded and compiled before any test holds the device lock: the caps test, when it ran first, met "the model
+    # is loading" (503) on its first job (the whole suite in a random order)
+    app.manager.compile_shape("64x64")
     app.url = f"http://127.0.0.1:{settings.server_port}/"
     app.lines, app.garbage = lines.records, garbage
     yield app

@@ -43,6 +43,7 @@ def real_manager(real_cache: Path) -> Iterator[Any]:
             resolutions=[SHAPE],
             default_resolution=SHAPE,
             max_sequence_length=16,
+            default_steps=1,  # the compile's warm-up runs (two at real size on the CPU) at one step: 4B steps cost
             compile_backend="aot_eager",
             placement="auto",
         )

@@ -26,6 +26,7 @@ from tests.support import TINY_OVERRIDES, AppProcess, free_port, link_models, op
 
 ALICE = f"sk-alice-{uuid.uuid4().hex}"
 BOB = f"sk-bob-{uuid.uuid4().hex}"
+CAROL = f"sk-carol-{uuid.uuid4().hex}"  # the stored-jobs attack: her store is full after it, so nobody else's is
 ASYNC = {"Prefer": "respond-async"}
 PROMPT = "a lighthouse at dawn"
 JOB = {"seed": 1, "num_inference_steps": 1}
@@ -58,7 +59,7 @@ def corrupt_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -
     lines = Lines()
     logger = logging.getLogger("neuron_app.web.jobs.sqlite_file")  # both stores open through it
     logger.addHandler(lines)
-    keys = {"alice": {"key": ALICE, "images_per_minute": 3}, "bob": {"key": BOB}}
+    keys = {"alice": {"key": ALICE, "images_per_minute": 3}, "bob": {"key": BOB}, "carol": {"key": CAROL}}
     overrides = {"cache_dir": cache_dir, "server_port": free_port(), "api_keys": keys}
     settings = load_settings(**(TINY_OVERRIDES | overrides | {"jobs_per_key": 2, "jobs_stored_per_key": 3}))
     try:
@@ -113,7 +114,7 @@ def test_a_corrupt_store_is_kept_aside_with_one_line_and_the_server_serves(corru
 
 def test_a_key_over_its_job_caps_gets_429_jobs_full_and_its_charge_back(corrupt_app: Any) -> None:
     """Alice (3 images a minute): with the device held, two jobs wait; a third is a 429 jobs_full, and its image
-    is not charged (a later request still fits). Bob submits and cancels: the fourth stored job is refused."""
+    is not charged (a later request still fits). Carol submits and cancels: the fourth stored job is refused."""
     alice = openai_client(corrupt_app, ALICE, timeout=60)
     with corrupt_app.manager._device_lock:
         first, second = (
@@ -131,14 +132,14 @@ def test_a_key_over_its_job_caps_gets_429_jobs_full_and_its_charge_back(corrupt_
         assert done["status"] == "succeeded"
     assert alice.images.generate(prompt=PROMPT, size="64x64", extra_body=JOB).data[0].b64_json  # 3rd image fits
 
-    bob = httpx.Client(base_url=corrupt_app.url, headers={"Authorization": f"Bearer {BOB}"} | ASYNC, timeout=60)
-    held = _stored(corrupt_app, "bob")  # bob's job of the test above, when it ran first
+    carol = httpx.Client(base_url=corrupt_app.url, headers={"Authorization": f"Bearer {CAROL}"} | ASYNC, timeout=60)
     with corrupt_app.manager._device_lock:
-        for _ in range(3 - held):
-            job_id = bob.post("v1/images/generations", json={"prompt": PROMPT, "size": "64x64"} | JOB).json()["id"]
-            bob.delete(f"v1/images/jobs/{job_id}")  # cancelled at once: the attack that grew the store
+        for _ in range(3):
+            job_id = carol.post("v1/images/generations", json={"prompt": PROMPT, "size": "64x64"} | JOB).json()["id"]
+            carol.delete(f"v1/images/jobs/{job_id}")  # cancelled at once: the attack that grew the store
+    assert _stored(corrupt_app, "carol") == 3
     with pytest.raises(openai.RateLimitError) as caught:
-        openai_client(corrupt_app, BOB).images.generate(prompt=PROMPT, size="64x64", extra_headers=ASYNC)
+        openai_client(corrupt_app, CAROL).images.generate(prompt=PROMPT, size="64x64", extra_headers=ASYNC)
     assert caught.value.code == "jobs_full" and "holds 3 jobs" in caught.value.message
 
 

@@ -109,6 +109,21 @@ NEURON_ENV = (
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _emulated_machine_per_module() -> Iterator[None]:
+    """A module's own fixtures (a manager, an app, a bench run's subprocesses) get an emulated machine of their own:
+    the emulator, like the runtime, keeps a process's cores until it exits, and an xdist worker outlives its
+    modules. test_real_size's in-process manager held cores 0-1 of the worker's machine, and the bench smoke run
+    next in that worker could not take core 0 for its `postprocess` section (.ci/run, the files' order)."""
+    saved = os.environ.get("NEURON_EMULATOR_CORES_DIR")
+    os.environ["NEURON_EMULATOR_CORES_DIR"] = tempfile.mkdtemp(dir=_SESSION_TMP, prefix="neuron-cores-module-")
+    yield
+    if saved is None:
+        os.environ.pop("NEURON_EMULATOR_CORES_DIR", None)
+    else:
+        os.environ["NEURON_EMULATOR_CORES_DIR"] = saved
+
+
 @pytest.fixture(autouse=True)
 def _neuron_env_per_test() -> Iterator[None]:
     saved = {name: os.environ.get(name) for name in (*NEURON_ENV, "NEURON_EMULATOR_CORES_DIR")}

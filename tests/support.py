@@ -9,6 +9,8 @@ import http.server
 import io
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -136,6 +138,32 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def http_answer(sock: socket.socket) -> bytes:
+    """One HTTP answer read whole from a raw socket: the head, then as many body bytes as its Content-Length says.
+    A single `recv` is not an answer: on a busy machine the head and the body came in two reads (.ci/run beside a
+    second suite: a 429's head without its `queue_full` body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if not (chunk := sock.recv(65536)):
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:[ \t]*(\d+)", head)
+    while length and len(body) < int(length.group(1)) and (chunk := sock.recv(65536)):
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def http_status(sock: socket.socket) -> str:
+    """The status code of the answer on a raw socket ("200", "429"...), or "closed" when the server closed (or
+    reset) it first; reads the 12 bytes of `HTTP/1.1 NNN` however many reads they take."""
+    data = b""
+    with contextlib.suppress(ConnectionResetError):
+        while len(data) < 12 and (chunk := sock.recv(12 - len(data))):
+            data += chunk
+    return data[9:12].decode() or "closed"
 
 
 def pid_alive(pid: int) -> bool:

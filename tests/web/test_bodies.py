@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from neuron_app.web.bodies import SMALLEST_BODY
-from tests.support import ROOT, guard_of, wait_for
+from tests.support import ROOT, guard_of, http_answer, http_status, wait_for
 
 CAP, PER_ADDRESS, BODY_S = 16, 8, 20.0
 ADDRESS_BODY_MB = 2
@@ -114,7 +114,7 @@ def test_every_route_the_server_answers_has_a_body_cap_and_a_row_in_the_door_tab
         with connect(app) as sock:
             head = post_head(path, cap + 1).replace(b"POST", methods[0].encode(), 1)
             sock.sendall(head)
-            answer = sock.recv(65536)
+            answer = http_answer(sock)
         assert answer.startswith(b"HTTP/1.1 413"), (path, methods, answer[:120])
 
 
@@ -141,7 +141,7 @@ class SlowBodies:
                     held.append(self.open_one())
                 readable, _, _ = select.select(held, [], [], 0.5)
                 for sock in readable:  # answered (503, 408) or closed: replaced at once
-                    self.answered[sock.recv(12)[9:12].decode() or "closed"] += 1
+                    self.answered[http_status(sock)] += 1
                     held.remove(sock)
                     sock.close()
                 for sock in held[:2]:
@@ -249,18 +249,18 @@ def test_one_address_cannot_hold_more_than_its_bytes_of_bodies_in_flight(app: An
         wait_for(lambda: guard.body_bytes.get("127.0.0.70", 0) >= size, BACKSTOP_S, "the first edit in flight")
         with connect(app, "127.0.0.70") as second:
             second.sendall(post_head(edit, size))
-            refused = second.recv(65536)
+            refused = http_answer(second)
         assert refused.startswith(b"HTTP/1.1 429") and b"bytes of request bodies in flight" in refused, refused
         with connect(app, "127.0.0.71") as other:  # another address: admitted, its route says what is wrong
             other.sendall(post_head(edit, size) + b"x" * size)
-            answer = other.recv(65536)
+            answer = http_answer(other)
         assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     finally:
         first.close()
     wait_for(lambda: "127.0.0.70" not in guard.body_bytes, BACKSTOP_S, "the first edit's bytes given back")
     with connect(app, "127.0.0.70") as again:
         again.sendall(post_head(edit, size) + b"x" * size)
-        assert again.recv(65536).startswith(b"HTTP/1.1 400")
+        assert http_answer(again).startswith(b"HTTP/1.1 400")
 
 
 def test_a_streamed_body_is_counted_as_it_arrives(app: Any) -> None:
@@ -329,5 +329,5 @@ def test_an_edit_meets_a_full_queue_before_its_body_is_read(app: Any, monkeypatc
     monkeypatch.setattr(routes, "gradio_queue_length", lambda demo: app.settings.queue_max_size + 8)
     with connect(app, "127.0.0.73") as sock:
         sock.sendall(post_head("/v1/images/edits", MB, MULTIPART) + b"--b\r\n" + b"x" * 1024)
-        answer = sock.recv(65536)
+        answer = http_answer(sock)
     assert answer.startswith(b"HTTP/1.1 429") and b"queue_full" in answer, answer[:300]

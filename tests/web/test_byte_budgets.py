@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from neuron_app.web.door.aliases import upload_folder
+from tests.support import http_answer
 
 TIGHT_KEY = f"sk-tight-{uuid.uuid4().hex}"
 BOB_KEY = f"sk-bob-{uuid.uuid4().hex}"
@@ -150,7 +151,7 @@ def test_an_edit_from_a_key_over_its_limit_is_refused_before_its_body(app: Any) 
     ).encode()
     with socket.create_connection(("127.0.0.1", app.settings.server_port), timeout=BACKSTOP_S) as sock:
         sock.sendall(head + b"--b\r\n" + b"x" * 1024)
-        answer = sock.recv(65536)
+        answer = http_answer(sock)
     assert answer.startswith(b"HTTP/1.1 429"), answer[:200]
 
 

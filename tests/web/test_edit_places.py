@@ -28,6 +28,7 @@ from PIL import Image
 
 from neuron_app.shapes import Resolution
 from neuron_app.web.door.middleware import FILE_BLOCK, MAX_UPLOAD_FILES
+from tests.support import http_answer
 
 QUEUE = 2
 BACKSTOP_S = 120.0
@@ -126,13 +127,6 @@ def edit_head(length: int) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def answer(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
-        data += chunk
-    return data
-
-
 def test_concurrent_edit_bodies_from_many_addresses_are_bounded_by_the_queue(app: Any) -> None:
     """Row 4 as sent (4 x 11 MB from 30 connections, then from two addresses), scaled down: edits promising
     1 MB from QUEUE + 4 addresses, each sending 1 KB and holding the rest. The queue's places (QUEUE waiting + one
@@ -148,20 +142,20 @@ def test_concurrent_edit_bodies_from_many_addresses_are_bounded_by_the_queue(app
             readable, _, _ = select.select([s for s in socks if s not in refused], [], [], BACKSTOP_S)
             assert readable, f"only {len(refused)} of {len(socks) - room} edits were refused: bodies not bounded"
             for sock in readable:
-                head = answer(sock)
+                head = http_answer(sock)
                 assert head.startswith(b"HTTP/1.1 429") and b"queue_full" in head, head[:300]
                 refused.append(sock)
         held = [s for s in socks if s not in refused]
         assert len(held) == room and not select.select(held, [], [], 0)[0]
         for sock in held:
             sock.sendall(b"x" * (MB - 1024 - 5))
-            assert answer(sock).startswith(b"HTTP/1.1 400")  # read whole, then refused: its place goes with it
+            assert http_answer(sock).startswith(b"HTTP/1.1 400")  # read whole, then refused: its place goes with it
     finally:
         for sock in socks:
             sock.close()
     with connect(app, "127.0.0.120") as sock:  # every place is free again
         sock.sendall(edit_head(5) + b"--b\r\n")
-        assert answer(sock).startswith(b"HTTP/1.1 400")
+        assert http_answer(sock).startswith(b"HTTP/1.1 400")
 
 
 # --- row 47: disk charged by what it costs ------------------------------------------------------------------------

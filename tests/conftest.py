@@ -28,9 +28,16 @@ import pytest
 from tests.support import ROOT, TINY_OVERRIDES, AppProcess, free_port, link_models
 
 # Before gradio is imported anywhere: its temp folder, no analytics; no NEURON_APP_* leaks in.
-_SESSION_TMP = Path(tempfile.mkdtemp(prefix="neuron-app-tests-"))
 # This process's folder (the tiny models, Gradio's files, the emulated cores) goes when the process does: every run
-# left three behind (the controller's and two workers'), 638 MB in 259 folders on this machine.
+# left three behind (the controller's and two workers'), 638 MB in 259 folders on this machine. xdist ends a worker
+# before its exit handlers run, so a worker's folder lies inside the controller's (named by an inherited variable),
+# which the controller removes after its workers have ended.
+_PARENT_TMP = os.environ.get(_PARENT_TMP_VAR := "NEURON_TESTS_SESSION_TMP")
+if not (_PARENT_TMP and os.path.isdir(_PARENT_TMP)):
+    _PARENT_TMP = None
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="neuron-app-tests-", dir=_PARENT_TMP))
+if _PARENT_TMP is None:
+    os.environ[_PARENT_TMP_VAR] = str(_SESSION_TMP)
 atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
 os.environ["GRADIO_TEMP_DIR"] = str(_SESSION_TMP / "gradio")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
@@ -115,13 +122,9 @@ def _emulated_machine_per_module() -> Iterator[None]:
     the emulator, like the runtime, keeps a process's cores until it exits, and an xdist worker outlives its
     modules. test_real_size's in-process manager held cores 0-1 of the worker's machine, and the bench smoke run
     next in that worker could not take core 0 for its `postprocess` section (.ci/run, the files' order)."""
-    saved = os.environ.get("NEURON_EMULATOR_CORES_DIR")
-    os.environ["NEURON_EMULATOR_CORES_DIR"] = tempfile.mkdtemp(dir=_SESSION_TMP, prefix="neuron-cores-module-")
-    yield
-    if saved is None:
-        os.environ.pop("NEURON_EMULATOR_CORES_DIR", None)
-    else:
-        os.environ["NEURON_EMULATOR_CORES_DIR"] = saved
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NEURON_EMULATOR_CORES_DIR", tempfile.mkdtemp(dir=_SESSION_TMP, prefix="neuron-cores-module-"))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -4,12 +4,14 @@ moment torch is first imported, the clients of the launched app, and the inpaint
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import http.server
 import io
 import json
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -164,6 +166,44 @@ def http_status(sock: socket.socket) -> str:
         while len(data) < 12 and (chunk := sock.recv(12 - len(data))):
             data += chunk
     return data[9:12].decode() or "closed"
+
+
+class SlowBodies:
+    """The slow-body attacker (red-team rows 1, 3 and 33), scaled down: keeps `count` connections from `addresses`
+    open to the app on `port`, each a POST's headers promising 100 kB and then a byte now and then; a connection the
+    server answers (503, 408) or closes is counted and replaced at once, until `stop` is set or `most` were opened."""
+
+    def __init__(self, port: int, count: int, addresses: list[str], most: int | None = None) -> None:
+        self.port, self.count, self.addresses, self.most = port, count, addresses, most
+        self.stop, self.opened, self.answered = threading.Event(), 0, collections.Counter()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def open_one(self) -> socket.socket:
+        address = self.addresses[self.opened % len(self.addresses)]
+        sock = socket.create_connection(("127.0.0.1", self.port), 120.0, (address, 0))
+        self.opened += 1
+        head = b"POST /gradio_api/call/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(head + b"Content-Length: 100000\r\n\r\n{")
+        return sock
+
+    def run(self) -> None:
+        held: list[socket.socket] = []
+        try:
+            while not self.stop.is_set() and (self.most is None or self.opened < self.most):
+                while len(held) < self.count:
+                    held.append(self.open_one())
+                readable, _, _ = select.select(held, [], [], 0.5)
+                for sock in readable:
+                    with contextlib.suppress(OSError):
+                        self.answered[http_status(sock)] += 1
+                    held.remove(sock)
+                    sock.close()
+                for sock in held[:2]:
+                    with contextlib.suppress(OSError):
+                        sock.sendall(b" ")
+        finally:
+            for sock in held:
+                sock.close()
 
 
 def pid_alive(pid: int) -> bool:

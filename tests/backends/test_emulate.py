@@ -130,7 +130,8 @@ def test_the_guides_tensor_parallel_snippet_under_torchrun_shards_the_transforme
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_APP_", "TORCH_NEURONX_"))}
     env |= {"PYTHONPATH": str(ROOT), "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"), "GLOO_SOCKET_IFNAME": "lo"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
-    command += [f"--master_port={free_port()}", "-m", "neuron_app", "emulate", str(ROOT / "examples" / script)]
+    command += [f"--master_port={free_port()}", f"--log-dir={tmp_path / 'torchrun'}"]
+    command += ["-m", "neuron_app", "emulate", str(ROOT / "examples" / script)]
     done = subprocess.run(
         command, cwd=tmp_path, env=env | guide | {"GUIDE_OUTPUT": "tp.png"}, capture_output=True, text=True, timeout=900
     )
@@ -504,7 +505,8 @@ def torchrun(ranks: int, mode: str, tmp_path: Path, **env: str) -> subprocess.Po
     base |= {"PYTHONPATH": str(ROOT), "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")}
     base |= {"GLOO_SOCKET_IFNAME": "lo"}
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--master_addr=127.0.0.1"]
-    command += [f"--master_port={free_port()}", "-m", "neuron_app", "emulate", "ranks.py", mode]
+    command += [f"--master_port={free_port()}", f"--log-dir={tmp_path / 'torchrun'}"]  # not a folder in /tmp a run
+    command += ["-m", "neuron_app", "emulate", "ranks.py", mode]
     return subprocess.Popen(
         command, cwd=tmp_path, env=base | env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

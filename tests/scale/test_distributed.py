@@ -96,6 +96,7 @@ def start_ranks(tmp_path: Path, shared_models: Path, device: str, loras: dict[st
         "--nproc_per_node=2",
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
+        f"--log-dir={tmp_path / 'torchrun'}",  # torchrun's own folder, else a new /tmp/torchelastic_* each run
         "app.py",
     ]
     with log_path.open("wb") as log_file:

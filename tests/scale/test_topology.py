@@ -115,23 +115,20 @@ def groups(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) -> Any
     """`tiny-shapes`, `tp_degree = 2`, `replicas = 2` on neuron-emulated: the front process's manager (Ray Serve),
     its two groups each a replica with a follower child; and one plain process's images for the same seeds."""
     pytest.importorskip("ray")
-    import os
 
     from neuron_app.scale import make_manager
 
     root = tmp_path_factory.mktemp("topology")
-    before = os.environ.get("NEURON_EMULATOR_CORES_DIR")
-    os.environ["NEURON_EMULATOR_CORES_DIR"] = str(root / "cores")  # a machine of its own (4 cores, trn2.3xlarge)
     cache = link_models(root / "cache", shared_models)
     shape = {"resolutions": ["64x64"], "default_resolution": "64x64", "cache_dir": cache}
-    manager = make_manager(_settings(replicas=2, tp_degree=2, **shape))
-    try:
-        serving_groups(manager)
-        yield manager
-    finally:
-        manager.close()
-        if before is not None:
-            os.environ["NEURON_EMULATOR_CORES_DIR"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NEURON_EMULATOR_CORES_DIR", str(root / "cores"))  # a machine of its own (4 cores, trn2.3xlarge)
+        manager = make_manager(_settings(replicas=2, tp_degree=2, **shape))
+        try:
+            serving_groups(manager)
+            yield manager
+        finally:
+            manager.close()
 
 
 def serving_groups(manager: Any) -> list[dict[str, Any]]:
@@ -187,17 +184,17 @@ def test_a_killed_group_is_replaced_on_the_block_it_held(groups: Any) -> None:
     takes the freed block (its lock and emulated cores went with the dead processes) and serves."""
     import os
     import signal
-    import time
 
     from neuron_app.engine.model.shapes_world import judge
 
     victim = serving_groups(groups)[0]
     os.kill(victim["pid"], signal.SIGKILL)
-    while True:  # the status board's rows: each replica publishes twice a second
+
+    def replaced_on_both_blocks() -> list[dict[str, Any]] | None:  # each replica publishes its row twice a second
         fresh = [r for r in groups.status().replicas if r["healthy"] and r["id"] != victim["id"]]
-        if sorted(r["cores"] for r in fresh) == [[0, 1], [2, 3]]:
-            break
-        time.sleep(0.5)
+        return fresh if sorted(r["cores"] for r in fresh) == [[0, 1], [2, 3]] else None
+
+    fresh = wait_for(replaced_on_both_blocks, 900, "a new group on the killed group's block")
     replaced = next(r for r in fresh if r["cores"] == victim["cores"])
     serving_groups(groups)  # the dead row aged out: a test after this one sees the two groups only
     record = groups.generate(PROMPTS[0], "64x64", 4, 7)

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-import select
 import socket
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,7 @@ import httpx
 import pytest
 
 from neuron_app.web.bodies import SMALLEST_BODY
-from tests.support import ROOT, guard_of, http_answer, http_status, wait_for
+from tests.support import ROOT, SlowBodies, guard_of, http_answer, wait_for
 
 CAP, PER_ADDRESS, BODY_S = 16, 8, 20.0
 ADDRESS_BODY_MB = 2
@@ -118,45 +115,13 @@ def test_every_route_the_server_answers_has_a_body_cap_and_a_row_in_the_door_tab
         assert answer.startswith(b"HTTP/1.1 413"), (path, methods, answer[:120])
 
 
-class SlowBodies:
-    """Row 3's attacker, scaled down: keeps `count` connections from `addresses` sending their headers and then one
-    body byte now and then, opening a new one whenever the server closes or answers one, until stopped."""
-
-    def __init__(self, app: Any, count: int, addresses: list[str]) -> None:
-        self.app, self.count, self.addresses = app, count, addresses
-        self.stop, self.opened, self.answered = threading.Event(), 0, Counter()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def open_one(self) -> socket.socket:
-        sock = connect(self.app, self.addresses[self.opened % len(self.addresses)])
-        self.opened += 1
-        sock.sendall(post_head("/gradio_api/call/generate", 100_000) + b"{")
-        return sock
-
-    def run(self) -> None:
-        held: list[socket.socket] = []
-        try:
-            while not self.stop.is_set() and self.opened < 40 * self.count:
-                while len(held) < self.count:
-                    held.append(self.open_one())
-                readable, _, _ = select.select(held, [], [], 0.5)
-                for sock in readable:  # answered (503, 408) or closed: replaced at once
-                    self.answered[http_status(sock)] += 1
-                    held.remove(sock)
-                    sock.close()
-                for sock in held[:2]:
-                    sock.sendall(b" ")
-        finally:
-            for sock in held:
-                sock.close()
-
-
 def test_slow_bodies_from_many_addresses_neither_starve_others_nor_stay(app: Any) -> None:
     """Row 3: more slow bodies than `max_connections`, from four addresses, each under the per-address cap: the page,
     /readyz and /v1/models still answer 200 from a fifth address (a new request takes the place of the oldest
     body still arriving, which gets its 408), and the attacker's connections are answered and closed."""
     guard = guard_of(app)
-    attack = SlowBodies(app, CAP + 8, [f"127.0.0.{40 + i}" for i in range(4)])
+    port = app.settings.server_port
+    attack = SlowBodies(port, CAP + 8, [f"127.0.0.{40 + i}" for i in range(4)], most=40 * (CAP + 8))
     attack.thread.start()
     try:
         wait_for(lambda: guard.in_progress >= CAP and attack.opened > CAP + 4, BACKSTOP_S, "the server at its cap")

@@ -14,7 +14,6 @@ import select
 import socket
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import httpx
 import pytest
 
 from neuron_app.web.guard import Guard
-from tests.support import guard_of, http_status, wait_for
+from tests.support import SlowBodies, guard_of, http_status, wait_for
 
 CAP, PER_ADDRESS = 40, 8
 STREAMS, STREAMS_PER_ADDRESS = 24, 6
@@ -185,39 +184,6 @@ def test_slow_readers_at_the_cap_are_displaced_for_a_new_request(app: Any) -> No
         for sock in readers:
             sock.close()
     wait_for(lambda: not guard.places, BACKSTOP_S, "the readers' places given back")
-
-
-class SlowBodies:
-    """Row 1's flood, scaled down: `count` connections from `addresses`, each its headers and then a byte now and
-    then; a new one opened whenever the server answers or closes one."""
-
-    def __init__(self, port: int, count: int, addresses: list[str]) -> None:
-        self.port, self.count, self.addresses = port, count, addresses
-        self.stop, self.opened, self.answered = threading.Event(), 0, Counter()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        held: list[socket.socket] = []
-        head = b"POST /gradio_api/call/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        try:
-            while not self.stop.is_set():
-                while len(held) < self.count:
-                    sock = connect(self.port, self.addresses[self.opened % len(self.addresses)])
-                    self.opened += 1
-                    sock.sendall(head + b"Content-Length: 100000\r\n\r\n{")
-                    held.append(sock)
-                readable, _, _ = select.select(held, [], [], 0.5)
-                for sock in readable:
-                    with contextlib.suppress(OSError):
-                        self.answered[http_status(sock)] += 1
-                    held.remove(sock)
-                    sock.close()
-                for sock in held[:2]:
-                    with contextlib.suppress(OSError):
-                        sock.sendall(b" ")
-        finally:
-            for sock in held:
-                sock.close()
 
 
 def paced(data: bytes, per_second: int) -> Iterator[bytes]:

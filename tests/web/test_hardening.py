@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from neuron_app.engine.modes import references
+from tests.support import wait_for
 
 EDIT_KEY = f"sk-edit-{uuid.uuid4().hex}"
 TIGHT_KEY = f"sk-tight-{uuid.uuid4().hex}"
@@ -209,6 +210,7 @@ def test_a_full_gradio_queue_says_when_to_retry(app: Any, monkeypatch: pytest.Mo
     """`queue_max_size = 1`, one lane: with one generation held on the device and one waiting, the next join is
     Gradio's 503, now with a Retry-After."""
     from gradio_client import Client
+    from gradio_client.utils import Status
 
     running, release = threading.Event(), threading.Event()
     real_run = app.manager.generate
@@ -227,11 +229,11 @@ def test_a_full_gradio_queue_says_when_to_retry(app: Any, monkeypatch: pytest.Mo
         config = httpx.get(app.url + "config", timeout=30).json()
         (fn,) = [d["id"] for d in config["dependencies"] if d.get("api_name") == "generate"]
         body = {"data": ["a lamp", "64x64", 1, 3], "fn_index": fn, "session_hash": uuid.uuid4().hex}
-        for _ in range(50):  # until the second job is in the queue (it is sent from the client's thread)
-            refused = httpx.post(app.url + "gradio_api/queue/join", json=body, timeout=30)
-            if refused.status_code == 503:
-                break
-            release.wait(0.2)
+        # The second job is sent from the client's thread: a join sent before it arrived took the one place, and the
+        # client's job met the 503 (.ci/run beside a second suite). Gradio tells a queued job its rank: wait for it.
+        in_queue = lambda: jobs[1].status().code == Status.IN_QUEUE  # noqa: E731
+        wait_for(in_queue, BACKSTOP_S, "the second job in Gradio's queue")
+        refused = httpx.post(app.url + "gradio_api/queue/join", json=body, timeout=30)
         assert refused.status_code == 503, refused.text
         assert refused.headers["Retry-After"] == "5"
         called = httpx.post(app.url + "gradio_api/call/generate", json={"data": body["data"]}, timeout=30)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,7 @@ from PIL import Image
 
 from neuron_app.engine.requests import MAX_SEED, check_images, check_seed_run, resolve_size
 from neuron_app.errors import RequestError
-from tests.support import openai_client
+from tests.support import openai_client, wait_for
 
 KEY = f"sk-test-{uuid.uuid4().hex}"
 PROMPT = "a lighthouse at dawn"
@@ -275,10 +274,7 @@ def test_full_queue_is_429_and_shutdown_is_503(launch_tiny: Callable[..., Any]) 
         threads = [threading.Thread(target=send) for _ in range(2)]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 60
-        while app.manager.in_flight < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert app.manager.in_flight == 2
+        wait_for(lambda: app.manager.in_flight == 2, 300, "both requests in flight")
         metrics = httpx.get(app.url + "metrics", timeout=10).text
         assert "neuron_app_queue_length 2.0" in metrics.splitlines()  # API requests count in the queue gauge
         with pytest.raises(openai.RateLimitError) as caught:

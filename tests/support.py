@@ -236,7 +236,11 @@ def ray_head(folder: Path, tries: int = 3) -> Iterator[str]:
         with log_path.open("wb") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         started = lambda: b"Ray runtime started" in log_path.read_bytes()  # noqa: E731
-        wait_for(lambda: started() or proc.poll() is not None, 180, "ray start --head")  # a loaded machine is slow
+        try:
+            wait_for(lambda: started() or proc.poll() is not None, 180, "ray start --head")  # a loaded machine is slow
+        except AssertionError:
+            end(proc)  # neither started nor exited: its process group goes with the failure
+            raise
         return proc, port
 
     def end(proc: subprocess.Popen[bytes]) -> None:

@@ -303,6 +303,20 @@ def test_concurrent_pushes_of_one_shape_leave_one_consistent_entry(s3: Any, tmp_
     assert tree(fresh.cache_dir / "neff") == {k.removeprefix("neff/"): v for k, v in shared.items()}
 
 
+def _asked(listener: socket.socket) -> int:
+    """Connections made to a listener that never accepts since the last call (the kernel queues each one): how
+    often a client asked, counted rather than timed."""
+    listener.setblocking(False)
+    count = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return count
+        conn.close()
+        count += 1
+
+
 def test_a_store_that_does_not_answer_in_time_is_an_error_in_status_not_a_wait_per_compile(tmp_path: Path) -> None:
     """A listener that accepts and never answers: the pull gives up after the timeout, status says why, and
     compiles within RETRY_AFTER_S do not wait for it again."""
@@ -324,10 +338,10 @@ def test_a_store_that_does_not_answer_in_time_is_an_error_in_status_not_a_wait_p
         waited = time.perf_counter() - start
         status = cache.snapshot()
         assert status["last_error"] and "timeout" in status["last_error"].lower(), status
-        assert waited < 10, waited
-        start = time.perf_counter()
+        assert waited < 30, waited  # gave up: boto3's own read timeout (60 s) is not waited once, let alone per try
+        assert _asked(silent) >= 1  # the pull's tries reached the store
         cache.before_compile("64x64")
-        assert time.perf_counter() - start < 0.2
+        assert _asked(silent) == 0  # within RETRY_AFTER_S: the compile does not ask the failed store again
         print(f"silent store: pull gave up after {waited:.2f}s (timeout 0.5 s, 2 attempts)")
     finally:
         silent.close()

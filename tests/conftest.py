@@ -38,6 +38,11 @@ if not (_PARENT_TMP and os.path.isdir(_PARENT_TMP)):
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="neuron-app-tests-", dir=_PARENT_TMP))
 if _PARENT_TMP is None:
     os.environ[_PARENT_TMP_VAR] = str(_SESSION_TMP)
+    # Ray's session folders (every cluster a test starts: `ray start`, the app's own `ray.init`) went to /tmp/ray,
+    # about 7 per run, never removed. Here they go with the session ("<this folder>/ray"), where the path leaves
+    # room for Ray's sockets (an AF_UNIX path is at most 107 bytes; Ray's add about 70 below this folder).
+    if len(str(_SESSION_TMP)) <= 36:
+        os.environ["RAY_TMPDIR"] = str(_SESSION_TMP)
 atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
 os.environ["GRADIO_TEMP_DIR"] = str(_SESSION_TMP / "gradio")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"

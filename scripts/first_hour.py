@@ -55,7 +55,7 @@ def run_once(cache: Path, label: str, openai_too: bool) -> dict[str, object]:
     try:
         wait(lambda: urllib.request.urlopen(url + "gradio_api/info", timeout=2).status == 200)
         page_s = time.monotonic() - t0
-        client = Client(url, verbose=False)
+        client = Client(url, verbose=False, httpx_kwargs={"timeout": 60})  # httpx's 5 s: too short on a busy machine
         wait(lambda: client.predict(api_name="/status")["loaded"])
         model_s = time.monotonic() - t0
         t1 = time.monotonic()

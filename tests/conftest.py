@@ -25,7 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest
 
-from tests.support import ROOT, TINY_OVERRIDES, AppProcess, free_port, link_models
+from tests.support import PATIENT_HTTP, ROOT, TINY_OVERRIDES, AppProcess, free_port, link_models
 
 # Before gradio is imported anywhere: its temp folder, no analytics; no NEURON_APP_* leaks in.
 # This process's folder (the tiny models, Gradio's files, the emulated cores) goes when the process does: every run
@@ -224,7 +224,7 @@ def launched_app(tmp_path_factory: pytest.TempPathFactory, shared_models: Path) 
 def client(launched_app: Any) -> Any:
     from gradio_client import Client
 
-    return Client(launched_app.url, verbose=False)
+    return Client(launched_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
 
 
 @pytest.fixture(scope="module")

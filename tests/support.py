@@ -28,6 +28,11 @@ from neuron_app.bench.common import free_port as free_port  # one copy: tests im
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: What every test's gradio_client gets: its requests but the event stream (/config, /info, uploads, the queue join)
+#: wait on httpx's default 5 s, and on a busy machine the app's /info alone took longer (a `.ci/run` at stop 62). A
+#: minute, as a user on a slow link would pass it (`Client(url, httpx_kwargs={"timeout": 60})`).
+PATIENT_HTTP: dict[str, Any] = {"timeout": 60}
+
 #: Small shapes: 64x64 (16 tokens), 128x64 and its transpose (32 tokens each), 128x128 (64 tokens).
 TEST_SHAPES = ["64x64", "128x64", "64x128", "128x128"]
 TINY_OVERRIDES: dict[str, Any] = {

@@ -210,7 +210,14 @@ class Harness:
         # HTTP call, even to an http:// URL: 8 bench clients then took more than one of this machine's two cores
         # from the server under test. On plain http there is no TLS to verify, so skip building it.
         plain = url.startswith("http://")
-        return Client(url, verbose=False, download_files=str(downloads), analytics_enabled=False, ssl_verify=not plain)
+        return Client(
+            url,
+            verbose=False,
+            download_files=str(downloads),
+            analytics_enabled=False,
+            ssl_verify=not plain,
+            httpx_kwargs={"timeout": 60},  # httpx's 5 s is shorter than /info on a busy machine (stop 62)
+        )
 
     # --- the run --------------------------------------------------------------------------------
     def section(self, name: str, fn: Any) -> None:

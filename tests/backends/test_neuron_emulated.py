@@ -264,11 +264,13 @@ def test_python_app_py_serves_the_page_generate_edit_and_status_on_neuron_emulat
 
     from gradio_client import Client, handle_file
 
+    from tests.support import PATIENT_HTTP
+
     app = run_app_py(device="neuron-emulated", resolutions=["64x64"])
     app.wait_up(timeout=180)
     with urllib.request.urlopen(app.url, timeout=30) as page:
         assert page.status == 200
-    client = Client(app.url, verbose=False)
+    client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     _, first = client.predict("a lighthouse", "64x64", 2, 1, api_name="/generate")
     _, second = client.predict("a lighthouse", "64x64", 2, 2, api_name="/generate")
     assert first["eager_compiles"] > 0 and second["eager_compiles"] == 0 and second["cache"] == "memory"

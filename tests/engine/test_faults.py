@@ -33,7 +33,7 @@ from neuron_app.engine.model.tiny import VARIANTS
 from neuron_app.engine.records import ProgressEvent
 from neuron_app.errors import GenerationFailed, ModelLoadError, ShuttingDown
 from neuron_app.settings import load_settings
-from tests.support import ROOT, TINY_OVERRIDES, AppProcess, free_port
+from tests.support import PATIENT_HTTP, ROOT, TINY_OVERRIDES, AppProcess, free_port
 
 #: 128x128 is 64 image tokens (8x8 patches of 16 px); the backend below fails that graph.
 FAILING_SHAPE, FAILING_TOKENS = "128x128", 64
@@ -70,7 +70,7 @@ def failing_backend() -> tuple[str, FailFirstCompile]:
 def fault_app(launch_tiny: Callable[..., Any], failing_backend: tuple[str, FailFirstCompile]) -> Any:
     """The tiny app compiling through the failing backend, with 64x64 compiled and served once."""
     app = launch_tiny(compile_backend=failing_backend[0])
-    app.client = Client(app.url, verbose=False)
+    app.client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     app.client.predict("first", "64x64", 4, 0, api_name="/generate")
     return app
 
@@ -256,7 +256,7 @@ def test_sigterm_lets_the_running_request_finish_then_exits_cleanly(run_app_py: 
     then the process exits 0 within the grace period, with a valid manifest recording the compiled shape."""
     app = run_app_py(resolutions=["64x64"], max_steps=100, shutdown_grace_s=60, log_level="INFO")
     app.wait_up()
-    client = Client(app.url, verbose=False)
+    client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     running = client.submit("long", "64x64", 60, 0, api_name="/generate")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # until the request holds the device (loading or compiling)

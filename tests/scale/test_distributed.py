@@ -29,7 +29,7 @@ from neuron_app.engine.model.shapes_world import judge
 from neuron_app.errors import SettingsError
 from neuron_app.scale.tp_startup import check_single_process, check_tp_degree, settings_for_world, transformer_heads
 from neuron_app.settings import get_settings
-from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models, pid_alive
+from tests.support import PATIENT_HTTP, ROOT, TINY_OVERRIDES, free_port, link_models, pid_alive
 
 PROMPT = "a red circle on a blue background"  # tiny-shapes: the ranks must draw the same scene
 SHAPES = ["64x64", "128x64"]
@@ -156,14 +156,18 @@ def test_two_ranks_serve_one_request_in_lockstep_and_stop_on_sigterm(tmp_path: P
 
         wait_until_serving(proc, url, log_path)
         started = time.monotonic()
-        path, info = Client(url, verbose=False).predict(PROMPT, "64x64", 2, 7, api_name="/generate")
+        path, info = Client(url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+            PROMPT, "64x64", 2, 7, api_name="/generate"
+        )
         request_s = time.monotonic() - started
         got = np.asarray(Image.open(path).convert("RGB"))
         assert got.shape == expected.shape == (64, 64, 3)
         assert np.array_equal(got, expected), f"max pixel difference {np.abs(got.astype(int) - expected).max()}"
         assert judge(Image.fromarray(got)) == judge(Image.fromarray(expected))  # the same scene, read back
         assert info["cache"] == "miss" and info["compiled"] is True
-        path, info = Client(url, verbose=False).predict(PROMPT, "64x64", 2, 7, "red", 0.5, api_name="/generate")
+        path, info = Client(url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+            PROMPT, "64x64", 2, 7, "red", 0.5, api_name="/generate"
+        )
         assert info["lora"] == "red" and info["compiled"] is False
         assert np.array_equal(np.asarray(Image.open(path).convert("RGB")), styled)
 
@@ -209,7 +213,9 @@ def test_two_sharded_ranks_on_neuron_emulated_draw_the_single_process_scene(
         single = single_process(tmp_path, shared_models, "neuron-emulated", {})
         expected = single.generate(PROMPT, "64x64", 4, 7).image.convert("RGB")
         wait_until_serving(proc, url, log_path)
-        path, info = Client(url, verbose=False).predict(PROMPT, "64x64", 4, 7, api_name="/generate")
+        path, info = Client(url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+            PROMPT, "64x64", 4, 7, api_name="/generate"
+        )
         got = Image.open(path).convert("RGB")
         assert info["compiled"] is True, info
         assert psnr(got, expected) >= SHARDED_PSNR_DB, f"{psnr(got, expected):.1f} dB from one process's image"

@@ -63,9 +63,11 @@ def test_python_app_py_with_two_replicas_compiles_once_per_cluster_and_stops_its
     started."""
     from gradio_client import Client
 
+    from tests.support import PATIENT_HTTP
+
     app = run_app_py(replicas=2, device="neuron-emulated", resolutions=["64x64"], log_level="INFO")
     app.wait_up(timeout=720)
-    client = Client(app.url, verbose=False)
+    client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     jobs = [client.submit("a lighthouse", "64x64", 2, seed, api_name="/generate") for seed in (1, 2)]
     infos = [job.result(timeout=600)[1] for job in jobs]  # a cold compile on a busy host took more than 240 s
     assert sorted(info["cache"] for info in infos) == ["disk", "miss"], infos

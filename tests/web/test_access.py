@@ -22,7 +22,7 @@ import pytest
 from neuron_app.engine.trust.blocked_terms import find_blocked, fold
 from neuron_app.errors import ContentRefused, SettingsError
 from neuron_app.settings import load_settings
-from tests.support import openai_client
+from tests.support import PATIENT_HTTP, openai_client
 
 CI_KEY = f"sk-ci-{uuid.uuid4().hex}"
 TEAM_KEY = f"sk-team-{uuid.uuid4().hex}"
@@ -71,7 +71,7 @@ def app(launch_tiny: Callable[..., Any]) -> Any:
 def gradio(app: Any) -> Any:
     from gradio_client import Client
 
-    return Client(app.url, verbose=False)
+    return Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
 
 
 # --- blocked terms ------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def test_page_limit_per_client_address(launch_tiny: Callable[..., Any]) -> None:
     from gradio_client.exceptions import AppError
 
     app = launched_with(launch_tiny, {"NEURON_APP_PAGE_IMAGES_PER_MINUTE": "2"})
-    gradio = Client(app.url, verbose=False)
+    gradio = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
 
     with pytest.raises(AppError, match="resolution 1024x1024 is not offered"):
         gradio.predict(PROMPT, "1024x1024", 1, 0, api_name="/generate")
@@ -256,7 +256,7 @@ def test_mcp_calls_are_charged_to_the_callers_address(launch_tiny: Callable[...,
     assert blocked.isError and "does not allow" in str(blocked.content)
     assert not first.isError, first.content
     forged = {"x-gradio-user": "mcp", "x-neuron-app-mcp": "a-guess", "x-neuron-app-mcp-client": "203.0.113.9"}
-    posing = Client(app.url, verbose=False, headers=forged)
+    posing = Client(app.url, verbose=False, headers=forged, httpx_kwargs=PATIENT_HTTP)
     assert posing.predict(PROMPT, "64x64", 1, 2, api_name="/generate")  # the address's second image
     with pytest.raises(AppError, match=r"address 127\.0\.0\.1 is over its limit of 2 images per minute"):
         posing.predict(PROMPT, "64x64", 1, 3, api_name="/generate")
@@ -329,5 +329,5 @@ def test_without_keys_the_api_shares_the_page_budget_of_the_address(launch_tiny:
     with pytest.raises(openai.RateLimitError, match=r"address 127\.0\.0\.1 is over its limit of 1 image per minute"):
         openai_client(app, "unused").images.generate(prompt=PROMPT, size="64x64", extra_body=STEPS)
     with pytest.raises(AppError, match="over its limit of 1 image per minute"):
-        Client(app.url, verbose=False).predict(PROMPT, "64x64", 1, 0, api_name="/generate")
+        Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(PROMPT, "64x64", 1, 0, api_name="/generate")
     assert sample(metrics(app), "neuron_app_page_rate_limited_total") == 2

@@ -13,7 +13,9 @@ def test_generate_compiles_then_serves_from_memory_and_status_counts_hits(launch
     """On an app of its own: its first image is the app's first compile, whichever test ran before it."""
     from gradio_client import Client
 
-    client = Client(launch_tiny().url, verbose=False)
+    from tests.support import PATIENT_HTTP
+
+    client = Client(launch_tiny().url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     path, info = client.predict("a lighthouse", "64x64", 4, 7, api_name="/generate")
     assert info["cache"] == "miss" and info["compiled"] is True and info["compile_s"] > 0
     assert {"resolution", "steps", "seed", "cache", "compiled", "compile_s", "inference_s"} <= info.keys()

@@ -33,7 +33,9 @@ def _right(image: Image.Image, scene: Scene, shapes: list[bool]) -> bool:
 def test_gradio_api_draws_the_prompt_at_every_served_shape(drawn_app: Any) -> None:
     from gradio_client import Client
 
-    client = Client(drawn_app.url, verbose=False)
+    from tests.support import PATIENT_HTTP
+
+    client = Client(drawn_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     cases = [(scene, "128x128") for scene in EVAL_SCENES[:6]]
     cases += [
         (Scene("red", "circle", "white", "right"), "256x128"),

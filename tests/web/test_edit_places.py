@@ -62,6 +62,8 @@ def test_edits_with_more_references_than_compiled_are_refused_in_one_line(app: A
     from gradio_client.exceptions import AppError
     from openai import BadRequestError, OpenAI
 
+    from tests.support import PATIENT_HTTP
+
     app.manager.compile_shape("64x64", references=[Resolution(64, 64)])
     compiled = app.manager.status().compiles
     sdk = OpenAI(base_url=app.url + "v1", api_key="unused", timeout=BACKSTOP_S, max_retries=0)
@@ -84,7 +86,7 @@ def test_edits_with_more_references_than_compiled_are_refused_in_one_line(app: A
     for i, data in enumerate((red, blue)):
         paths.append(tmp_path / f"ref{i}.png")
         paths[-1].write_bytes(data)
-    client = Client(app.url, verbose=False)
+    client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     with pytest.raises(AppError, match=r"the edit graph 64x64 \+ 2 refs \(64x64, 64x64\) is not compiled"):
         client.predict("mix them", [handle_file(p) for p in paths], "64x64", 1, 0, api_name="/edit")
     assert app.manager.status().compiles == compiled  # the counting backend saw no graph

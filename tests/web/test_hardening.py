@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from neuron_app.engine.modes import references
-from tests.support import wait_for
+from tests.support import PATIENT_HTTP, wait_for
 
 EDIT_KEY = f"sk-edit-{uuid.uuid4().hex}"
 TIGHT_KEY = f"sk-tight-{uuid.uuid4().hex}"
@@ -221,7 +221,7 @@ def test_a_full_gradio_queue_says_when_to_retry(app: Any, monkeypatch: pytest.Mo
         return real_run(*args, **kwargs)
 
     monkeypatch.setattr(app.manager, "generate", held_run)
-    client = Client(app.url, verbose=False)
+    client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     try:
         jobs = [client.submit("a lamp", "64x64", 1, 1, api_name="/generate")]
         assert running.wait(BACKSTOP_S)
@@ -347,7 +347,7 @@ def test_no_server_path_in_any_gradio_answer(app: Any, tmp_path: Any) -> None:
         app.url + "gradio_api/upload", files={"files": ("r.png", reference.read_bytes(), "image/png")}, timeout=60
     ).json()
     assert uploaded[0].startswith("/@uploads/")  # not Gradio's upload folder
-    edited, record = Client(app.url, verbose=False).predict(
+    edited, record = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
         "make it red", [handle_file(str(reference))], "64x64", 1, 6, api_name="/edit"
     )
     assert record["references"][0]["size"] == "96x96" and Image.open(edited).size == (64, 64)

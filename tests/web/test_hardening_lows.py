@@ -19,7 +19,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 
 from neuron_app.web.queue_place import QueuePlace
-from tests.support import openai_client, png, source_image
+from tests.support import PATIENT_HTTP, openai_client, png, source_image
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2"}
 DEEP = "[" * 5000 + "]" * 5000  # the red team's `loras`: Python's JSON parser gives up (RecursionError)
@@ -49,7 +49,9 @@ def test_a_5000_deep_loras_string_is_a_clear_400_on_every_entry(app: Any) -> Non
     """Row 48: gradio_client's `/generate`, the OpenAI API as JSON and as an edit's form field, and MCP's
     `generate` each answer the one-line reason, never a RecursionError."""
     with pytest.raises(AppError) as page:
-        Client(app.url, verbose=False).predict("a red circle", "64x64", 1, 1, "none", 1.0, DEEP, api_name="/generate")
+        Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+            "a red circle", "64x64", 1, 1, "none", 1.0, DEEP, api_name="/generate"
+        )
     assert CLEAR in str(page.value) and "Recursion" not in str(page.value)
 
     api = openai_client(app)

@@ -102,10 +102,12 @@ def test_openai_strength_without_a_mask_is_image_to_image(app: Any, client: open
 def test_gradio_client_inpaint(app: Any, tmp_path: Any) -> None:
     from gradio_client import Client, handle_file
 
+    from tests.support import PATIENT_HTTP
+
     (tmp_path / "source.png").write_bytes(png(source_image()))
     (tmp_path / "mask.png").write_bytes(left_half_mask())
     compiles = app.manager.status().compiles
-    client = Client(app.url, verbose=False)
+    client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     path, record = client.predict(
         "a red door",
         handle_file(str(tmp_path / "source.png")),

@@ -21,6 +21,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.utils import QueueError
 
+from tests.support import PATIENT_HTTP
+
 CLIENTS, PER_CLIENT = 12, 2
 QUEUE_MAX_SIZE = 4
 HANG_S = 300.0  # a ceiling for a hung request or thread, never a measure of speed
@@ -30,7 +32,7 @@ HANG_S = 300.0  # a ceiling for a hung request or thread, never a measure of spe
 def busy_app(launch_tiny: Callable[..., Any]) -> Any:
     """The tiny app with a waiting room of 4 and one device lane, 64x64 already compiled."""
     app = launch_tiny(queue_max_size=QUEUE_MAX_SIZE, concurrency_limit=1)
-    Client(app.url, verbose=False).predict("warm-up", "64x64", 4, 0, api_name="/generate")
+    Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict("warm-up", "64x64", 4, 0, api_name="/generate")
     return app
 
 
@@ -45,7 +47,7 @@ def test_concurrent_clients_get_a_result_or_queue_full(busy_app: Any) -> None:
     lock = threading.Lock()
     barrier = threading.Barrier(CLIENTS + 1)  # the clients and this thread: the load starts when all are built
     graphs_before = busy_app.manager.counter.graphs
-    clients = [Client(busy_app.url, verbose=False) for _ in range(CLIENTS)]
+    clients = [Client(busy_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP) for _ in range(CLIENTS)]
 
     def record(kind: str, detail: str = "") -> None:
         with lock:
@@ -83,7 +85,7 @@ def test_concurrent_clients_get_a_result_or_queue_full(busy_app: Any) -> None:
     client_status: Counter[str] = Counter()  # the same endpoint through gradio_client (Gradio's queue)
     status_errors: list[str] = []
     stop = threading.Event()
-    status_client = Client(busy_app.url, verbose=False)
+    status_client = Client(busy_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
 
     def poll_status() -> None:  # until the load ended and Gradio's queue answered it once (it may refuse throughout)
         while not (stop.is_set() and client_status["answered"]):
@@ -141,5 +143,7 @@ def test_concurrent_clients_get_a_result_or_queue_full(busy_app: Any) -> None:
     assert not status_errors, status_errors[:5]
     assert during, status_answers[:5]
     assert client_status["answered"] >= 1, client_status
-    hits = Client(busy_app.url, verbose=False).predict(api_name="/status")["shapes"]["64x64"]["hits"]
+    hits = Client(busy_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(api_name="/status")["shapes"][
+        "64x64"
+    ]["hits"]
     assert hits == outcomes["ok"] + 1  # + the warm-up: every success was served, nothing ran twice

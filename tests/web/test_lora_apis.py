@@ -18,7 +18,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 from PIL import Image
 
-from tests.support import mcp_image, openai_client, page_generate
+from tests.support import PATIENT_HTTP, mcp_image, openai_client, page_generate
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2", "green": "tiny:3"}
 PROMPT, SHAPE, STEPS, SEED = "a red barn in snow", "64x64", 2, 11
@@ -32,7 +32,7 @@ def app(launch_tiny: Callable[..., Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def client(app: Any) -> Any:
-    return Client(app.url, verbose=False)
+    return Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
 
 
 def rgb(data: bytes | str) -> np.ndarray:

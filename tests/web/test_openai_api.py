@@ -84,7 +84,11 @@ def test_b64_json_is_the_same_image_as_the_gradio_api(api_app: Any, client: Open
 
     from gradio_client import Client
 
-    path, info = Client(api_app.url, verbose=False).predict(PROMPT, "64x64", 2, 7, api_name="/generate")
+    from tests.support import PATIENT_HTTP
+
+    path, info = Client(api_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+        PROMPT, "64x64", 2, 7, api_name="/generate"
+    )
     assert info["cache"] == "memory"
     assert Image.open(path).convert("RGB").tobytes() == image.convert("RGB").tobytes()
 

@@ -10,7 +10,7 @@ import pytest
 from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import free_port
+from tests.support import PATIENT_HTTP, free_port
 
 PROMPT = "a red square on a white table"
 
@@ -33,7 +33,7 @@ def test_health_ready_and_metrics_follow_a_generate(launch_tiny: Callable[..., A
     On an app of its own: the module's shared app has served whatever the tests before this one asked (a random
     order put a generate first, stop 59)."""
     launched_app = launch_tiny()
-    client = Client(launched_app.url, verbose=False)
+    client = Client(launched_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     health = get(launched_app, "/healthz")
     assert health.status_code == 200 and health.json() == {"status": "alive"}
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import ROOT, AppProcess, free_port, run_cli, wait_for
+from tests.support import PATIENT_HTTP, ROOT, AppProcess, free_port, run_cli, wait_for
 
 pytestmark = pytest.mark.slow  # one app.py process for the module
 
@@ -95,7 +95,7 @@ def test_a_gradio_client_size_refusal_lists_the_shapes_and_names_size_policy(qui
     from gradio_client import Client
     from gradio_client.exceptions import AppError
 
-    client = Client(quick.url, verbose=False)
+    client = Client(quick.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     for size in ("300x300", "1024x1024", "big"):
         with pytest.raises(AppError) as refused:
             client.predict("a red circle on a blue background", size, 4, 7, api_name="/generate")
@@ -106,7 +106,7 @@ def test_a_gradio_client_size_refusal_lists_the_shapes_and_names_size_policy(qui
 def test_an_image_made_through_gradio_client_is_booked_with_its_interface(quick: AppProcess) -> None:
     from gradio_client import Client
 
-    client = Client(quick.url, verbose=False)
+    client = Client(quick.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     _path, info = client.predict("a red circle on a blue background", "128x128", 4, 7, api_name="/generate")
     assert info["resolution"] == "128x128"
     out = run_cli(quick.env, "usage", "--json", timeout=120)  # type: ignore[attr-defined]

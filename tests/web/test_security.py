@@ -29,7 +29,7 @@ from neuron_app.engine.cache.manifest import ARTIFACT_DIRS
 from neuron_app.errors import SettingsError
 from neuron_app.settings import SECRET_FIELDS, Settings, load_settings
 from neuron_app.web.server import resolve_auth
-from tests.support import ROOT, AppProcess
+from tests.support import PATIENT_HTTP, ROOT, AppProcess
 
 USER = "alice"
 PASSWORD = f"pw-{uuid.uuid4().hex}"
@@ -48,7 +48,7 @@ def auth_app(launch_tiny: Callable[..., Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def auth_client(auth_app: Any) -> Client:
-    return Client(auth_app.url, auth=(USER, PASSWORD), verbose=False)
+    return Client(auth_app.url, auth=(USER, PASSWORD), verbose=False, httpx_kwargs=PATIENT_HTTP)
 
 
 # --- share and auth policy ----------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_no_secret_in_logs_while_serving(
     """Logging in, loading the model, compiling, generating and reading the status, at DEBUG level on every
     logger: neither the password nor the Hub token appears in any log record or on stdout/stderr."""
     with caplog.at_level(logging.DEBUG):
-        Client(auth_app.url, auth=(USER, PASSWORD), verbose=False)  # a fresh login
+        Client(auth_app.url, auth=(USER, PASSWORD), verbose=False, httpx_kwargs=PATIENT_HTTP)  # a fresh login
         _path, info = auth_client.predict("a red fox", "64x64", 4, 3, api_name="/generate")
         status = auth_client.predict(api_name="/status")
         api = OpenAI(base_url=auth_app.url + "v1", api_key=API_KEY, max_retries=0)
@@ -150,13 +150,18 @@ def test_auth_rejects_clients_without_valid_credentials(auth_app: Any) -> None:
     """With auth set: no credentials, a wrong password, and raw HTTP without a session are all refused
     (config, API info, the generate route); the right credentials are accepted."""
     with pytest.raises(AuthenticationError):
-        Client(auth_app.url, verbose=False)
+        Client(auth_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     with pytest.raises(ValueError, match="Could not login"):
-        Client(auth_app.url, auth=(USER, "wrong"), verbose=False)
+        Client(auth_app.url, auth=(USER, "wrong"), verbose=False, httpx_kwargs=PATIENT_HTTP)
     for method, path in (("GET", "config"), ("GET", "gradio_api/info"), ("POST", "gradio_api/call/generate")):
         reply = httpx.request(method, auth_app.url + path, json={"data": ["x", "64x64", 4, 0]}, timeout=10)
         assert reply.status_code == 401, (path, reply.status_code)
-    assert Client(auth_app.url, auth=(USER, PASSWORD), verbose=False).predict(api_name="/status")["model"] == "tiny"
+    assert (
+        Client(auth_app.url, auth=(USER, PASSWORD), verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+            api_name="/status"
+        )["model"]
+        == "tiny"
+    )
 
 
 def test_files_outside_the_app_folders_are_not_served(auth_app: Any) -> None:
@@ -274,7 +279,7 @@ def test_outputs_are_served_in_place(auth_app: Any) -> None:
     downloads the server's own file, byte-identical."""
     import httpx
 
-    client = Client(auth_app.url, auth=(USER, PASSWORD), verbose=False, download_files=False)
+    client = Client(auth_app.url, auth=(USER, PASSWORD), verbose=False, download_files=False, httpx_kwargs=PATIENT_HTTP)
     image, _info = client.predict("a lighthouse at dawn", "64x64", 4, 7, api_name="/generate")
     (saved,) = (auth_app.settings.cache_dir / "outputs").glob("64x64-7-*.png")
     assert image["path"] == f"/@outputs/{saved.name}", image
@@ -303,7 +308,7 @@ def test_app_py_keeps_secrets_out_of_its_output_and_files_at_home(
         env={"TMPDIR": str(tmpdir)},
     )
     app.wait_up()
-    client = Client(app.url, auth=(USER, PASSWORD), verbose=False)
+    client = Client(app.url, auth=(USER, PASSWORD), verbose=False, httpx_kwargs=PATIENT_HTTP)
     _path, info = client.predict("a quiet harbour", "64x64", 4, 5, api_name="/generate")
     assert info["model"] == "tiny"
     app.proc.send_signal(signal.SIGTERM)

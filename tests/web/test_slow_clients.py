@@ -101,6 +101,8 @@ def test_cancels_of_a_compiling_job_hold_no_thread(app: Any, monkeypatch: pytest
     `cancel_requested`, and once the compile ends every DELETE reads `cancelled`."""
     from gradio_client import Client
 
+    from tests.support import PATIENT_HTTP
+
     compiling, release = threading.Event(), threading.Event()
     real_run = app.manager.run
 
@@ -133,7 +135,9 @@ def test_cancels_of_a_compiling_job_hold_no_thread(app: Any, monkeypatch: pytest
         wait_for(lambda: len(calls) >= 45, 60, "45 cancels taken in at once")
         assert httpx.get(app.url + "healthz", timeout=10).status_code == 200
         assert "ready" in httpx.get(app.url + "readyz", timeout=10).json()  # answered (a pool thread), ready or not
-        tool = Client(app.url, verbose=False).predict(created.json()["id"], api_name="/cancel_job")
+        tool = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+            created.json()["id"], api_name="/cancel_job"
+        )
         assert tool["status"] == "running" and tool["cancel_requested"] is True
         assert not release.is_set() and not answers  # all of it while the compile was still held
     finally:

@@ -118,12 +118,16 @@ def test_python_app_py_exports_one_trace_over_otlp_http(run_app_py: Callable[...
         )
         trace_id = bytes.fromhex(raw.headers["traceparent"].split("-")[1])
 
+        # Every span the request makes, the route's own last: it ends after the answer is sent, so it may come in a
+        # later export batch than the others (a busy machine at stop 62 caught the receiver between the two).
+        wanted = {"POST /v1/images/generations", "manager.run", "compile", "response", *PHASES}
+
         def names() -> set[str] | None:
             got = {s.name for s in receiver.spans if s.trace_id == trace_id}
-            return got if {"compile", "response", *PHASES} <= got else None
+            return got if wanted <= got else None
 
-        got = wait_for(names, 60, "the request's spans at the receiver")
-        assert "POST /v1/images/generations" in got and "manager.run" in got
+        got = wait_for(names, 120, "the request's spans at the receiver")
+        assert wanted <= got
     finally:
         receiver.shutdown()
 

@@ -165,11 +165,13 @@ def test_app_with_warmup_all_answers_at_once_and_shapes_turn_ready_one_by_one(ru
     the in-process test above walks all four."""
     from gradio_client import Client
 
+    from tests.support import PATIENT_HTTP
+
     shapes = ["64x64", "128x64"]
     app = run_app_py(warmup="all", resolutions=shapes)
     start = time.perf_counter()
     app.wait_up()
-    client = Client(app.url, verbose=False)
+    client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     first = client.predict(api_name="/status")
     page_s = time.perf_counter() - start
     assert first["warmup"]["mode"] == "all"

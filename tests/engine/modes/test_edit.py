@@ -20,7 +20,7 @@ from neuron_app.engine.manager import PipelineManager
 from neuron_app.engine.modes.references import load_reference
 from neuron_app.errors import RequestError
 from neuron_app.web.page.edit_controls import edit_choices
-from tests.support import TINY_OVERRIDES
+from tests.support import PATIENT_HTTP, TINY_OVERRIDES
 
 
 def png(width: int, height: int, color: tuple[int, int, int] = (200, 40, 40), mode: str = "RGB") -> bytes:
@@ -234,7 +234,7 @@ def test_upload_over_the_size_limit_is_refused_by_gradio(launch_tiny: Any, tmp_p
     app = launch_tiny(max_upload_mb=0.01)
     big = tmp_path / "big.png"
     big.write_bytes(png(64, 64) + b"\0" * 20_000)
-    client = Client(app.url, verbose=False)
+    client = Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     with pytest.raises(Exception, match=r"(?i)file size|too large|exceeds"):
         client.predict("edit", [handle_file(str(big))], "64x64", 2, 0, api_name="/edit")
     assert client.predict(api_name="/status")["loaded"] is False  # refused at upload: no model work at all

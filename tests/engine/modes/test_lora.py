@@ -20,7 +20,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models, openai_client, page_generate
+from tests.support import PATIENT_HTTP, ROOT, TINY_OVERRIDES, free_port, link_models, openai_client, page_generate
 
 LORAS = {"red": "tiny:1", "blue": "tiny:2"}
 PROMPT, SHAPE, STEPS, SEED = "a red barn in snow", "64x64", 2, 11
@@ -195,7 +195,7 @@ def lora_app(launch_tiny: Callable[..., Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def lora_client(lora_app: Any) -> Any:
-    return Client(lora_app.url, verbose=False)
+    return Client(lora_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
 
 
 def test_four_argument_generate_still_works_and_styles_are_optional_inputs(lora_client: Any) -> None:

@@ -178,7 +178,9 @@ def test_generate_256_through_gradio_client_carries_every_mark(
 ) -> None:
     from gradio_client import Client
 
-    client = Client(marked_app.url, verbose=False)
+    from tests.support import PATIENT_HTTP
+
+    client = Client(marked_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP)
     path, info = client.predict("a marked lighthouse", "256x256", 2, 3, api_name="/generate")
     data = Path(path).read_bytes()
     assert_marked(data)

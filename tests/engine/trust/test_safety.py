@@ -21,6 +21,7 @@ from PIL import Image
 
 from neuron_app.engine.trust.safety import TINY_FLAGGED_COLOUR, SafetyChecker
 from neuron_app.errors import ContentRefused
+from tests.support import PATIENT_HTTP
 
 SAFE = {"safety_checker": "on", "safety_model": "tiny"}
 
@@ -120,7 +121,9 @@ def test_every_entry_says_passed_when_the_checker_is_on(safe_app: Any) -> None:
     from gradio_client import Client
     from openai import OpenAI
 
-    _path, info = Client(safe_app.url, verbose=False).predict("a calm lake", "64x64", 2, 1, api_name="/generate")
+    _path, info = Client(safe_app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+        "a calm lake", "64x64", 2, 1, api_name="/generate"
+    )
     assert info["safety"] == "passed"
     client = OpenAI(base_url=safe_app.url + "v1", api_key="unused", max_retries=0, timeout=300)
     result = client.images.generate(prompt="a calm lake", size="64x64", n=2, extra_body={"num_inference_steps": 2})
@@ -147,7 +150,9 @@ def test_a_flagged_image_is_refused_everywhere_and_leaves_no_file(launch_tiny: C
     temp = Path(os.environ["GRADIO_TEMP_DIR"])
     before = set(pngs(temp))
     with pytest.raises(Exception, match="flagged by this server's safety checker"):
-        Client(app.url, verbose=False).predict("a calm lake", "64x64", 2, 1, api_name="/generate")
+        Client(app.url, verbose=False, httpx_kwargs=PATIENT_HTTP).predict(
+            "a calm lake", "64x64", 2, 1, api_name="/generate"
+        )
     client = OpenAI(base_url=app.url + "v1", api_key="unused", max_retries=0, timeout=300)
     for response_format in ("b64_json", "url"):
         with pytest.raises(BadRequestError) as caught:

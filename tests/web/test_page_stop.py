@@ -99,20 +99,43 @@ def test_stop_during_a_compile_says_so_with_no_error_badge(app: Any, page: Any) 
     assert "no image was made" in text and "cache:" not in text and no_error_badge(page), text
 
 
-def test_stop_in_the_second_of_three_images_keeps_the_first(app: Any, page: Any) -> None:
+def test_stop_in_the_second_of_three_images_keeps_the_first(app: Any, page: Any, tmp_path: Any) -> None:
     """N13 and the step the page names: Stop during image 2 of 3 keeps image 1 (shown, with its line) and names
     the step the server stopped at, the step the page was showing or the one after (never "decoding"). The step
-    line says what the noisy preview beside it is (N5)."""
+    line says what the noisy preview beside it is (N5). Image 2 waits after its second step until the page has
+    shown a step line and Stop was pressed: on a busy machine (a `.ci/run` at stop 62) the three images had all
+    run before the browser drew one of image 2's steps."""
     app.manager.generate("warm", LONG, 1, 1)  # compiled before: the steps are what runs
     made, cancelled = threading.Event(), cancelled_watch(app)
     app.manager.subscribe(lambda e: made.set() if isinstance(e, GenerationRecord) else 0)
-    ask(page, LONG, 200, images=3)
-    assert made.wait(TIMEOUT_MS / 1000), "the first image was never made"
-    shown = page.locator("#info").filter(has_text=re.compile(rf"{LONG} - step \d+/200"))
-    shown.wait_for()
-    assert "the preview is this step's noisy image" in shown.inner_text()  # N5: what the preview beside it is
-    page.locator("#stop").click()
+    manager, original = app.manager, app.manager._execute
+    images, release = [], threading.Event()  # set once the page showed image 2's step line and Stop was pressed
+
+    def held(call: Any, on_step: Any = None) -> Any:
+        if on_step is None:
+            return original(call)
+        images.append(call)
+
+        def step(number: int, total: int, preview: Any = None) -> None:
+            on_step(number, total, preview)
+            if len(images) == 2 and number == 2:
+                release.wait(TIMEOUT_MS / 1000)
+
+        return original(call, step)
+
+    manager._execute = held
+    try:
+        ask(page, LONG, 200, images=3)
+        assert made.wait(TIMEOUT_MS / 1000), "the first image was never made"
+        shown = page.locator("#info").filter(has_text=re.compile(rf"{LONG} - step \d+/200"))
+        shown.wait_for()
+        assert "the preview is this step's noisy image" in shown.inner_text()  # N5: what the preview beside it is
+        page.locator("#stop").click()
+    finally:
+        release.set()
+        manager._execute = original
     assert cancelled.wait(TIMEOUT_MS / 1000), "the manager never reported the request cancelled"
+    assert len(images) == 2, len(images)  # held in image 2, stopped there: image 3 never ran
     stopped = page.locator("#info").filter(
         has_text=re.compile(rf"{LONG} - stopped at step \d+ of 200 \(image 2 of 3\)")
     )
@@ -120,7 +143,7 @@ def test_stop_in_the_second_of_three_images_keeps_the_first(app: Any, page: Any)
     text = stopped.inner_text()
     assert "1 image(s) finished before it are kept below" in text and text.count("cache:") == 1, text
     page.wait_for_function("() => document.querySelectorAll('#gallery img').length === 1", timeout=TIMEOUT_MS)
-    page.screenshot(path="/tmp/firsthour-stop3.png", full_page=True)
+    page.screenshot(path=str(tmp_path / "stop3.png"), full_page=True)
     print("GALLERY", page.locator("#gallery").inner_html()[:3000])
     assert no_error_badge(page)
 

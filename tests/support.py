@@ -274,6 +274,34 @@ def ray_head(folder: Path, tries: int = 3) -> Iterator[str]:
 # --- the CLI in a subprocess (tiny settings from NEURON_APP_* variables) ---------------------------------------
 
 
+@contextlib.contextmanager
+def steps_held(manager: Any, hold: Callable[[int, int], threading.Event | None], wait_s: float) -> Iterator[list[Any]]:
+    """The manager's requests run for real, but after step `number` of its `count`-th request (from 1) the step
+    callback waits on the event `hold(count, number)` gives (None: it goes on), for at most `wait_s`: a browser test
+    waits on the page, never races the steps (a busy machine ran them all before the page drew one). Yields the
+    requests' calls; the caller sets its events, the manager is restored on the way out."""
+    original, calls = manager._execute, []
+
+    def held(call: Any, on_step: Any = None) -> Any:
+        if on_step is None:  # a compile's warm-up call, not a request
+            return original(call)
+        calls.append(call)
+        count = len(calls)
+
+        def step(number: int, total: int, preview: Any = None) -> None:
+            on_step(number, total, preview)
+            if (event := hold(count, number)) is not None:
+                event.wait(wait_s)
+
+        return original(call, step)
+
+    manager._execute = held
+    try:
+        yield calls
+    finally:
+        manager._execute = original
+
+
 def tiny_env(cache_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
     env.update(

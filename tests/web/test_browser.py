@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models
+from tests.support import ROOT, TINY_OVERRIDES, free_port, link_models, steps_held
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: Where a run copies its full-page screenshot when asked to (relative to the checkout), e.g. docs/screenshot.png.
@@ -364,48 +364,34 @@ def test_previews_show_in_the_image_slot_mid_generation(browser: Any, launch_tin
     import threading
 
     app = launch_tiny(resolutions=[SHAPE], default_resolution=SHAPE, max_steps=4, default_steps=4)
-    manager, original = app.manager, app.manager._execute
     release = {1: threading.Event(), 2: threading.Event()}  # set once the page showed that step's preview
-
-    def held(call: Any, on_step: Any = None) -> Any:
-        if on_step is None:  # the compile's warm-up call, not the request
-            return original(call)
-
-        def step(number: int, total: int, preview: Any = None) -> None:
-            on_step(number, total, preview)
-            if number in release:
-                release[number].wait(TIMEOUT_MS / 1000)
-
-        return original(call, step)
-
-    manager._execute = held
     page = open_page(browser, app.url)
-    try:
-        page.locator("#gallery").wait_for()  # the page has rendered
-        page.evaluate(WATCH_GALLERY)
-        page.locator("#randomize input").uncheck()
-        page.locator("#prompt textarea").fill("a harbour at night")
-        page.locator("#generate").click()
-        preview, side = SIDE // 4, SIDE
-        loaded = f"(n) => window.__shown.filter((s) => s[0] === {preview}).length >= n"
-        page.wait_for_function(loaded, arg=1, timeout=TIMEOUT_MS)  # step 1's preview, the run held after it
-        assert page.evaluate(f"({SHOWN})()")[1] == preview
-        box = page.locator("#gallery img").first.bounding_box()
-        screenshot(page, tmp_path / "preview.png", publish=False)
-        assert box and picture_in(tmp_path / "preview.png", box), "no picture in the image slot during the steps"
-        release[1].set()
-        page.wait_for_function(loaded, arg=2, timeout=TIMEOUT_MS)  # step 2's, a new preview in the same slot
-        release[2].set()
-        info = page.locator("#info").filter(has_text=f"{SHAPE},").filter(has_text="cache: miss")
-        info.wait_for()
-        page.wait_for_function(f"() => ({SHOWN})()[1] === {side}", timeout=TIMEOUT_MS)  # the image replaced it
-        shown = page.evaluate("() => window.__shown")
-        assert shown[-1] == [side, side] and [side, side] not in shown[: shown.index([preview, preview])], shown
-    finally:
-        for event in release.values():
-            event.set()
-        manager._execute = original
-        page.close()
+    with steps_held(app.manager, lambda _request, step: release.get(step), TIMEOUT_MS / 1000):
+        try:
+            page.locator("#gallery").wait_for()  # the page has rendered
+            page.evaluate(WATCH_GALLERY)
+            page.locator("#randomize input").uncheck()
+            page.locator("#prompt textarea").fill("a harbour at night")
+            page.locator("#generate").click()
+            preview, side = SIDE // 4, SIDE
+            loaded = f"(n) => window.__shown.filter((s) => s[0] === {preview}).length >= n"
+            page.wait_for_function(loaded, arg=1, timeout=TIMEOUT_MS)  # step 1's preview, the run held after it
+            assert page.evaluate(f"({SHOWN})()")[1] == preview
+            box = page.locator("#gallery img").first.bounding_box()
+            screenshot(page, tmp_path / "preview.png", publish=False)
+            assert box and picture_in(tmp_path / "preview.png", box), "no picture in the image slot during the steps"
+            release[1].set()
+            page.wait_for_function(loaded, arg=2, timeout=TIMEOUT_MS)  # step 2's, a new preview in the same slot
+            release[2].set()
+            info = page.locator("#info").filter(has_text=f"{SHAPE},").filter(has_text="cache: miss")
+            info.wait_for()
+            page.wait_for_function(f"() => ({SHOWN})()[1] === {side}", timeout=TIMEOUT_MS)  # the image replaced it
+            shown = page.evaluate("() => window.__shown")
+            assert shown[-1] == [side, side] and [side, side] not in shown[: shown.index([preview, preview])], shown
+        finally:
+            for event in release.values():
+                event.set()
+            page.close()
 
 
 def test_stop_ends_the_generation_at_the_next_step_and_the_next_one_needs_no_compile(

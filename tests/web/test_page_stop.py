@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from neuron_app.engine.records import GenerationRecord, ProgressEvent, RequestFailed
+from tests.support import steps_held
 from tests.web.test_browser import TIMEOUT_MS, browser, open_page
 
 pytestmark = pytest.mark.browser
@@ -108,32 +109,19 @@ def test_stop_in_the_second_of_three_images_keeps_the_first(app: Any, page: Any,
     app.manager.generate("warm", LONG, 1, 1)  # compiled before: the steps are what runs
     made, cancelled = threading.Event(), cancelled_watch(app)
     app.manager.subscribe(lambda e: made.set() if isinstance(e, GenerationRecord) else 0)
-    manager, original = app.manager, app.manager._execute
-    images, release = [], threading.Event()  # set once the page showed image 2's step line and Stop was pressed
-
-    def held(call: Any, on_step: Any = None) -> Any:
-        if on_step is None:
-            return original(call)
-        images.append(call)
-
-        def step(number: int, total: int, preview: Any = None) -> None:
-            on_step(number, total, preview)
-            if len(images) == 2 and number == 2:
-                release.wait(TIMEOUT_MS / 1000)
-
-        return original(call, step)
-
-    manager._execute = held
-    try:
-        ask(page, LONG, 200, images=3)
-        assert made.wait(TIMEOUT_MS / 1000), "the first image was never made"
-        shown = page.locator("#info").filter(has_text=re.compile(rf"{LONG} - step \d+/200"))
-        shown.wait_for()
-        assert "the preview is this step's noisy image" in shown.inner_text()  # N5: what the preview beside it is
-        page.locator("#stop").click()
-    finally:
-        release.set()
-        manager._execute = original
+    release = threading.Event()  # set once the page showed image 2's step line and Stop was pressed
+    with steps_held(
+        app.manager, lambda image, step: release if (image, step) == (2, 2) else None, TIMEOUT_MS / 1000
+    ) as images:
+        try:
+            ask(page, LONG, 200, images=3)
+            assert made.wait(TIMEOUT_MS / 1000), "the first image was never made"
+            shown = page.locator("#info").filter(has_text=re.compile(rf"{LONG} - step \d+/200"))
+            shown.wait_for()
+            assert "the preview is this step's noisy image" in shown.inner_text()  # N5: what the preview beside it is
+            page.locator("#stop").click()
+        finally:
+            release.set()
     assert cancelled.wait(TIMEOUT_MS / 1000), "the manager never reported the request cancelled"
     assert len(images) == 2, len(images)  # held in image 2, stopped there: image 3 never ran
     stopped = page.locator("#info").filter(

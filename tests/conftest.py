@@ -44,6 +44,10 @@ if _PARENT_TMP is None:
     if len(str(_SESSION_TMP)) <= 36:
         os.environ["RAY_TMPDIR"] = str(_SESSION_TMP)
 atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
+# Everything else this process puts in the system's temp folder goes here too: gradio_client makes a folder per
+# downloaded file (/tmp/<40 hex>) and leaves it empty when it moves the file out, about 95 a run; pytest's own
+# tmp_path folders and a compile that names no cache folder (torchinductor_<user>) went there as well.
+tempfile.tempdir = str(_SESSION_TMP)
 os.environ["GRADIO_TEMP_DIR"] = str(_SESSION_TMP / "gradio")
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 # The emulator's NeuronCores are held per machine (neuron_app/backends/emulator/cores.py): this process's tests, and

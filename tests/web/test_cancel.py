@@ -87,6 +87,7 @@ async def _mcp(url: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
 
 
 def test_mcps_cancel_job_tool_cancels_a_queued_job_and_names_an_unknown_one(app: Any, client: OpenAI) -> None:
+    app.manager.ensure_loaded()  # first in a random order, the second job met "the model is loading" (503)
     with app.manager._device_lock:  # the device held (as by a long compile): the first job runs, the second waits
         first = submit(client, 1)
         second = submit(client, 1)

@@ -116,6 +116,7 @@ def test_a_key_over_its_job_caps_gets_429_jobs_full_and_its_charge_back(corrupt_
     """Alice (3 images a minute): with the device held, two jobs wait; a third is a 429 jobs_full, and its image
     is not charged (a later request still fits). Carol submits and cancels: the fourth stored job is refused."""
     alice = openai_client(corrupt_app, ALICE, timeout=60)
+    corrupt_app.manager.ensure_loaded()  # first in a random order, the second job would meet "the model is loading"
     with corrupt_app.manager._device_lock:
         first, second = (
             alice.images.with_raw_response.generate(prompt=PROMPT, size="64x64", extra_headers=ASYNC, extra_body=JOB)

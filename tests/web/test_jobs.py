@@ -292,6 +292,7 @@ def test_a_queued_job_is_cancelled_and_gives_its_place_back(jobs_app: Any) -> No
     tests/web/test_cancel.py)."""
     client = httpx.Client(base_url=jobs_app.url, headers=auth() | ASYNC, timeout=30)
     body = {"prompt": PROMPT, "size": "64x64", "num_inference_steps": 1}
+    jobs_app.manager.ensure_loaded()  # first in a random order, the second job would meet "the model is loading"
     with jobs_app.manager._device_lock:
         first = client.post("v1/images/generations", json=body).json()["id"]
         wait_for(jobs_app, first, ("running",), timeout=30)

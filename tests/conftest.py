@@ -69,29 +69,32 @@ RAY_MODULES = frozenset({"test_replicas", "test_autoscale", "test_serve_app"})
 
 
 #: The groups that take longest, heaviest first: worker seconds (setup + call + teardown) from one `--durations=0`
-#: run of the whole suite in a random order on the quiet 2-core machine (docs/testing.md); only their order matters.
+#: run of the whole suite (the README's command) on the quiet 2-core machine (docs/testing.md, stop 64); only their
+#: order matters.
 #: xdist hands groups out in collection order (with `--no-loadscope-reorder`, set in pyproject.toml; its
 #: default orders them by test count), so under `-n` these start first and the short ones fill in around them.
 HEAVY_GROUPS = {
-    "ray": 369,  # the three Ray modules, one worker, one local cluster
-    "test_real_size": 230,  # klein-4B at its real size: 15 GiB written, 14 GiB resident, two images
-    "test_bench": 213,
-    "test_diffusers_klein": 200,  # diffusers' klein tests twice (plain CPU, emulate), when fetched
-    "test_emulate": 179,  # user scripts under emulate, the guide's TP snippets under torchrun (eager, compiled)
-    "test_selftest": 149,
-    "test_remote_cache": 119,
-    "test_topology": 105,
-    "test_tiny_shapes": 86,  # two tiny-shapes managers (cpu, neuron-emulated), judged images
-    "test_distributed": 81,
-    "test_neuron_emulated": 72,
-    "test_train": 71,  # train-tiny, 12 steps a stage
-    "test_precompile": 69,
-    "test_browser": 65,
-    "test_plan": 56,  # three plan processes on fake tensors (4B with edits, 9B, LNC=1) and the status line
-    "test_job_store": 46,
-    "test_emulator_rules": 40,
-    "test_manager": 39,
-    "test_jobs": 38,
+    "ray": 355,  # the three Ray modules, one worker, one local cluster
+    "test_bench": 196,  # one bench smoke run, 17 processes
+    "test_diffusers_klein": 200,  # (an earlier run) diffusers' klein tests twice (plain CPU, emulate), when fetched
+    "test_emulate": 189,  # user scripts under emulate, the guide's TP snippets under torchrun (eager, compiled)
+    "test_remote_cache": 147,
+    "test_selftest": 146,
+    "test_real_size": 141,  # klein-4B at its real size: 15 GiB written, 14 GiB resident, two images
+    "test_topology": 134,
+    "test_distributed": 98,
+    "test_precompile": 94,
+    "test_browser": 88,
+    "test_neuron_emulated": 73,
+    "test_train": 63,  # train-tiny, 12 steps a stage
+    "test_tiny_shapes": 52,  # two tiny-shapes managers (cpu, neuron-emulated), judged images
+    "test_job_store": 48,
+    "test_quickstart": 47,
+    "test_emulator_rules": 43,
+    "test_page_stop": 40,
+    "test_plan": 37,  # three plan processes on fake tensors (4B with edits, 9B, LNC=1) and the status line
+    "test_jobs": 35,
+    "test_manager": 33,
 }
 
 

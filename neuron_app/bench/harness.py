@@ -68,6 +68,7 @@ class Harness:
         #: A cache folder already filled for the serving mode, and which run filled it.
         self.warm_cache: tuple[Path, str] | None = None
         self._worker_ids = itertools.count(1)
+        self._saved_tempdir = tempfile.tempdir
 
     # --- plumbing --------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -201,6 +202,15 @@ class Harness:
             self.warm_cache = (folder, name)
         return folder, "empty"
 
+    def _stage_downloads_in_work(self) -> None:
+        """gradio_client stages each download in `tempfile.gettempdir()/<40 hex>/` and leaves that folder empty
+        after moving the file out: about 20 a smoke run in the user's /tmp. For the run, this process's temporary
+        files go in its work folder, removed at the end."""
+        self._saved_tempdir = tempfile.tempdir
+        staging = self.work / "tmp"
+        staging.mkdir(exist_ok=True)
+        tempfile.tempdir = str(staging)
+
     def client(self, url: str) -> Any:
         from gradio_client import Client
 
@@ -273,6 +283,7 @@ class Harness:
         ]
         phases = parallel_phases if self.parallel else [[t] for t in tasks]
         try:
+            self._stage_downloads_in_work()
             self.prepare()
             for phase in phases:
                 group = [tasks[name] for name in phase if name in tasks]
@@ -283,6 +294,7 @@ class Harness:
                 if name in sections:
                     self.section(name, functools.partial(REGISTRY[name].section, self))
         finally:
+            tempfile.tempdir = self._saved_tempdir
             if not self.cfg.keep_work:
                 shutil.rmtree(self.work, ignore_errors=True)
         machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]

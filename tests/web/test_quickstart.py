@@ -146,6 +146,8 @@ def test_every_api_example_runs_as_written(quick: AppProcess, tmp_path: Path) ->
     openai_setup = next(code for _, code in python if "OpenAI(" in code)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_APP_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the curl example's `python`
+    (tmp_path / "tmp").mkdir()
+    env["TMPDIR"] = str(tmp_path / "tmp")  # gradio_client's download staging folders stay out of the machine's /tmp
     ran = []
     for line, lang, code in examples:
         if any(word in code for word in NOT_AGAINST_AN_APP) or "python app.py" in code:

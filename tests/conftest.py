@@ -97,6 +97,17 @@ HEAVY_GROUPS = {
     "test_manager": 33,
 }
 
+#: The two groups that start the run, whatever their figures: the Ray cluster's start-up beside test_real_size's
+#: disk work, not beside the bench smoke run's six processes at once. Ray waits a fixed 30 s for its raylet to
+#: register (ray/_private/node.py); with two suites side by side, each starting its cluster beside its bench
+#: swarm, one app's `ray.init` timed out and one worker died joining its cluster (stop 64, 4e5062d).
+START_FIRST = ("ray", "test_real_size")
+
+
+def _heavy_first(group: str) -> tuple[int, float]:
+    first = START_FIRST.index(group) if group in START_FIRST else len(START_FIRST)
+    return first, -HEAVY_GROUPS.get(group, 0)
+
 
 def _group(item: pytest.Item) -> str:
     name = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid
@@ -114,7 +125,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
     if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike (a stable sort)
-        items.sort(key=lambda item: -HEAVY_GROUPS.get(_group(item), 0))
+        items.sort(key=lambda item: _heavy_first(_group(item)))
 
 
 #: What the app exports for the Neuron stack (neuron_app.environment): restored after every test, so a test that

@@ -43,6 +43,7 @@ from neuron_app.engine.records import (
 from neuron_app.engine.requests import Request
 from neuron_app.errors import GenerationFailed, ModelLoadError, SettingsError, app_error_of, one_line
 from neuron_app.scale import set_router_env
+from neuron_app.scale.local_ray import init_local
 from neuron_app.scale.replica_server import TRACE_FIELD, StatusBoard
 from neuron_app.scale.serve_app import APP_NAME, NAMESPACE, attach, replicas_app
 from neuron_app.scale.status_merge import merge_statuses
@@ -340,7 +341,7 @@ def start_replicas(settings: Settings) -> ReplicaClient:
     if owns_ray:
         on_cpu = settings.device in ("cpu", "auto", "neuron-emulated")
         cpus = settings.replicas_max * (settings.cores_per_replica if on_cpu else 1)
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, **init)
+        init_local(ray, num_cpus=cpus, include_dashboard=False, **init)
     else:
         ray.init(address=settings.ray_address, **init)
     try:

@@ -98,9 +98,9 @@ HEAVY_GROUPS = {
 }
 
 #: The two groups that start the run, whatever their figures: the Ray cluster's start-up beside test_real_size's
-#: disk work, not beside the bench smoke run's six processes at once. Ray waits a fixed 30 s for its raylet to
-#: register (ray/_private/node.py); with two suites side by side, each starting its cluster beside its bench
-#: swarm, one app's `ray.init` timed out and one worker died joining its cluster (stop 64, 4e5062d).
+#: disk work, not beside the bench smoke run's six processes at once (the order of every green pair before stop
+#: 64). Ray waits a fixed 30 s for its raylet to register (ray/_private/node.py); two suites side by side ran it
+#: out in either order, so a local start that runs out is now made again (neuron_app/scale/local_ray.py).
 START_FIRST = ("ray", "test_real_size")
 
 

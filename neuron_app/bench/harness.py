@@ -68,7 +68,6 @@ class Harness:
         #: A cache folder already filled for the serving mode, and which run filled it.
         self.warm_cache: tuple[Path, str] | None = None
         self._worker_ids = itertools.count(1)
-        self._saved_tempdir = tempfile.tempdir
 
     # --- plumbing --------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -202,14 +201,18 @@ class Harness:
             self.warm_cache = (folder, name)
         return folder, "empty"
 
-    def _stage_downloads_in_work(self) -> None:
+    @contextlib.contextmanager
+    def _downloads_in_work(self) -> Iterator[None]:
         """gradio_client stages each download in `tempfile.gettempdir()/<40 hex>/` and leaves that folder empty
         after moving the file out: about 20 a smoke run in the user's /tmp. For the run, this process's temporary
         files go in its work folder, removed at the end."""
-        self._saved_tempdir = tempfile.tempdir
-        staging = self.work / "tmp"
+        saved, staging = tempfile.tempdir, self.work / "tmp"
         staging.mkdir(exist_ok=True)
         tempfile.tempdir = str(staging)
+        try:
+            yield
+        finally:
+            tempfile.tempdir = saved
 
     def client(self, url: str) -> Any:
         from gradio_client import Client
@@ -283,18 +286,17 @@ class Harness:
         ]
         phases = parallel_phases if self.parallel else [[t] for t in tasks]
         try:
-            self._stage_downloads_in_work()
-            self.prepare()
-            for phase in phases:
-                group = [tasks[name] for name in phase if name in tasks]
-                with ThreadPoolExecutor(max_workers=max(1, len(group))) as pool:
-                    for future in [pool.submit(task) for task in group]:
-                        future.result()
-            for name in AFTER_ALL:
-                if name in sections:
-                    self.section(name, functools.partial(REGISTRY[name].section, self))
+            with self._downloads_in_work():
+                self.prepare()
+                for phase in phases:
+                    group = [tasks[name] for name in phase if name in tasks]
+                    with ThreadPoolExecutor(max_workers=max(1, len(group))) as pool:
+                        for future in [pool.submit(task) for task in group]:
+                            future.result()
+                for name in AFTER_ALL:
+                    if name in sections:
+                        self.section(name, functools.partial(REGISTRY[name].section, self))
         finally:
-            tempfile.tempdir = self._saved_tempdir
             if not self.cfg.keep_work:
                 shutil.rmtree(self.work, ignore_errors=True)
         machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
